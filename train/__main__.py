@@ -1,0 +1,33 @@
+"""Entry point of one training rank.
+
+Run under torchrun:
+    torchrun --standalone --nproc-per-node 4 -m train --config configs/tiny-dp4.yaml [--run-dir DIR] [--set steps=6]
+or as a single process (world size 1) with `python -m train --config ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from megaheal.typedconfig import ConfigError
+from train.entry import run_rank
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="training config YAML")
+    parser.add_argument("--run-dir", default=None, help="output directory (default: runs/<timestamp>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. steps=6 or parallel.dp=2 (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        run_rank(args.config, args.overrides, args.run_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The training job's config: one typed tree loaded from YAML plus `--set key=value` overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megaheal.typedconfig import apply_overrides, from_mapping, load_yaml
+from train.data import DataConfig
+from train.layout import ParallelConfig
+from train.model import ModelConfig
+from train.optim import OptimConfig
+
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    steps: int = 20
+    """Optimizer steps to run."""
+    global_batch: int = 8
+    """Samples per step over all data-parallel ranks."""
+    seed: int = 0
+    """Seeds the model initialisation (parameters are seeded by name, so every layout starts equal)."""
+    device: str = "cpu"
+    """cpu (gloo) or cuda (NCCL, one GPU per rank)."""
+    precision: str = "auto"
+    """auto: bf16 autocast on cuda, fp32 on cpu; or fp32 / bf16."""
+    peak_flops: float | None = None
+    """Peak FLOP/s per device for MFU; unset: the GPU table, or a matmul probe on CPU."""
+    dist_timeout_s: float = 600.0
+    """Collective timeout of the process groups."""
+    log_every: int = 1
+    """Rank 0 prints a table row every this many steps (every rank still records every step)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "global_batch", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision == "bf16" and self.device == "cpu":
+            raise ValueError("precision bf16 is for device cuda; use fp32 or auto on cpu")
+        if self.peak_flops is not None and self.peak_flops <= 0:
+            raise ValueError(f"peak_flops must be > 0 or unset, got {self.peak_flops}")
+        if self.dist_timeout_s <= 0:
+            raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+
+    @property
+    def autocast_bf16(self) -> bool:
+        return self.precision == "bf16" or (self.precision == "auto" and self.device == "cuda")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Load `path` (or the defaults when None), apply overrides, and validate into a TrainConfig."""
+    data = load_yaml(path) if path is not None else {}
+    apply_overrides(data, list(overrides))
+    return from_mapping(TrainConfig, data, str(path) if path is not None else "config")

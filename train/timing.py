@@ -1,0 +1,98 @@
+"""Per-step phase timing on every rank: the raw material of straggler detection.
+
+On CPU every op is synchronous, so `perf_counter_ns` around a phase measures it. On CUDA
+work is queued, so phases are bracketed with CUDA events and read once at the end of the
+step, after the step has synchronised anyway (reading the loss), which adds no extra sync.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+
+class PhaseTimer:
+    """Accumulates named phase durations for one step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._cpu_ns: dict[str, int] = {}
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((name, start, end))
+        else:
+            t0 = time.perf_counter_ns()
+            yield
+            self._cpu_ns[name] = self._cpu_ns.get(name, 0) + time.perf_counter_ns() - t0
+
+    def add_events(self, name: str, pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]]) -> None:
+        """Adopt CUDA event pairs recorded elsewhere (e.g. on a communication stream)."""
+        self._events.extend((name, s, e) for s, e in pairs)
+
+    def add_seconds(self, name: str, seconds: float) -> None:
+        self._cpu_ns[name] = self._cpu_ns.get(name, 0) + int(seconds * 1e9)
+
+    def collect(self) -> dict[str, float]:
+        """Phase -> seconds for the step, then reset. On CUDA, call after the step has synchronised."""
+        out = {name: ns / 1e9 for name, ns in self._cpu_ns.items()}
+        for name, start, end in self._events:
+            out[name] = out.get(name, 0.0) + start.elapsed_time(end) / 1e3
+        self._cpu_ns.clear()
+        self._events.clear()
+        return out
+
+
+class TimedReduceScatter(DefaultReduceScatter):
+    """FSDP2's default gradient reduce-scatter, timed.
+
+    Installed with `FSDPModule.set_custom_reduce_scatter`, it records for each step the time
+    spent in the data-parallel reduce and the monotonic time this rank first entered it. A
+    rank that enters late makes the others wait inside the reduce: comparing entry times
+    across ranks tells a late rank from a slow network.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self._cuda = device.type == "cuda"
+        self.enter_ns: int | None = None
+        self._cpu_ns = 0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # type: ignore[override]
+        if self.enter_ns is None:
+            self.enter_ns = time.monotonic_ns()
+        if self._cuda:
+            # FSDP calls this inside its reduce-scatter stream context: events land on that stream.
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            end.record()
+            self._events.append((start, end))
+            return work
+        t0 = time.perf_counter_ns()
+        work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+        if work is not None and async_op:
+            work.wait()
+        self._cpu_ns += time.perf_counter_ns() - t0
+        return work
+
+    def drain_into(self, timer: PhaseTimer, phase: str = "dp_reduce") -> int | None:
+        """Move this step's reduce time into `timer`; return and reset the entry time."""
+        if self._cuda:
+            timer.add_events(phase, self._events)
+        else:
+            timer.add_seconds(phase, self._cpu_ns / 1e9)
+        enter, self.enter_ns, self._cpu_ns, self._events = self.enter_ns, None, 0, []
+        return enter
+

@@ -1,0 +1,299 @@
+"""The training loop of one rank: build the parallel model, step, time every phase, record.
+
+A Trainer is built once per process after the process group exists. Its public surface is
+`run()`, plus `step()` for callers (tests, later the checkpoint layer) that drive it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from train.config import TrainConfig
+from train.data import PrefetchLoader, TokenStream, build_source
+from train.layout import stage_ids, stage_layers, validate_layout
+from train.mfu import Peak, flops_per_token, mfu, resolve_peak
+from train.model import GPT, count_flop_params, cross_entropy_loss
+from train.optim import build_lr_scheduler, build_optimizer
+from train.parallelize import apply_data_parallel, apply_tensor_parallel
+from train.pipeline import build_schedule
+from train.records import StepRecordWriter, StepTable
+from train.timing import PhaseTimer, TimedReduceScatter
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlace:
+    """Where this process sits: its global rank and its (pp, dp, tp) mesh coordinates."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    pp: int
+    dp: int
+    tp: int
+
+    def coords(self) -> dict[str, int]:
+        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        validate_layout(cfg.parallel, cfg.model, cfg.global_batch, world)
+        self.device = _rank_device(cfg.device)
+        self.mesh = _build_mesh(cfg, self.device) if world > 1 else None
+        self.place = _rank_place(self.mesh, world)
+        self.timer = PhaseTimer(self.device)
+        self.reduce_timer = TimedReduceScatter(self.device)
+        self.chunks, self.stage_indices = self._build_chunks()
+        self.schedule = self._build_schedule()
+        self.optimizer = build_optimizer(
+            [(n, p) for chunk in self.chunks for n, p in chunk.named_parameters()], cfg.optim
+        )
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.steps)
+        self.flops_per_token = flops_per_token(
+            count_flop_params(cfg.model), cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len, cfg.model.window
+        )
+        self.peak = self._agree_on_peak()
+        self.loader = PrefetchLoader(
+            TokenStream(
+                build_source(cfg.data, cfg.model.vocab_size),
+                cfg.model.seq_len,
+                cfg.global_batch,
+                dp_rank=self.place.dp,
+                dp_degree=cfg.parallel.dp,
+            ),
+            cfg.data.prefetch,
+        )
+        self.step_index = 0
+        self.writer = StepRecordWriter(run_dir, self.place.rank)
+        self.table = StepTable() if self.place.rank == 0 else None
+        self._host = socket.gethostname()
+
+    # ------------------------------------------------------------ construction
+
+    def _build_chunks(self) -> tuple[list[GPT], list[int]]:
+        """Build this rank's model chunks: meta init, own layers only, seeded weights, then TP and FSDP."""
+        cfg, par = self.cfg, self.cfg.parallel
+        indices = stage_ids(self.place.pp, par) if par.pp > 1 else [0]
+        chunks = []
+        for stage in indices:
+            with torch.device("meta"):
+                chunk = GPT(
+                    cfg.model,
+                    stage_layers(stage, par, cfg.model.n_layers) if par.pp > 1 else None,
+                    with_embedding=stage == 0,
+                    with_head=stage == par.n_stages - 1 or par.pp == 1,
+                )
+            chunk.to_empty(device=self.device)
+            chunk.init_weights(cfg.seed)
+            if par.tp > 1:
+                apply_tensor_parallel(chunk, self.mesh["tp"], par.sequence_parallel)
+            if par.dp > 1:
+                apply_data_parallel(chunk, self.mesh["dp"], self.reduce_timer)
+            chunks.append(chunk)
+        return chunks, indices
+
+    def _build_schedule(self):
+        if self.cfg.parallel.pp == 1:
+            return None
+        return build_schedule(
+            self.chunks,
+            self.stage_indices,
+            self.cfg.parallel,
+            self.mesh["pp"].get_group(),
+            self.device,
+            cross_entropy_loss,
+        )
+
+    def _agree_on_peak(self) -> Peak:
+        """Resolve the peak FLOP/s once, on rank 0 while the others wait, so a CPU probe is not contended."""
+        if self.place.world_size == 1 or self.device.type == "cuda" or self.cfg.peak_flops:
+            return resolve_peak(self.device, self.cfg.peak_flops)
+        value = torch.zeros(1, dtype=torch.float64)
+        source = [""]
+        if self.place.rank == 0:
+            peak = resolve_peak(self.device, self.cfg.peak_flops)
+            value[0], source[0] = peak.flops_per_second, peak.source
+        dist.broadcast(value, src=0)
+        dist.broadcast_object_list(source, src=0)
+        return Peak(flops_per_second=float(value[0]), source=source[0])
+
+    # ------------------------------------------------------------ the step
+
+    def step(self) -> dict[str, Any]:
+        """Run one optimizer step and return its record (also written to this rank's JSON lines)."""
+        t0 = time.perf_counter()
+        timer = self.timer
+        with timer.phase("data_wait"):
+            inputs, targets = self.loader.next()
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        with timer.phase("forward_backward"):
+            loss = self._forward_backward(inputs, targets)
+        reduce_enter_ns = self.reduce_timer.drain_into(timer)
+        with timer.phase("grad_norm_clip"):
+            grad_norm = self._clip_gradients()
+        with timer.phase("optimizer"):
+            self.optimizer.step()
+            lr = self.lr_scheduler.get_last_lr()[0]
+            self.lr_scheduler.step()
+        loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
+        phases = timer.collect()
+        if self.device.type == "cpu" and "dp_reduce" in phases:
+            # On CPU the reduce runs synchronously inside backward: report compute alone, so phases add up.
+            phases["forward_backward"] -= phases["dp_reduce"]
+        step_seconds = time.perf_counter() - t0
+        record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
+        self.writer.write(record)
+        if self.table is not None and self.step_index % self.cfg.log_every == 0:
+            self.table.row(record)
+        self.step_index += 1
+        return record
+
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward over the step's batch; the mean loss where this rank computes it."""
+        autocast = (
+            torch.autocast(device_type="cuda", dtype=torch.bfloat16) if self.cfg.autocast_bf16 else nullcontext()
+        )
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            has_first = 0 in self.stage_indices
+            has_last = self.cfg.parallel.n_stages - 1 in self.stage_indices
+            with autocast:
+                self.schedule.step(
+                    *([inputs] if has_first else []),
+                    target=targets if has_last else None,
+                    losses=losses if has_last else None,
+                )
+            return torch.stack(losses).mean().detach() if has_last else None
+        # No pipeline: gradient accumulation over microbatches, with the dp reduce on the last one only.
+        chunk = self.chunks[0]
+        n = self.cfg.parallel.microbatches
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+            if self.cfg.parallel.dp > 1:
+                chunk.set_requires_gradient_sync(i == n - 1)
+            with autocast:
+                loss = cross_entropy_loss(chunk(x), y) / n
+            loss.backward()
+            total += loss.detach()
+        return total
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Global L2 norm of all gradients over the whole 3D mesh, then clip to optim.grad_clip."""
+        params = [p for chunk in self.chunks for p in chunk.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()  # sums the squares over the dp and tp shards
+        if self.cfg.parallel.pp > 1:
+            # Each pp rank holds different layers: add the squares over the pipeline.
+            squared = norm.float() ** 2
+            dist.all_reduce(squared, group=self.mesh["pp"].get_group())
+            norm = squared.sqrt()
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.optim.grad_clip, norm, foreach=True)
+        return norm
+
+    def _global_scalars(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[float, float]:
+        """The batch's mean loss on every rank: the last stage's tp-rank-0 values, averaged over dp."""
+        if self.place.world_size == 1:
+            return float(loss), float(grad_norm)
+        reports = loss is not None and self.place.tp == 0
+        value = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if reports:
+            value[0] = loss.double() / self.cfg.parallel.dp
+        dist.all_reduce(value)
+        return float(value[0]), float(grad_norm)
+
+    def _record(
+        self,
+        loss: float,
+        grad_norm: float,
+        lr: float,
+        step_seconds: float,
+        phases: dict[str, float],
+        reduce_enter_ns: int | None,
+    ) -> dict[str, Any]:
+        tokens = self.cfg.global_batch * self.cfg.model.seq_len
+        tps = tokens / step_seconds
+        return {
+            "step": self.step_index,
+            "time": time.time(),
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": tokens,
+            "step_seconds": step_seconds,
+            "tokens_per_second": tps,
+            "mfu": mfu(tps, self.flops_per_token, self.place.world_size, self.peak),
+            "peak_flops": self.peak.flops_per_second,
+            "peak_source": self.peak.source,
+            "phases": phases,
+            # CLOCK_MONOTONIC is shared by the processes of one host: comparable within a node.
+            "dp_reduce_enter_ns": reduce_enter_ns,
+            "sample_index": self.loader.position,
+            "rank": self.place.rank,
+            "local_rank": self.place.local_rank,
+            "world_size": self.place.world_size,
+            "mesh": self.place.coords(),
+            "node": self._host,
+            "pid": os.getpid(),
+        }
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> Iterator[dict[str, Any]] | None:
+        """Train for cfg.steps steps."""
+        try:
+            while self.step_index < self.cfg.steps:
+                self.step()
+        finally:
+            self.close()
+        return None
+
+    def close(self) -> None:
+        self.loader.close()
+        self.writer.close()
+
+
+def _rank_device(kind: str) -> torch.device:
+    if kind == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _build_mesh(cfg: TrainConfig, device: torch.device) -> DeviceMesh:
+    par = cfg.parallel
+    return init_device_mesh(device.type, (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def _rank_place(mesh: DeviceMesh | None, world: int) -> RankPlace:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if mesh is None:
+        return RankPlace(rank=rank, world_size=world, local_rank=local_rank, pp=0, dp=0, tp=0)
+    return RankPlace(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        pp=mesh["pp"].get_local_rank(),
+        dp=mesh["dp"].get_local_rank(),
+        tp=mesh["tp"].get_local_rank(),
+    )
