@@ -64,7 +64,8 @@ class Peak:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.flops_per_second) and self.flops_per_second > 0):
             raise ValueError(
-                f"Peak.flops_per_second must be a positive finite number, got {self.flops_per_second}"
+                "Peak.flops_per_second must be a positive finite number, "
+                f"got {self.flops_per_second}"
             )
         if not self.source:
             raise ValueError("Peak.source must name where the peak came from, got an empty string")
@@ -87,11 +88,14 @@ def flops_per_token(
     section on MFU. Activation recomputation is deliberately not counted: these are
     model FLOPs, not hardware FLOPs.
     """
-    for name, value in (("n_params", n_params), ("n_layers", n_layers), ("hidden", hidden), ("seq_len", seq_len)):
+    sizes = {"n_params": n_params, "n_layers": n_layers, "hidden": hidden, "seq_len": seq_len}
+    for name, value in sizes.items():
         if value <= 0:
             raise ValueError(f"flops_per_token: {name} must be > 0, got {value}")
     if window is not None and window <= 0:
-        raise ValueError(f"flops_per_token: window must be > 0 or None (full attention), got {window}")
+        raise ValueError(
+            f"flops_per_token: window must be > 0 or None (full attention), got {window}"
+        )
     s_eff = seq_len if window is None else min(seq_len, window)
     return 6.0 * n_params + 12.0 * n_layers * hidden * s_eff
 
@@ -162,7 +166,8 @@ def resolve_peak(device: torch.device, configured: float | None) -> Peak:
     if device.type == "cpu":
         return Peak(flops_per_second=_cached_cpu_peak(), source="probe:cpu-matmul-fp32")
     raise ValueError(
-        f"no way to find the peak FLOP/s of a {device.type!r} device; set `peak_flops` in the config"
+        f"no way to find the peak FLOP/s of a {device.type!r} device; "
+        "set `peak_flops` in the config"
     )
 
 
@@ -172,9 +177,13 @@ def mfu(tokens_per_second: float, flops_per_token: float, n_devices: int, peak: 
     ``tokens_per_second`` is the global rate over all ``n_devices`` devices.
     """
     if tokens_per_second < 0 or not math.isfinite(tokens_per_second):
-        raise ValueError(f"mfu: tokens_per_second must be a finite number >= 0, got {tokens_per_second}")
+        raise ValueError(
+            f"mfu: tokens_per_second must be a finite number >= 0, got {tokens_per_second}"
+        )
     if flops_per_token <= 0 or not math.isfinite(flops_per_token):
-        raise ValueError(f"mfu: flops_per_token must be a positive finite number, got {flops_per_token}")
+        raise ValueError(
+            f"mfu: flops_per_token must be a positive finite number, got {flops_per_token}"
+        )
     if n_devices < 1:
         raise ValueError(f"mfu: n_devices must be >= 1, got {n_devices}")
     return tokens_per_second * flops_per_token / (n_devices * peak.flops_per_second)

@@ -102,7 +102,7 @@ def _full_norms(tensors: list[Tensor]) -> list[Tensor]:
     norm); ``full_tensor()`` reduces it across the mesh so every rank sees the same norm.
     """
     norms = torch._foreach_norm(tensors)
-    return [n.to_local() if isinstance(n, DTensor) else n for n in norms]
+    return [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
 
 
 def _trust_ratios(weight_norms: list[Tensor], update_norms: list[Tensor]) -> list[Tensor]:
@@ -120,7 +120,8 @@ def _trust_ratios(weight_norms: list[Tensor], update_norms: list[Tensor]) -> lis
         usable = (w > 0) & (u > 0)
         # Dividing where u == 0 would make inf/nan that torch.where then discards; the
         # ones_like denominator avoids producing them at all.
-        ratio = torch.where(usable, w / torch.where(usable, u, torch.ones_like(u)), torch.ones_like(w))
+        ones = torch.ones_like(w)
+        ratio = torch.where(usable, w / torch.where(usable, u, ones), ones)
         for i, r in zip(indices, ratio.unbind(0)):
             ratios[i] = r
     return [r for r in ratios if r is not None]
@@ -191,7 +192,9 @@ class LAMB(torch.optim.Optimizer):
         return params, grads, exp_avgs, exp_avg_sqs, steps
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+    def step(  # type: ignore[override]
+        self, closure: Callable[[], float] | None = None
+    ) -> float | None:
         """Take one LAMB step over every param group; returns the closure's loss if given."""
         loss = None
         if closure is not None:
@@ -285,7 +288,12 @@ def build_optimizer(
         raise ValueError("build_optimizer got no trainable parameters; check the model")
     if cfg.name == "adamw":
         return torch.optim.AdamW(
-            groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=True
+            groups,
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            foreach=True,
         )
     return LAMB(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 

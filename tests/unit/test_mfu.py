@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from train import mfu as mfu_module
-from train.mfu import Peak, flops_per_token, measure_cpu_peak, mfu, peak_from_device_name, resolve_peak
+from train.mfu import (
+    Peak,
+    flops_per_token,
+    measure_cpu_peak,
+    mfu,
+    peak_from_device_name,
+    resolve_peak,
+)
 
 # GPT-3 175B (Brown et al. 2020, table 2.1).
 GPT3_LAYERS = 96
@@ -41,9 +48,17 @@ def test_sliding_window_reduces_only_the_attention_term() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [(0, 1, 1, 1, None), (1, 0, 1, 1, None), (1, 1, 0, 1, None), (1, 1, 1, 0, None), (1, 1, 1, 1, 0)],
+    [
+        (0, 1, 1, 1, None),
+        (1, 0, 1, 1, None),
+        (1, 1, 0, 1, None),
+        (1, 1, 1, 0, None),
+        (1, 1, 1, 1, 0),
+    ],
 )
-def test_flops_per_token_rejects_non_positive_sizes(args: tuple[int, int, int, int, int | None]) -> None:
+def test_flops_per_token_rejects_non_positive_sizes(
+    args: tuple[int, int, int, int, int | None],
+) -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         flops_per_token(*args)
 
@@ -96,7 +111,8 @@ def test_resolve_peak_on_cuda_uses_the_device_name(monkeypatch: pytest.MonkeyPat
 
 def test_configured_peak_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    assert resolve_peak(torch.device("cuda", 0), 5e14) == Peak(flops_per_second=5e14, source="config")
+    configured = Peak(flops_per_second=5e14, source="config")
+    assert resolve_peak(torch.device("cuda", 0), 5e14) == configured
     assert resolve_peak(torch.device("cpu"), 1e12) == Peak(flops_per_second=1e12, source="config")
     with pytest.raises(ValueError, match="peak_flops"):
         resolve_peak(torch.device("cpu"), -1.0)

@@ -1,0 +1,26 @@
+# make demo: create .venv on first use, then run the demo training job.
+# make test: same set-up, then the whole test suite.
+VENV   ?= .venv
+PYTHON ?= python3
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: the CPU wheel on these machines' disk, not a multi-GB CUDA build.
+	$(VENV)/bin/pip install --quiet torch==2.13.0
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal train --config configs/demo.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/train_throughput.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
