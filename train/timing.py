@@ -24,8 +24,9 @@ class PhaseTimer:
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if self._cuda:
+    def phase(self, name: str, host: bool = False) -> Iterator[None]:
+        """Time the enclosed work; host=True times the host (e.g. waiting for data), not the device."""
+        if self._cuda and not host:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             yield

@@ -7,9 +7,9 @@ A Trainer is built once per process after the process group exists. Its public s
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import time
-from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,7 +138,7 @@ class Trainer:
         """Run one optimizer step and return its record (also written to this rank's JSON lines)."""
         t0 = time.perf_counter()
         timer = self.timer
-        with timer.phase("data_wait"):
+        with timer.phase("data_wait", host=True):
             inputs, targets = self.loader.next()
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
@@ -247,6 +247,8 @@ class Trainer:
             # CLOCK_MONOTONIC is shared by the processes of one host: comparable within a node.
             "dp_reduce_enter_ns": reduce_enter_ns,
             "sample_index": self.loader.position,
+            # Linux reports ru_maxrss in KiB: the process's peak resident memory so far.
+            "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "rank": self.place.rank,
             "local_rank": self.place.local_rank,
             "world_size": self.place.world_size,
@@ -257,14 +259,13 @@ class Trainer:
 
     # ------------------------------------------------------------ the loop
 
-    def run(self) -> Iterator[dict[str, Any]] | None:
+    def run(self) -> None:
         """Train for cfg.steps steps."""
         try:
             while self.step_index < self.cfg.steps:
                 self.step()
         finally:
             self.close()
-        return None
 
     def close(self) -> None:
         self.loader.close()
