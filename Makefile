@@ -4,7 +4,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal train --config configs/demo.yaml
 
-test: $(STAMP)
+# The real services tests run against (Prometheus, Alertmanager, PostgreSQL), from Debian when missing.
+system-deps:
+	scripts/install-system-deps.sh
+
+test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install the real services the tests run against (Debian packages), when they are missing.
+# Run by `make test` (and so by .ci/run) on every machine; a no-op where everything is present.
+# Tests start and stop their own instances on 127.0.0.1; nothing here starts a service.
+set -euo pipefail
+
+need=()
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 && command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  need+=(postgresql)
+fi
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-system-deps: missing ${need[*]}; run as root or install them: apt-get install ${need[*]}" >&2
+  exit 1
+fi
+echo "install-system-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
