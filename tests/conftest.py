@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +24,79 @@ def job_env() -> dict[str, str]:
     return env
 
 
+def training_argv(run_dir: Path, config: str, overrides: list[str], nproc: int = 1, resume: str | None = None) -> list[str]:
+    """The command line of a real training job: torchrun (gloo) for nproc > 1, else a plain process."""
+    args = ["-m", "train", "--config", str(CONFIGS / config), "--run-dir", str(run_dir)]
+    for item in overrides:
+        args += ["--set", item]
+    if resume:
+        args += ["--resume", resume]
+    if nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
+    return [sys.executable, *args]
+
+
+def start_training(run_dir: Path, config: str, overrides: list[str], nproc: int = 1) -> subprocess.Popen:
+    """Start a job in its own session, so a test can signal the launcher and every rank at once."""
+    return subprocess.Popen(
+        training_argv(run_dir, config, overrides, nproc), cwd=REPO, env=job_env(), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (torchrun starts each rank in a session of its own,
+    so signalling the launcher's process group does not reach the ranks)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            children = open(f"/proc/{pid}/task/{task}/children").read().split()
+        except FileNotFoundError:
+            continue
+        for child in map(int, children):
+            found += [child, *descendants(child)]
+    return found
+
+
+def kill_job(job: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the launcher and every process it started, at once, then reap the launcher."""
+    for pid in [job.pid, *descendants(job.pid)]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    job.wait(30)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    """Poll `predicate` until it returns something truthy; fail the test naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 def run_training(
-    run_dir: Path, config: str, overrides: list[str], nproc: int = 1, timeout: float = 240.0
+    run_dir: Path, config: str, overrides: list[str], nproc: int = 1, timeout: float = 240.0,
+    resume: str | None = None,
 ) -> dict[int, list[dict[str, Any]]]:
     """Run a real training job and return each rank's step records.
 
     nproc > 1 runs it under torchrun (gloo); nproc == 1 as a plain single process.
     """
-    args = ["-m", "train", "--config", str(CONFIGS / config), "--run-dir", str(run_dir)]
-    for item in overrides:
-        args += ["--set", item]
-    if nproc > 1:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
-    else:
-        argv = [sys.executable, *args]
+    argv = training_argv(run_dir, config, overrides, nproc, resume)
     proc = subprocess.run(argv, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(f"training failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return rank_records(run_dir)
+
+
+def rank_records(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
     return {int(p.stem): read_records(p) for p in sorted((run_dir / "ranks").glob("*.jsonl"))}

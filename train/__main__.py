@@ -1,7 +1,7 @@
 """Entry point of one training rank.
 
 Run under torchrun:
-    torchrun --standalone --nproc-per-node 4 -m train --config configs/tiny-dp4.yaml [--run-dir DIR] [--set steps=6]
+    torchrun --standalone --nproc-per-node 4 -m train --config configs/tiny-dp4.yaml [--run-dir DIR] [--resume auto] [--set steps=6]
 or as a single process (world size 1) with `python -m train --config ...`.
 """
 
@@ -20,9 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=None, help="output directory (default: runs/<timestamp>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. steps=6 or parallel.dp=2 (repeatable)")
+    parser.add_argument("--resume", default=None, metavar="auto|none|PATH",
+                        help="resume from the newest good checkpoint (auto) or a given one")
     args = parser.parse_args(argv)
+    overrides = args.overrides + ([f"checkpoint.resume={args.resume}"] if args.resume else [])
     try:
-        run_rank(args.config, args.overrides, args.run_dir)
+        run_rank(args.config, overrides, args.run_dir)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from megaheal.typedconfig import apply_overrides, from_mapping, load_yaml
+from train.checkpoint.manager import CheckpointConfig
 from train.data import DataConfig
 from train.layout import ParallelConfig
 from train.model import ModelConfig
@@ -39,6 +40,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         for name in ("steps", "global_batch", "log_every"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -26,7 +27,10 @@ def run_rank(config_path: str | None, overrides: list[str], run_dir: str | None)
         if not distributed or dist.get_rank() == 0:
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        Trainer(cfg, out).run()
+        trainer = Trainer(cfg, out)
+        # Preemption: SIGTERM asks for a final checkpoint at the end of the current step, agreed by all ranks.
+        signal.signal(signal.SIGTERM, lambda signum, frame: trainer.request_stop())
+        trainer.run()
         return out
     finally:
         if dist.is_initialized():

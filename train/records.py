@@ -25,6 +25,7 @@ _COLUMNS: list[tuple[str, int, Any]] = [
     ("dp-red", 6, lambda r: f"{r['phases'].get('dp_reduce', 0.0):.3f}"),
     ("clip", 6, lambda r: f"{r['phases'].get('grad_norm_clip', 0.0):.3f}"),
     ("optim", 6, lambda r: f"{r['phases'].get('optimizer', 0.0):.3f}"),
+    ("ckpt", 6, lambda r: f"{r['phases'].get('checkpoint', 0.0):.3f}"),
 ]
 
 

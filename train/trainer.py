@@ -6,6 +6,7 @@ A Trainer is built once per process after the process group exists. Its public s
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
@@ -20,6 +21,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from train.checkpoint.manager import Checkpointer
+from train.checkpoint.state import ModelParts, capture, config_hash, load_template, model_hash, restore
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenStream, build_source
 from train.layout import stage_ids, stage_layers, validate_layout
@@ -68,6 +71,17 @@ class Trainer:
             count_flop_params(cfg.model), cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len, cfg.model.window
         )
         self.peak = self._agree_on_peak()
+        self.parts = ModelParts(self.chunks)
+        self.checkpointer = Checkpointer(
+            cfg.checkpoint,
+            Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints",
+            self.place.rank,
+            info={"layout": {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
+                             "world_size": self.place.world_size},
+                  "model_hash": model_hash(cfg.model),
+                  "config_hash": config_hash(cfg)},
+        )
+        self.step_index, start_sample = self._resume()
         self.loader = PrefetchLoader(
             TokenStream(
                 build_source(cfg.data, cfg.model.vocab_size),
@@ -75,10 +89,12 @@ class Trainer:
                 cfg.global_batch,
                 dp_rank=self.place.dp,
                 dp_degree=cfg.parallel.dp,
+                start_sample=start_sample,
             ),
             cfg.data.prefetch,
         )
-        self.step_index = 0
+        self._stop_requested = False  # set by a signal handler on this rank
+        self.stopping = False  # agreed by all ranks: save and leave after this step
         self.writer = StepRecordWriter(run_dir, self.place.rank)
         self.table = StepTable() if self.place.rank == 0 else None
         self._host = socket.gethostname()
@@ -132,6 +148,21 @@ class Trainer:
         dist.broadcast_object_list(source, src=0)
         return Peak(flops_per_second=float(value[0]), source=source[0])
 
+    def _resume(self) -> tuple[int, int]:
+        """Load the checkpoint that checkpoint.resume selects; returns (steps done, next sample index)."""
+        path = self.checkpointer.resume_path(model_hash(self.cfg.model))
+        if path is None:
+            return 0, 0
+        saved_world = json.loads((path / "manifest.json").read_text())["layout"]["world_size"]
+        state = load_template(self.parts, self.optimizer, self.lr_scheduler, self.place.rank,
+                              same_world=saved_world == self.place.world_size)
+        self.checkpointer.load(state, path)
+        return restore(state, self.parts, self.optimizer, self.lr_scheduler, self.place.rank)
+
+    def request_stop(self) -> None:
+        """Ask for a final checkpoint and a clean exit (async-signal safe: only sets a flag)."""
+        self._stop_requested = True
+
     # ------------------------------------------------------------ the step
 
     def step(self) -> dict[str, Any]:
@@ -153,6 +184,8 @@ class Trainer:
             lr = self.lr_scheduler.get_last_lr()[0]
             self.lr_scheduler.step()
         loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
+        with timer.phase("checkpoint", host=True):
+            self._maybe_save(self.step_index + 1)
         phases = timer.collect()
         if self.device.type == "cpu" and "dp_reduce" in phases:
             # On CPU the reduce runs synchronously inside backward: report compute alone, so phases add up.
@@ -210,15 +243,30 @@ class Trainer:
         return norm
 
     def _global_scalars(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[float, float]:
-        """The batch's mean loss on every rank: the last stage's tp-rank-0 values, averaged over dp."""
+        """The batch's mean loss on every rank (the last stage's tp-rank-0 values, averaged over dp),
+        and whether any rank was asked to stop, agreed in the same all-reduce."""
         if self.place.world_size == 1:
+            self.stopping = self._stop_requested
             return float(loss), float(grad_norm)
-        reports = loss is not None and self.place.tp == 0
-        value = torch.zeros(1, dtype=torch.float64, device=self.device)
-        if reports:
+        value = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if loss is not None and self.place.tp == 0:
             value[0] = loss.double() / self.cfg.parallel.dp
+        value[1] = float(self._stop_requested)
         dist.all_reduce(value)
+        self.stopping = bool(value[1] > 0)
         return float(value[0]), float(grad_norm)
+
+    def _maybe_save(self, steps_done: int) -> None:
+        ckpt = self.checkpointer
+        final = steps_done == self.cfg.steps and ckpt.cfg.every_steps > 0
+        preempted = self.stopping and ckpt.cfg.save_on_sigterm
+        if not (ckpt.due(steps_done) or final or preempted):
+            return
+        state = capture(self.parts, self.optimizer, self.lr_scheduler, steps_done, self.loader.position,
+                        self.place.rank)
+        ckpt.save(state, steps_done, self.loader.position)
+        if preempted:
+            ckpt.wait()  # the job is about to exit: the save must be committed first
 
     def _record(
         self,
@@ -247,6 +295,7 @@ class Trainer:
             # CLOCK_MONOTONIC is shared by the processes of one host: comparable within a node.
             "dp_reduce_enter_ns": reduce_enter_ns,
             "sample_index": self.loader.position,
+            "checkpoint_events": self.checkpointer.drain_events(),
             # Linux reports ru_maxrss in KiB: the process's peak resident memory so far.
             "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "rank": self.place.rank,
@@ -262,12 +311,15 @@ class Trainer:
     def run(self) -> None:
         """Train for cfg.steps steps."""
         try:
-            while self.step_index < self.cfg.steps:
+            while self.step_index < self.cfg.steps and not self.stopping:
                 self.step()
+            if self.stopping and self.place.rank == 0:
+                print(f"stopped on request after step {self.step_index - 1}", flush=True)
         finally:
             self.close()
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.loader.close()
         self.writer.close()
 

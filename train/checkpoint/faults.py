@@ -1,0 +1,32 @@
+"""A checkpoint storage writer with real fault injection: a write that fails as a full disk does."""
+
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import Future
+
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+
+
+class FailingWriter(FileSystemWriter):
+    """FileSystemWriter that, when `fail` is set, raises ENOSPC on the job's last rank.
+
+    Only one rank fails, as when one node's disk fills up: the other ranks write normally and
+    learn of the failure through DCP's gathering of write results, so the whole save fails.
+    With `fail` unset it is exactly FileSystemWriter.
+    """
+
+    def __init__(self, path: str | os.PathLike, fail: bool = False) -> None:
+        super().__init__(path)
+        self._fail = fail
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        last_rank = dist.get_world_size() - 1 if dist.is_initialized() else 0
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if self._fail and rank == last_rank:
+            raise OSError(errno.ENOSPC, f"No space left on device (injected fault) writing {self.path}")
+        return super().write_data(plan, planner)
