@@ -1,0 +1,123 @@
+"""Host and loopback checks, run in this process against the real machine (and a local NTP responder)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from runbooks.checks import rdma_loopback
+from runbooks.checks.clock import ntp_timestamp
+from runbooks.checks.host import HostCheck
+from runbooks.checks.loopback import LoopbackCheck
+from runbooks.registry import CheckContext
+from runbooks.verdict import Status
+
+CTX = CheckContext(hostname="node-a", timeout_s=20)
+
+
+def test_a_process_holding_a_gpu_is_named(tmp_path) -> None:
+    device = tmp_path / "nvidia0"
+    device.write_bytes(b"")
+    holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(device)!r}); import time; time.sleep(60)"])
+    try:
+        check = HostCheck(gpu_device=re.compile("^" + re.escape(str(device)) + "$"))
+        deadline = time.monotonic() + 20
+        while True:  # until the child has opened the file
+            result = check.run(
+                HostCheck.Config(
+                    checkpoint_dir=str(tmp_path),
+                    min_free_gib=0,
+                    write_test_mib=1,
+                    min_shm_free_gib=0,
+                    fail_on_gpu_holders=True,
+                ),
+                CTX,
+            )
+            if result.status is not Status.PASS or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.status is Status.FAIL
+    assert [(s.kind, s.name) for s in result.suspects] == [("process", str(holder.pid))]
+    assert f"GPU held by pid {holder.pid} (python" in result.summary
+    assert result.details["gpu_holders"][0]["devices"] == [str(device)]
+
+
+def test_a_small_shm_fails_and_the_write_probe_leaves_nothing_behind(tmp_path) -> None:
+    result = HostCheck().run(
+        HostCheck.Config(
+            checkpoint_dir=str(tmp_path / "not" / "yet"), min_free_gib=0, write_test_mib=2, min_shm_free_gib=1e6
+        ),
+        CTX,
+    )
+    assert result.status is Status.FAIL
+    assert "/dev/shm" in result.summary and "NCCL and data loaders need shared memory" in result.summary
+    assert list(tmp_path.iterdir()) == [], "the probe file was removed (and nothing was created)"
+    speed = [m for m in result.measurements if m.name == "checkpoint_write_speed"]
+    assert speed and speed[0].value > 0
+
+
+def test_a_clock_two_seconds_off_an_ntp_server_is_degraded() -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(10)
+
+    def answer() -> None:  # an SNTP server whose clock is 2 s ahead of ours
+        data, addr = server.recvfrom(512)
+        now = ntp_timestamp(time.time() + 2.0)
+        reply = bytes([(0 << 6) | (4 << 3) | 4, 1, 0, 0]) + bytes(20) + data[40:48] + now + now
+        server.sendto(reply, addr)
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    try:
+        port = server.getsockname()[1]
+        result = HostCheck().run(
+            HostCheck.Config(
+                checkpoint_dir="/tmp",
+                min_free_gib=0,
+                write_test_mib=0,
+                min_shm_free_gib=0,
+                ntp_server=f"127.0.0.1:{port}",
+                ntp_timeout=timedelta(seconds=5),
+            ),
+            CTX,
+        )
+    finally:
+        thread.join()
+        server.close()
+    assert result.status is Status.DEGRADED
+    [offset] = [m for m in result.measurements if m.name == "clock_offset"]
+    assert offset.value == pytest.approx(-2.0, abs=0.5)
+    assert "clock offset -2." in result.summary and [(s.kind, s.name) for s in result.suspects] == [("host", "node-a")]
+
+
+def test_tcp_loopback_measures_and_rdma_says_why_it_was_skipped() -> None:
+    result = LoopbackCheck().run(LoopbackCheck.Config(tcp_mib=32, pings=50), CTX)
+    names = {m.name: m.value for m in result.measurements}
+    assert names["tcp_throughput"] > 0 and 0 < names["tcp_latency_p50"] <= names["tcp_latency_p99"]
+    if rdma_loopback.skip_reason(rdma_loopback.available_devices()):
+        assert "RDMA loopback skipped: " in result.summary
+        assert result.details["rdma"]["skipped"]
+    assert result.status in (Status.PASS, Status.DEGRADED), result.summary  # degraded: a very loaded machine
+
+
+def test_ib_write_bw_output_is_parsed_in_either_unit() -> None:
+    table = (
+        "---------------------------------------------------------------------------------------\n"
+        " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+        " 65536      183872           0.00               385.52             0.735306\n"
+        "---------------------------------------------------------------------------------------\n"
+    )
+    assert rdma_loopback.parse_bw_average(table) == pytest.approx(385.52)
+    assert rdma_loopback.parse_bw_average(table.replace("Gb/sec", "MB/sec")) == pytest.approx(385.52 * 8 / 1000)
+    assert rdma_loopback.parse_bw_average("Couldn't connect to 127.0.0.1:18515") is None
