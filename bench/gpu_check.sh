@@ -52,5 +52,30 @@ else
 fi
 rm -rf "$OUT/gpt-1b/ranks"  # the summary above keeps what matters; keep the transfer small
 
+# ---------------------------------------------------------------- runbooks: gpu-triage (and NCCL busbw with >= 2 GPUs)
+# Issue "Diagnostic runbooks": NVML health, matmul vs reference, bf16 TFLOP/s against the table, memory test.
+# Exit 0 pass, 1 degraded/fail (a finding, recorded), 2 error (the check itself broke: counted as failed).
+section "runbooks gpu-triage"
+MEGAHEAL_PY=(-c "from megaheal.cli import app; app()")
+timeout 300 $PY "${MEGAHEAL_PY[@]}" diagnose gpu-triage --json --baselines "$OUT/baselines.json" \
+  > "$OUT/gpu_triage.json" 2> "$OUT/gpu_triage.log"
+rc=$?; echo "gpu-triage exit $rc"; head -c 3000 "$OUT/gpu_triage.json"; [ "$rc" -ge 2 ] && { tail -20 "$OUT/gpu_triage.log"; failed=$((failed + 1)); }
+ngpu=$(nvidia-smi -L | wc -l)
+if [ "$ngpu" -ge 2 ]; then
+  section "runbooks collectives-quick on $ngpu GPUs (NCCL)"
+  timeout 300 $PY "${MEGAHEAL_PY[@]}" diagnose collectives-quick --json --baselines "$OUT/baselines.json" \
+    --set collectives.device=cuda --set collectives.ranks="$ngpu" --set "collectives.sizes=[1048576, 67108864, 1073741824]" \
+    > "$OUT/collectives_nccl.json" 2> "$OUT/collectives_nccl.log" || { tail -20 "$OUT/collectives_nccl.log"; failed=$((failed + 1)); }
+else
+  echo "one GPU: NCCL busbw needs >= 2 (NCCL refuses two ranks on one device); skipped"
+fi
+
+# ---------------------------------------------------------------- NVML collector on the real GPU
+# Records the device into a fixture (tests/fixtures/nvml format), renders its exposition, runs promtool on it.
+section "nvml recording"
+if ! timeout 120 $PY -m exporters.nvml_recorder --out "$OUT/nvml"; then
+  echo "nvml recording failed"; failed=$((failed + 1))
+fi
+
 echo; echo "gpu_check: $failed section(s) failed"
 exit $failed

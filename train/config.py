@@ -20,6 +20,8 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
+    job: str | None = None
+    """Job name in telemetry and incidents; default: the run directory's name."""
     steps: int = 20
     """Optimizer steps to run."""
     global_batch: int = 8

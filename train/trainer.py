@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from exporters.client import RankClient
 from train.checkpoint.manager import Checkpointer
 from train.checkpoint.state import ModelParts, capture, config_hash, load_template, model_hash, restore
 from train.config import TrainConfig
@@ -96,6 +97,12 @@ class Trainer:
         self._stop_requested = False  # set by a signal handler on this rank
         self.stopping = False  # agreed by all ranks: save and leave after this step
         self.writer = StepRecordWriter(run_dir, self.place.rank)
+        # The node sidecar's client: a null object unless MEGAHEAL_SIDECAR_SOCKET is set; never blocks.
+        self.telemetry = RankClient.from_env(
+            cfg.job or run_dir.resolve().name, self.place.rank, self.place.local_rank, self.place.world_size,
+            self.place.coords(),
+        )
+        self.telemetry.hello()
         self.table = StepTable() if self.place.rank == 0 else None
         self._host = socket.gethostname()
 
@@ -193,6 +200,9 @@ class Trainer:
         step_seconds = time.perf_counter() - t0
         record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
         self.writer.write(record)
+        self.telemetry.step(record)
+        for event in record["checkpoint_events"]:
+            self.telemetry.event(event["event"], **{k: v for k, v in event.items() if k != "event"})
         if self.table is not None and self.step_index % self.cfg.log_every == 0:
             self.table.row(record)
         self.step_index += 1
@@ -315,6 +325,10 @@ class Trainer:
                 self.step()
             if self.stopping and self.place.rank == 0:
                 print(f"stopped on request after step {self.step_index - 1}", flush=True)
+        except Exception as exc:
+            # Tell the sidecar why this rank is going down, then let the exception end the process.
+            self.telemetry.event("exception", type=type(exc).__name__, message=str(exc)[:500], step=self.step_index)
+            raise
         finally:
             self.close()
 
@@ -322,6 +336,7 @@ class Trainer:
         self.checkpointer.close()
         self.loader.close()
         self.writer.close()
+        self.telemetry.close()
 
 
 def _rank_device(kind: str) -> torch.device:

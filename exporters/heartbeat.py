@@ -1,0 +1,153 @@
+"""Heartbeat batches: once per interval, the node's view of all its ranks (and GPUs), posted to the healer.
+
+Batch (JSON, schema 1), one per node per interval:
+
+    {"schema": 1, "node": "n1", "seq": 7, "sent_at": <unix s>, "nvml": "ok" | "absent",
+     "ranks": [{"job", "rank", "pid", "local_rank", "world_size", "mesh", "alive", "last_seen_age_s",
+                "dropped", "events", "last_event", "step", "step_time", "step_seconds", "phases", "loss",
+                "grad_norm", "nonfinite", "tokens_per_second", "mfu", "dp_reduce_enter_ns", "dp_reduce_lag_s",
+                "max_rss_mib"}],
+     "gpus": [{"gpu", "uuid", "last_xid", "xid_counts", ...health fields}]}
+
+Posts run on their own thread with a short timeout; batches that fail wait in a bounded buffer
+(the oldest is dropped, and counted, when it is full). A healer that is down costs a counter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from exporters.ranks import RankState
+
+HEARTBEAT_SCHEMA = 1
+HEARTBEAT_PATH = "/v1/heartbeats"
+
+log = logging.getLogger(__name__)
+
+
+def rank_summary(s: RankState) -> dict[str, Any]:
+    """One rank's entry in a heartbeat batch. JSON has no NaN: a non-finite loss or grad norm is null, and
+    `nonfinite` says which it was, e.g. {"loss": "nan"}."""
+    entry: dict[str, Any] = {
+        "job": s.job, "rank": s.rank, "pid": s.pid, "local_rank": s.local_rank, "world_size": s.world_size,
+        "mesh": s.mesh, "alive": s.alive, "last_seen_age_s": round(s.age_seconds, 3), "dropped": s.dropped,
+        "events": dict(s.events), "last_event": s.last_event, "step": None,
+    }
+    rec = s.last_step
+    if rec is not None:
+        entry.update(step=rec.step, step_time=rec.time, step_seconds=rec.step_seconds, phases=rec.phases,
+                     loss=_finite(rec.loss), grad_norm=_finite(rec.grad_norm),
+                     nonfinite={k: str(v) for k, v in (("loss", rec.loss), ("grad_norm", rec.grad_norm))
+                                if not math.isfinite(v)},
+                     tokens_per_second=rec.tokens_per_second, mfu=rec.mfu,
+                     dp_reduce_enter_ns=rec.dp_reduce_enter_ns, dp_reduce_lag_s=s.reduce_lag_seconds,
+                     max_rss_mib=rec.max_rss_mib)
+    return entry
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def urllib_post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+    """POST and return the HTTP status; raises OSError (URLError included) when the healer cannot be reached."""
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - URL from the operator
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+class HeartbeatForwarder:
+    """Builds a batch every interval and posts it, oldest buffered first, without ever holding up the sidecar."""
+
+    def __init__(
+        self,
+        healer_url: str,
+        build: Callable[[], dict[str, Any]],
+        interval_s: float = 1.0,
+        buffer_batches: int = 60,
+        token: str | None = None,
+        post: Callable[[str, bytes, dict[str, str], float], int] = urllib_post,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if buffer_batches < 1:
+            raise ValueError(f"buffer_batches must be >= 1, got {buffer_batches}")
+        self.url = healer_url.rstrip("/") + HEARTBEAT_PATH
+        self._build, self._post, self._clock = build, post, clock
+        self._interval_s = interval_s
+        self._timeout_s = min(2.0, interval_s)
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._buffer: deque[bytes] = deque()
+        self._buffer_max = buffer_batches
+        self._seq = 0
+        self.sent = 0
+        self.failures = 0
+        self.dropped = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="megaheal-heartbeat", daemon=True)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._timeout_s + 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.tick()
+
+    def tick(self) -> None:
+        """Queue this interval's batch, then send what the healer will take (at most 5 batches per tick)."""
+        batch = self._build()
+        batch.update(schema=HEARTBEAT_SCHEMA, seq=self._seq, sent_at=self._clock())
+        self._seq += 1
+        if len(self._buffer) >= self._buffer_max:
+            self._buffer.popleft()
+            self.dropped += 1
+        self._buffer.append(json.dumps(batch, separators=(",", ":")).encode())
+        for _ in range(5):
+            if not self._buffer or not self._send(self._buffer[0]):
+                break
+            self._buffer.popleft()
+
+    def _send(self, body: bytes) -> bool:
+        try:
+            status = self._post(self.url, body, self._headers, self._timeout_s)
+        except (OSError, TimeoutError) as exc:
+            self._failed(f"cannot reach the healer at {self.url}: {exc}")
+            return False
+        if 200 <= status < 300:
+            self.sent += 1
+            return True
+        if 400 <= status < 500 and status not in (408, 429):
+            # The healer refuses this batch for good (bad schema, bad token): retrying it would never succeed.
+            self._failed(f"the healer at {self.url} refused a heartbeat batch with HTTP {status}; dropped")
+            return True
+        self._failed(f"the healer at {self.url} answered HTTP {status}")
+        return False
+
+    def _failed(self, message: str) -> None:
+        self.failures += 1
+        # NOTE: one line per streak of failures, not one per second while the healer is down.
+        if self.failures == 1 or self.failures % 300 == 0:
+            log.warning("%s (failures so far: %d)", message, self.failures)

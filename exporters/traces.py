@@ -1,0 +1,100 @@
+"""OpenTelemetry traces of training steps: one span per step per rank, a child span per phase.
+
+Spans are made from step records after the fact, with the record's own times: the step ends at the
+record's `time` and lasted `step_seconds`; phases are laid end to end in the order the trainer runs
+them (durations exact; positions approximate where phases overlap, e.g. the dp reduce on CUDA).
+
+Every rank's span of step N (on every node) lands in the same trace: the trace id is derived from
+(job, step). A trace viewer then shows one step of the whole job, rank under rank: the seed's
+dependency view, where the rank that holds everyone up stands out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+from exporters.schema import StepRecord, ordered_phases
+
+TRACER_NAME = "megaheal.exporters"
+
+
+def step_trace_id(job: str, step: int) -> int:
+    """The 128-bit trace id shared by every rank's span of one step of one job (never 0, which is invalid)."""
+    digest = hashlib.blake2b(f"{job}\0{step}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
+class _StepIdGenerator(RandomIdGenerator):
+    """Random span ids; the trace id of the next root span is chosen by the caller (per thread)."""
+
+    def __init__(self) -> None:
+        self._next = threading.local()
+
+    def set_next_trace_id(self, trace_id: int) -> None:
+        self._next.trace_id = trace_id
+
+    def generate_trace_id(self) -> int:
+        trace_id = getattr(self._next, "trace_id", None)
+        self._next.trace_id = None
+        return trace_id if trace_id is not None else super().generate_trace_id()
+
+
+def otlp_exporter(endpoint: str) -> SpanExporter:
+    """OTLP/HTTP exporter for a collector's base URL (e.g. http://127.0.0.1:4318) or its /v1/traces URL."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    url = endpoint if endpoint.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/") + "/v1/traces"
+    return OTLPSpanExporter(endpoint=url, timeout=5)
+
+
+class StepTracer:
+    """Turns step records into spans on its own TracerProvider (never the global one)."""
+
+    def __init__(self, node: str, exporter: SpanExporter, batch: bool = True) -> None:
+        self._ids = _StepIdGenerator()
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": "megaheal-sidecar", "host.name": node}),
+            id_generator=self._ids,
+        )
+        # NOTE: the batch processor drops spans when its queue is full instead of blocking the receiver.
+        processor = (BatchSpanProcessor(exporter, max_queue_size=8192, schedule_delay_millis=1000)
+                     if batch else SimpleSpanProcessor(exporter))
+        self.provider.add_span_processor(processor)
+        self._tracer = self.provider.get_tracer(TRACER_NAME)
+        self._node = node
+
+    def record(self, rec: StepRecord) -> None:
+        end_ns = int(rec.time * 1e9)
+        start_ns = end_ns - int(rec.step_seconds * 1e9)
+        attributes: dict[str, str | int | float] = {
+            "megaheal.job": rec.origin.job, "megaheal.rank": rec.origin.rank, "megaheal.step": rec.step,
+            "megaheal.node": self._node, "megaheal.loss": rec.loss, "megaheal.mfu": rec.mfu,
+            "megaheal.tokens_per_second": rec.tokens_per_second, "process.pid": rec.origin.pid,
+        }
+        mesh = rec.extra.get("mesh")
+        if isinstance(mesh, dict):
+            attributes.update({f"megaheal.mesh.{k}": v for k, v in mesh.items() if isinstance(v, int)})
+        self._ids.set_next_trace_id(step_trace_id(rec.origin.job, rec.step))
+        span = self._tracer.start_span(f"step {rec.step}", context=Context(), start_time=start_ns,
+                                       attributes=attributes)
+        parent = trace.set_span_in_context(span)
+        t = start_ns
+        for phase in ordered_phases(rec.phases):
+            duration = int(rec.phases[phase] * 1e9)
+            child = self._tracer.start_span(phase, context=parent, start_time=t,
+                                            attributes={"megaheal.phase": phase, "megaheal.rank": rec.origin.rank})
+            child.end(end_time=t + duration)
+            t += duration
+        span.end(end_time=end_ns)
+
+    def shutdown(self) -> None:
+        """Flush what is queued (bounded by the exporter's timeout) and stop."""
+        self.provider.shutdown()

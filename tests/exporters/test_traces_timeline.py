@@ -1,0 +1,80 @@
+"""Step spans (captured with the SDK's InMemorySpanExporter) and the Chrome/Perfetto timeline of a run."""
+
+from __future__ import annotations
+
+import json
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from typer.testing import CliRunner
+
+from exporters.schema import PHASE_ORDER, Origin, decode, encode
+from exporters.timeline import build_trace, read_rank_files
+from exporters.traces import StepTracer, step_trace_id
+from megaheal.cli import app
+from tests.exporters.helpers import step_record
+
+
+def test_each_step_is_a_span_with_a_child_per_phase_shared_across_ranks() -> None:
+    exporter = InMemorySpanExporter()
+    tracer = StepTracer("node-1", exporter, batch=False)
+    for rank in range(2):
+        rec = step_record(5, rank=rank, time=1_700_000_000.0)
+        tracer.record(decode(encode("step", Origin("job-a", rank, 100 + rank, 0), rec)))
+    tracer.shutdown()
+    spans = exporter.get_finished_spans()
+    steps = [s for s in spans if s.name == "step 5"]
+    assert len(steps) == 2 and len(spans) == 2 * (1 + len(PHASE_ORDER))
+    assert {s.context.trace_id for s in steps} == {step_trace_id("job-a", 5)}, "one trace per step of the job"
+    for step in steps:
+        children = sorted((s for s in spans if s.parent and s.parent.span_id == step.context.span_id),
+                          key=lambda s: s.start_time)
+        assert [c.name for c in children] == list(PHASE_ORDER)
+        assert step.end_time == 1_700_000_000 * 10**9
+        assert step.end_time - step.start_time == int(step_record(0)["step_seconds"] * 1e9)
+        assert children[0].start_time == step.start_time
+        assert children[2].end_time - children[2].start_time == int(0.05 * 1e9), "dp_reduce lasts what it lasted"
+        assert step.attributes["megaheal.rank"] in (0, 1) and step.attributes["megaheal.mesh.dp"] in (0, 1)
+        assert step.resource.attributes["host.name"] == "node-1"
+
+
+def write_run(run_dir, layout: dict[int, dict[str, int]], steps: int = 3) -> None:
+    (run_dir / "ranks").mkdir(parents=True)
+    for rank, mesh in layout.items():
+        lines = [json.dumps(step_record(s, rank=rank, mesh=mesh, time=1000.0 + s)) for s in range(steps)]
+        (run_dir / "ranks" / f"{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_timeline_has_a_track_per_rank_in_mesh_order(tmp_path) -> None:
+    # Ranks as torch lays out (pp, dp, tp) = (2, 1, 2): tp innermost.
+    layout = {0: {"pp": 0, "dp": 0, "tp": 0}, 1: {"pp": 0, "dp": 0, "tp": 1},
+              2: {"pp": 1, "dp": 0, "tp": 0}, 3: {"pp": 1, "dp": 0, "tp": 1}}
+    write_run(tmp_path, layout)
+    with (tmp_path / "ranks" / "3.jsonl").open("a") as f:
+        f.write('{"step": 3, "time": 10')  # a rank killed mid-write
+    result = CliRunner().invoke(app, ["timeline", str(tmp_path), "-o", str(tmp_path / "trace.json")])
+    assert result.exit_code == 0, result.output
+    assert "4 ranks" in result.output and "1 unreadable lines skipped" in result.output
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    for e in slices:
+        assert {"ph", "ts", "dur", "pid", "tid", "name"} <= e.keys()
+    assert {e["tid"] for e in slices} == {0, 1, 2, 3}
+    assert {(e["pid"], e["tid"]) for e in slices} == {(1, 0), (1, 1), (2, 2), (2, 3)}, "a process per pp stage"
+    order = {e["tid"]: e["args"]["sort_index"] for e in events if e["name"] == "thread_sort_index"}
+    assert sorted(order, key=order.get) == [0, 1, 2, 3]
+    step1 = next(e for e in slices if e["tid"] == 2 and e["name"] == "step 1")
+    phases = [e for e in slices if e["tid"] == 2 and e["cat"] == "phase" and e["args"]["step"] == 1]
+    assert [p["name"] for p in phases] == list(PHASE_ORDER)
+    assert all(step1["ts"] <= p["ts"] and p["ts"] + p["dur"] <= step1["ts"] + step1["dur"] + 1 for p in phases)
+    assert step1["ts"] == 1e6, "times are relative to the first step's start; steps end 1 s apart"
+
+
+def test_the_mesh_order_is_not_the_rank_order(tmp_path) -> None:
+    # A layout where rank numbers and (pp, dp, tp) order differ: the tracks follow the mesh.
+    layout = {0: {"pp": 1, "dp": 0, "tp": 0}, 1: {"pp": 0, "dp": 1, "tp": 0}, 2: {"pp": 0, "dp": 0, "tp": 0}}
+    write_run(tmp_path, layout, steps=2)
+    ranks, skipped = read_rank_files(tmp_path)
+    assert [r.rank for r in ranks] == [2, 1, 0] and skipped == 0
+    trace = build_trace(ranks, first_step=1, last_step=1)
+    steps = {e["name"] for e in trace["traceEvents"] if e.get("cat") == "step"}
+    assert steps == {"step 1"}
