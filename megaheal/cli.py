@@ -11,6 +11,18 @@ from megaheal.typedconfig import ConfigError
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Keep large distributed training jobs healthy.")
 
 
+def _register_subapps() -> None:
+    from train.checkpoint.inspect import app as ckpt_app  # typer and the stdlib only: cheap to import
+
+    app.add_typer(ckpt_app, name="ckpt")
+    from healer.cli import db_app  # typer only at import: cheap
+
+    app.add_typer(db_app, name="db")
+
+
+_register_subapps()
+
+
 @app.callback()
 def _root() -> None:
     """Keep large distributed training jobs healthy."""
@@ -23,13 +35,97 @@ def train(
     overrides: Annotated[
         Optional[list[str]], typer.Option("--set", help="override a config key, e.g. steps=6 (repeatable)")
     ] = None,
+    resume: Annotated[
+        Optional[str], typer.Option("--resume", help="auto: the newest good checkpoint; or a checkpoint path")
+    ] = None,
 ) -> None:
     """Train on this machine: one torchrun process per rank (pp x dp x tp of the config)."""
     from train.launch import launch  # imports torch: keep `megaheal --help` fast
 
+    sets = list(overrides or []) + ([f"checkpoint.resume={resume}"] if resume else [])
     try:
-        code = launch(config, overrides or [], run_dir)
+        code = launch(config, sets, run_dir)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)
+
+
+@app.command()
+def sidecar(
+    node: Annotated[Optional[str], typer.Option("--node", help="node name in metrics and heartbeats [default: hostname]")] = None,
+    socket_path: Annotated[Optional[str], typer.Option("--socket", help="rank socket; ranks get it as MEGAHEAL_SIDECAR_SOCKET [default: $TMPDIR/megaheal-UID/sidecar.sock]")] = None,
+    metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics (loopback unless told otherwise)")] = "127.0.0.1:9400",
+    healer_url: Annotated[Optional[str], typer.Option("--healer-url", help="healer base URL for heartbeat batches")] = None,
+    otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="OTLP/HTTP collector URL for step traces")] = None,
+) -> None:
+    """Run this node's telemetry sidecar: rank records in, /metrics, heartbeats and traces out."""
+    import logging
+    import socket
+
+    from exporters.receiver import SocketInUseError
+    from exporters.sidecar import Sidecar, default_socket_path  # prometheus/otel: imported only here
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = Sidecar.Config(node=node or socket.gethostname(), socket_path=socket_path or default_socket_path(),
+                             metrics_addr=metrics_addr, healer_url=healer_url, otlp_endpoint=otlp_endpoint)
+        service = Sidecar(cfg)
+    except (ValueError, SocketInUseError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        service.serve_forever()
+    except OSError as exc:  # e.g. the metrics port is taken
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def timeline(
+    run_dir: Annotated[str, typer.Argument(help="run directory (with ranks/*.jsonl)")],
+    out: Annotated[str, typer.Option("-o", "--out", help="trace file to write (Chrome/Perfetto JSON)")] = "trace.json",
+    first_step: Annotated[int, typer.Option("--first-step", help="first step to include")] = 0,
+    last_step: Annotated[Optional[int], typer.Option("--last-step", help="last step to include [default: all]")] = None,
+) -> None:
+    """Write a Chrome/Perfetto timeline of every rank's steps and phases, ranks ordered by (pp, dp, tp)."""
+    from pathlib import Path
+
+    from exporters.timeline import write_timeline
+
+    try:
+        counts = write_timeline(Path(run_dir), Path(out), first_step, last_step)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"wrote {out}: {counts['ranks']} ranks, {counts['events']} events"
+               + (f", {counts['skipped_lines']} unreadable lines skipped" if counts["skipped_lines"] else ""))
+
+
+@app.command()
+def diagnose(
+    runbook: Annotated[Optional[str], typer.Argument(help="a shipped runbook (collectives-quick, network-triage, gpu-triage, hang-triage, straggler-triage, node-health) or a runbook .yaml")] = None,
+    nodes: Annotated[Optional[list[str]], typer.Option("--nodes", help="nodes under test, comma-separated or repeated (on one machine each is simulated by local ranks)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")] = False,
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="override a step parameter, e.g. host.checkpoint_dir=/ckpt (repeatable)")] = None,
+    baselines: Annotated[Optional[str], typer.Option("--baselines", help="baseline file [default: $XDG_STATE_HOME/megaheal/baselines.json]")] = None,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="measure and store baselines (RUNBOOK, or collectives-quick and network-triage)")] = False,
+    repeats: Annotated[int, typer.Option("--repeats", help="runs per runbook when calibrating; the median is stored")] = 3,
+) -> None:
+    """Run a diagnostic runbook on this machine; exit 0 pass, 1 degraded or fail, 2 error."""
+    from runbooks.cli import diagnose as run_diagnose  # keep `megaheal --help` fast
+
+    raise typer.Exit(run_diagnose(runbook, nodes or [], as_json, overrides or [], baselines, calibrate, repeats))
+
+
+@app.command()
+def healer(
+    config: Annotated[Optional[str], typer.Option("--config", help="healer config YAML [default: built-in defaults, rules from configs/rules/]")] = None,
+    listen: Annotated[Optional[str], typer.Option("--listen", help="HOST:PORT of the API [default: 127.0.0.1:8470]")] = None,
+    db: Annotated[Optional[str], typer.Option("--db", help="database URL: sqlite:///PATH or postgresql+psycopg://... [default: MEGAHEAL_DB, else SQLite in the state dir]")] = None,
+    token_file: Annotated[Optional[str], typer.Option("--token-file", help="file with the API bearer token (MEGAHEAL_TOKEN wins)")] = None,
+) -> None:
+    """Run the healer: heartbeats and Alertmanager in, incidents out (API on 127.0.0.1:8470)."""
+    from healer.cli import healer as run_healer  # SQLAlchemy, Starlette, APScheduler: imported only here
+
+    run_healer(config, listen, db, token_file)
