@@ -1,0 +1,144 @@
+"""The healer's core, in process: heartbeats -> heartbeat_stale -> incidents, Alertmanager webhooks, responding
+(diagnosis with real runbooks, deadlines), and the webhook sink."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from healer.detectors.heartbeat_stale import HeartbeatStale
+from healer.diagnosis import LocalRunbookDiagnoser
+from healer.errors import BadRequest
+from healer.heartbeats import HeartbeatTable
+from healer.sinks import WebhookSink
+from healer.states import IncidentState
+from tests.healer.helpers import RUNBOOKS, ManualClock, Receiver, batch, make_healer
+from tests.healer.services import webhook, wait_for
+
+STALE = "- name: stale\n  when: {detector: heartbeat_stale, after: 30s}\n  severity: critical\n"
+
+
+def test_heartbeat_stale_fires_per_node_and_sees_healthy_nodes() -> None:
+    clock = ManualClock()
+    table = HeartbeatTable(clock=clock)
+    table.ingest(batch("n1", [0, 1, 2, 3]))
+    table.ingest(batch("n2", [4, 5, 6, 7], age=40.0))  # the sidecar lives, its ranks went silent 40 s ago
+    detector = HeartbeatStale(HeartbeatStale.Config())
+    result = detector.evaluate(table, clock.now)
+    assert [f.key for f in result.firing] == ["job/n2"] and result.healthy == {"job/n1"}
+    assert result.firing[0].evidence["stale_ranks"] == 4 and "4 of 4 ranks on n2" in result.firing[0].summary
+    clock.now += 31  # now n1's sidecar has been silent too
+    assert {f.key for f in detector.evaluate(table, clock.now).firing} == {"job/n1", "job/n2"}
+    picky = HeartbeatStale(HeartbeatStale.Config(min_ranks=5))
+    assert picky.evaluate(table, clock.now).firing == ()
+
+
+def test_a_silent_node_opens_one_incident_that_resolves_when_it_reports_again(tmp_path: Path) -> None:
+    clock = ManualClock()
+    healer = make_healer(tmp_path, STALE, clock)
+    healer.ingest_heartbeats(batch("n1", [0, 1]))
+    healer.tick_detect()
+    assert healer.store.list_incidents() == []
+    clock.now += 45
+    for _ in range(3):  # still silent on every cycle: still one incident, no recurrence
+        healer.tick_detect()
+    (incident,) = healer.store.list_incidents()
+    assert (incident["kind"], incident["node"], incident["state"], incident["occurrences"]) == (
+        "heartbeat_stale", "n1", "open", 1)
+    healer.ingest_heartbeats(batch("n1", [0, 1], seq=1))
+    healer.tick_detect()
+    got = healer.store.get(incident["id"])
+    assert got["state"] == "resolved" and got["events"][-1]["evidence"]["reason"] == "stale: healthy again"
+
+
+def test_alert_rules_match_by_name_and_labels_and_resolve_with_the_alert(tmp_path: Path) -> None:
+    healer = make_healer(tmp_path, '- name: xid\n  when: {alert: GpuXid, labels: {xid: "79"}}\n  severity: critical\n')
+    firing = {"status": "firing", "labels": {"alertname": "GpuXid", "xid": "79", "node": "n3", "job": "j"},
+              "annotations": {"summary": "GPU fell off the bus"}}
+    other = {"status": "firing", "labels": {"alertname": "GpuXid", "xid": "13", "node": "n3"}}
+    own = {"status": "firing", "labels": {"alertname": "MegahealIncident", "incident": "1"}}
+    assert healer.handle_alertmanager(webhook([firing, other, own])) == {
+        "firing": 1, "resolved": 0, "unmatched": 1, "ignored": 1}
+    healer.handle_alertmanager(webhook([firing]))  # Alertmanager repeats itself: no second incident
+    (incident,) = healer.store.list_incidents()
+    assert (incident["summary"], incident["node"], incident["job"]) == ("GPU fell off the bus", "n3", "j")
+    healer.handle_alertmanager(webhook([{**firing, "status": "resolved"}]))
+    assert healer.store.get(incident["id"])["state"] == "resolved"
+    with pytest.raises(BadRequest, match=r"alerts\[0\]\.labels\.xid: expected a string"):
+        healer.handle_alertmanager(webhook([{"status": "firing", "labels": {"alertname": "GpuXid", "xid": 79}}]))
+
+
+def test_it_diagnoses_with_a_real_runbook_then_remediates(tmp_path: Path) -> None:
+    rules = (f"- name: xid\n  when: {{alert: GpuXid}}\n  runbook: {RUNBOOKS / 'host-no-space.yaml'}\n"
+             "  recovery_deadline: 1h\n")
+    diagnoser = LocalRunbookDiagnoser(workers=1)
+    healer = make_healer(tmp_path, rules, diagnoser=diagnoser)
+    try:
+        healer.handle_alertmanager(webhook([{"status": "firing", "labels": {"alertname": "GpuXid", "node": "node-7"}}]))
+        healer.tick_respond()
+        (incident,) = healer.store.list_incidents()
+        assert incident["state"] == "diagnosing"
+        wait_for("the runbook's verdict", lambda: healer.store.get(incident["id"])["runbook_runs"][0]["verdict"], 60)
+        healer.tick_respond()
+        got = healer.store.get(incident["id"])
+    finally:
+        diagnoser.shutdown()
+    run = got["runbook_runs"][0]
+    assert (run["runbook"], run["nodes"], run["verdict"]) == ("host-no-space", ["node-7"], "fail")
+    assert [e["to"] for e in got["events"]] == ["open", "diagnosing", "remediating"]
+    assert got["events"][-1]["evidence"]["decision"]["basis"]["verdict"] == "fail"
+
+
+def test_deadlines_escalate_and_a_second_healer_on_the_same_database_does_not_act_twice(tmp_path: Path) -> None:
+    clock = ManualClock()
+    rules = "- name: xid\n  when: {alert: GpuXid}\n  recovery_deadline: 60s\n"
+    a = make_healer(tmp_path, rules, clock)
+    b = make_healer(tmp_path, rules, clock)  # same file, same rules: a second replica
+    a.handle_alertmanager(webhook([{"status": "firing", "labels": {"alertname": "GpuXid", "node": "n1"}}]))
+    b.handle_alertmanager(webhook([{"status": "firing", "labels": {"alertname": "GpuXid", "node": "n1"}}]))
+    (incident,) = a.store.list_incidents()
+    assert incident["occurrences"] == 2  # b joined a's incident
+    stale = a.store.due()  # both replicas read the same due incident ...
+    a.tick_respond()
+    b._respond(stale[0])   # ... and b acts on its stale copy after a already did
+    assert b.metrics.claims_lost._value.get() == 1
+    assert [e["to"] for e in a.store.get(incident["id"])["events"] if e["kind"] == "transition"] == ["open", "remediating"]
+    clock.now += 61
+    a.tick_respond()
+    assert a.store.get(incident["id"])["state"] == IncidentState.ESCALATED.value
+
+
+def test_the_webhook_sink_gets_every_change_and_retries_transient_failures(tmp_path: Path) -> None:
+    receiver = Receiver(status=503)
+    try:
+        healer = make_healer(tmp_path, "- name: xid\n  when: {alert: GpuXid}\n", sinks=[WebhookSink(receiver.url, "s3cret")])
+        healer.handle_alertmanager(webhook([{"status": "firing", "labels": {"alertname": "GpuXid", "node": "n1"}}]))
+        healer.tick_respond()
+        healer.tick_notify()
+        assert len(receiver.bodies) == 2 and healer.sinks.delivered[("webhook", "retry")] == 2
+        receiver.status = 200
+        healer.tick_notify()
+        events = [(b["event"], b["to"]) for b in receiver.bodies[2:]]
+        assert events == [("opened", "open"), ("transition", "remediating")]
+        assert receiver.headers[-1]["Authorization"] == "Bearer s3cret"
+        assert receiver.bodies[-1]["incident"]["node"] == "n1"
+    finally:
+        receiver.close()
+
+
+def test_one_silent_node_among_twelve_thousand_ranks_is_the_only_incident(tmp_path: Path) -> None:
+    clock = ManualClock()
+    healer = make_healer(tmp_path, STALE, clock)
+    for node in range(1536):
+        healer.ingest_heartbeats(batch(f"n{node}", list(range(node * 8, node * 8 + 8))))
+    healer.tick_detect()
+    clock.now += 20
+    for node in range(1536):
+        if node != 700:
+            healer.ingest_heartbeats(batch(f"n{node}", list(range(node * 8, node * 8 + 8)), seq=1))
+    clock.now += 15
+    healer.tick_detect()
+    assert len(healer.table) == 12288
+    assert [(i["node"], i["evidence"]["stale_ranks"]) for i in healer.store.list_incidents()] == [("n700", 8)]
+    assert healer.metrics.detection_cycle._sum.get() > 0

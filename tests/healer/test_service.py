@@ -1,0 +1,147 @@
+"""`megaheal healer` as real processes: a fresh start with the default config, a refused old schema, a database
+that is down and comes back, a healer killed with SIGKILL and restarted, and two healers racing on one database."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from healer import db
+from tests.healer.services import (MEGAHEAL, TOKEN, HealerProcess, Postgres, free_port, http, post_oversized,
+                                   wait_for, webhook)
+
+FAST = {"respond_interval": "200ms", "notify_interval": "200ms", "detect_interval": "200ms", "probe_interval": "500ms"}
+
+
+def _rules(tmp: Path, text: str) -> str:
+    path = tmp / "rules.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_fresh_machine_gets_its_database_through_the_migrations_and_a_private_token(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MEGAHEAL_TOKEN", "MEGAHEAL_DB")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    proc = subprocess.Popen([MEGAHEAL, "healer", "--listen", f"127.0.0.1:{port}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for("/readyz", lambda: _get(f"{url}/readyz") == 200, 30)
+        state = tmp_path / "state" / "megaheal"
+        engine = db.make_engine(f"sqlite:///{state / 'healer.db'}")
+        assert db.current_revision(engine) == db.head_revision()
+        engine.dispose()
+        token_file = state / "token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        beat = {"schema": 1, "node": "n1", "seq": 0, "sent_at": 1, "ranks": []}
+        assert http("POST", f"{url}/v1/heartbeats", beat, token=None)[0] == 401
+        assert http("POST", f"{url}/v1/heartbeats", beat, token=token) == (202, {"accepted": 0})
+        assert post_oversized(f"{url}/v1/heartbeats", (1 << 20) + 1, token=token) == 413
+        assert http("POST", f"{url}/v1/heartbeats", raw=b"{oops", token=token)[0] == 400
+        assert _get(f"{url}/readyz") == 200  # bad input did not stop anything
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode in (0, -15), out  # uvicorn re-raises the SIGTERM it handled, once shut down cleanly
+    assert "Application shutdown complete" in out
+    assert "creating it through the migrations" in out and "Traceback" not in out
+
+
+def _get(url: str) -> int | None:
+    try:
+        return http("GET", url, timeout=2)[0]
+    except OSError:
+        return None
+
+
+def test_it_refuses_to_start_on_a_database_behind_the_migrations(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0000'"))
+    engine.dispose()
+    proc = subprocess.run([MEGAHEAL, "healer", "--listen", f"127.0.0.1:{free_port()}", "--db", url],
+                          env={**os.environ, "MEGAHEAL_TOKEN": TOKEN, "XDG_STATE_HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "at revision 0000" in proc.stderr and "megaheal db upgrade --db sqlite:///" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_database_that_is_down_fails_readyz_until_it_answers(tmp_path: Path, postgres: Postgres) -> None:
+    name = f"late_{os.getpid()}"
+    healer = HealerProcess(tmp_path, {"db": postgres.url(name), "rules": [_rules(tmp_path, "")], **FAST})
+    try:
+        healer.start(wait_ready=False)
+        status, body = http("GET", f"{healer.url}/readyz")
+        assert status == 503 and "cannot reach the database" in body["database"] and name in body["database"]
+        status, body = http("POST", f"{healer.url}/v1/alertmanager", webhook([]))
+        assert status == 503 and "database unavailable" in body["error"]
+        postgres.create_database(name)  # the database appears: empty, so the healer migrates it and becomes ready
+        wait_for("readyz once the database exists", lambda: http("GET", f"{healer.url}/readyz")[0] == 200, 30)
+        assert healer.proc is not None and healer.proc.poll() is None  # the same process: no crash loop
+        assert http("GET", f"{healer.url}/v1/incidents") == (200, {"incidents": []})
+    finally:
+        healer.stop()
+        postgres.drop_database(name)
+
+
+def test_a_healer_killed_and_restarted_keeps_its_incidents_and_goes_on(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, "- name: xid\n  when: {alert: GpuXid}\n  recovery_deadline: 4s\n"
+                             "- name: oom\n  when: {alert: HostOom}\n  recovery_deadline: 1h\n")
+    config = {"db": f"sqlite:///{tmp_path / 'h.db'}", "rules": [rules], **FAST}
+    healer = HealerProcess(tmp_path, config).start()
+    alerts = [{"status": "firing", "labels": {"alertname": "GpuXid", "node": "n1"}},
+              {"status": "firing", "labels": {"alertname": "HostOom", "node": "n2"}}]
+    assert http("POST", f"{healer.url}/v1/alertmanager", webhook(alerts))[0] == 200
+    wait_for("both incidents remediating", lambda: len(healer.incidents("remediating")) == 2, 20)
+    healer.kill()
+    healer = HealerProcess(tmp_path, {**config, "listen": f"127.0.0.1:{healer.port}"}).start()
+    try:
+        by_kind = {i["kind"]: i for i in healer.incidents()}
+        assert {k: i["state"] for k, i in by_kind.items()} == {"gpuxid": "remediating", "hostoom": "remediating"}
+        # It goes on: the deadline of one escalates it, and the other resolves when its alert does.
+        wait_for("the xid incident to escalate", lambda: healer.incident(by_kind["gpuxid"]["id"])["state"] == "escalated", 20)
+        resolved = [{**alerts[1], "status": "resolved"}]
+        assert http("POST", f"{healer.url}/v1/alertmanager", webhook(resolved))[1]["resolved"] == 1
+        assert healer.incident(by_kind["hostoom"]["id"])["state"] == "resolved"
+        again = http("POST", f"{healer.url}/v1/alertmanager", webhook(alerts[:1]))
+        assert again[0] == 200 and len(healer.incidents()) == 2  # still the same xid incident: joined, not duplicated
+    finally:
+        healer.stop()
+
+
+def test_two_healers_on_one_database_act_once_per_incident(tmp_path: Path, pg_url: str) -> None:
+    rules = _rules(tmp_path, "- name: xid\n  when: {alert: GpuXid}\n  remediate: escalate\n")
+    config: dict[str, Any] = {"db": pg_url, "rules": [rules], **FAST}
+    a = HealerProcess(tmp_path / "a", config, name="healer-a").start()
+    b = HealerProcess(tmp_path / "b", config, name="healer-b").start()
+    try:
+        alerts = webhook([{"status": "firing", "labels": {"alertname": "GpuXid", "node": f"n{i}"}} for i in range(24)])
+        for healer in (a, b):  # Alertmanager HA: every replica gets the same webhook
+            assert http("POST", f"{healer.url}/v1/alertmanager", alerts)[0] == 200
+        wait_for("every incident escalated", lambda: len(a.incidents("escalated")) == 24, 30)
+        time.sleep(1.0)  # a few more ticks of both: nothing may act again
+        engine = db.make_engine(pg_url)
+        with engine.connect() as conn:
+            incidents = conn.execute(sa.text("SELECT count(*) FROM incidents")).scalar()
+            acted = conn.execute(sa.text("SELECT incident_id, count(*), min(actor) FROM incident_events "
+                                         "WHERE to_state = 'escalated' GROUP BY incident_id")).all()
+            remediations = conn.execute(sa.text("SELECT incident_id, count(*) FROM remediations GROUP BY incident_id")).all()
+        engine.dispose()
+        assert incidents == 24
+        assert len(acted) == 24 and all(n == 1 for _, n, _ in acted)
+        assert len(remediations) == 24 and all(n == 1 for _, n in remediations)
+        assert {actor for _, _, actor in acted} <= {"healer-a", "healer-b"}
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,144 @@
+"""The incident store on SQLite and on a real PostgreSQL: dedupe by fingerprint, cool-down reopening, transitions
+stored with time and evidence, conditional claims, and two processes racing for the same incidents."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from healer import db
+from healer.errors import IllegalTransition, NotFound
+from healer.models import IncidentEvent
+from healer.signals import Signal
+from healer.states import IncidentState
+from healer.store import IncidentStore
+
+S = IncidentState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _signal(node: str = "n1", cooldown: timedelta = timedelta(minutes=10)) -> Signal:
+    return Signal(rule="stale", kind="heartbeat_stale", severity="critical", page="on-escalation", cooldown=cooldown,
+                  identity=(("key", f"job/{node}"),), job="job", node=node, summary=f"{node} silent",
+                  evidence={"stale_ranks": 8}, labels={"job": "job", "node": node})
+
+
+@pytest.fixture
+def store(db_url: str) -> Any:
+    engine = db.make_engine(db_url)
+    db.ensure_schema(engine)
+    yield IncidentStore(engine, "healer-a", clock=Clock())
+    engine.dispose()
+
+
+def test_it_opens_one_incident_per_fingerprint_and_joins_recurrences(store: IncidentStore) -> None:
+    first = store.record(_signal())
+    assert first[1] == "opened"
+    assert store.record(_signal()) == (first[0], "joined")
+    other = store.record(_signal("n2"))
+    assert other[1] == "opened" and other[0] != first[0]
+    got = store.get(first[0])
+    assert got["occurrences"] == 2 and [e["kind"] for e in got["events"]] == ["transition", "recurred"]
+    assert got["events"][0]["to"] == "open" and got["events"][0]["evidence"]["stale_ranks"] == 8
+    assert store.open_counts() == {("heartbeat_stale", "critical"): 2}
+
+
+def test_a_recurrence_within_the_cooldown_reopens_and_after_it_opens_anew(store: IncidentStore) -> None:
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    incident_id, _ = store.record(_signal())
+    assert store.resolve_fingerprint(_signal().fingerprint, {"reason": "cleared"}) == incident_id
+    clock.now += timedelta(minutes=9)
+    assert store.record(_signal()) == (incident_id, "reopened")
+    got = store.get(incident_id)
+    assert got["state"] == "open" and got["resolved_at"] is None
+    assert [(e["from"], e["to"]) for e in got["events"]][-2:] == [("open", "resolved"), ("resolved", "open")]
+    store.resolve_fingerprint(_signal().fingerprint, {})
+    clock.now += timedelta(minutes=11)
+    new_id, outcome = store.record(_signal())
+    assert outcome == "opened" and new_id != incident_id
+
+
+def test_transitions_are_conditional_and_stored_with_time_actor_and_evidence(store: IncidentStore) -> None:
+    incident_id, _ = store.record(_signal())
+    assert store.transition(incident_id, S.OPEN, S.DIAGNOSING, {"runbook": "node-health"})
+    assert not store.transition(incident_id, S.OPEN, S.DIAGNOSING, {"runbook": "again"})  # lost: no longer open
+    with pytest.raises(IllegalTransition):
+        store.transition(incident_id, S.DIAGNOSING, S.OPEN, {})
+    event = store.get(incident_id)["events"][-1]
+    assert (event["from"], event["to"], event["actor"], event["evidence"]) == (
+        "open", "diagnosing", "healer-a", {"runbook": "node-health"})
+    assert event["at"] == "2024-05-01T12:00:00+00:00"
+    assert store.get(incident_id)["owner"] == "healer-a"
+
+
+def test_a_persons_ack_and_resolve_follow_the_table(store: IncidentStore) -> None:
+    incident_id, _ = store.record(_signal())
+    acked = store.act(incident_id, S.ACKNOWLEDGED, "person:ann", {"note": "mine"})
+    assert (acked["state"], acked["acknowledged_by"]) == ("acknowledged", "person:ann")
+    with pytest.raises(IllegalTransition, match="from acknowledged to acknowledged"):
+        store.act(incident_id, S.ACKNOWLEDGED, "person:bob", {})
+    assert store.act(incident_id, S.RESOLVED, "person:ann", {})["state"] == "resolved"
+    with pytest.raises(NotFound):
+        store.act(999, S.RESOLVED, "person:ann", {})
+
+
+def test_due_incidents_and_retention(store: IncidentStore) -> None:
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    a, _ = store.record(_signal("n1"))
+    b, _ = store.record(_signal("n2"))
+    assert {i.id for i in store.due()} == {a, b}
+    store.set_next_action(b, clock.now + timedelta(minutes=1))
+    assert [i.id for i in store.due()] == [a]
+    store.resolve_fingerprint(_signal("n1").fingerprint, {})
+    clock.now += timedelta(days=31)
+    assert store.purge(timedelta(days=30)) == 1
+    with pytest.raises(NotFound):
+        store.get(a)
+    with store.engine.connect() as conn:  # its events went with it
+        assert conn.execute(select(func.count()).select_from(IncidentEvent)
+                            .where(IncidentEvent.incident_id == a)).scalar() == 0
+
+
+# ---- two processes racing ------------------------------------------------------------------------------------
+
+def _race(url: str, name: str, ids: list[int], start: Any, out: Any) -> None:
+    engine = db.make_engine(url)
+    store = IncidentStore(engine, name)
+    start.wait()
+    won = [i for i in ids if store.transition(i, S.OPEN, S.DIAGNOSING, {"by": name})]
+    out.put((name, won))
+    engine.dispose()
+
+
+def test_two_processes_racing_for_the_same_incidents_each_claim_exactly_once(store: IncidentStore) -> None:
+    ids = [store.record(_signal(f"n{i}"))[0] for i in range(60)]
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    url = store.engine.url.render_as_string(hide_password=False)
+    procs = [ctx.Process(target=_race, args=(url, name, ids if name == "a" else ids[::-1], start, out))
+             for name in ("a", "b")]
+    for p in procs:
+        p.start()
+    start.set()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert sorted(results["a"] + results["b"]) == sorted(ids)  # every incident claimed once, none twice
+    with store.engine.connect() as conn:
+        claims = conn.execute(select(IncidentEvent.incident_id, func.count()).where(IncidentEvent.to_state == "diagnosing")
+                              .group_by(IncidentEvent.incident_id)).all()
+    assert len(claims) == len(ids) and all(n == 1 for _, n in claims)
