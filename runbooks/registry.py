@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from megaheal.typedconfig import ConfigError, from_mapping
-from runbooks.durations import coerce_durations
 from runbooks.verdict import CheckResult
 
 # RFC 1123 host names: what a node name may be before it labels anything or reaches a check.
@@ -125,7 +124,7 @@ class CheckRegistry:
     def config(self, name: str, params: Mapping[str, Any], where: str) -> Any:
         """The check's typed Config from a step's `params`; every error names `where` and the key."""
         cls = self.resolve(name).Config
-        return from_mapping(cls, coerce_durations(cls, params, where), where)
+        return from_mapping(cls, params, where)
 
 
 def load_target(target: str) -> type[Check]:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from megaheal.typedconfig import ConfigError, from_mapping, load_yaml
-from runbooks.durations import coerce_durations
 from runbooks.registry import CheckRegistry, default_registry
 
 LIBRARY = Path(__file__).resolve().parent / "library"
@@ -116,9 +115,6 @@ def load_runbook(
     data = load_yaml(path)
     _apply_overrides(data, overrides or [], path)
     where = str(path)
-    steps = data.get("steps")
-    if isinstance(steps, list):
-        data["steps"] = [coerce_durations(Step, s, f"{where}: steps[{i}]") for i, s in enumerate(steps)]
     runbook = from_mapping(Runbook, data, where)
     for i, step in enumerate(runbook.steps):
         step_where = f"{where}: steps[{i}] ({step.name})"

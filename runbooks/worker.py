@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from megaheal.typedconfig import from_mapping
-from runbooks.durations import coerce_durations
 from runbooks.registry import CheckContext, load_target
 from runbooks.verdict import CheckResult, Status
 
@@ -24,7 +23,7 @@ log = logging.getLogger("runbooks.worker")
 
 def run_request(request: dict) -> CheckResult:
     check_cls = load_target(request["target"])
-    config = from_mapping(check_cls.Config, coerce_durations(check_cls.Config, request["params"], "params"), "params")
+    config = from_mapping(check_cls.Config, request["params"], "params")
     ctx = CheckContext.from_payload(request["context"])
     try:
         return check_cls().run(config, ctx)
