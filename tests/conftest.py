@@ -6,12 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import wait_for  # noqa: F401 - the checkpoint tests take it from here
 from train.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,17 +70,6 @@ def kill_job(job: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         except ProcessLookupError:
             pass
     job.wait(30)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    """Poll `predicate` until it returns something truthy; fail the test naming `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def run_training(

@@ -36,7 +36,7 @@ def test_resume_after_sigkill_of_every_rank_gives_the_same_losses_as_an_uninterr
     run_dir = tmp_path / "killed"
     job = start_training(run_dir, "tiny-dp4.yaml", overrides, nproc=4)
     try:
-        wait_for(lambda: _latest(run_dir) == "step-00000004", 200, "the step-4 checkpoint to commit")
+        wait_for("the step-4 checkpoint to commit", lambda: _latest(run_dir) == "step-00000004", 200)
     finally:
         kill_job(job)  # the launcher and every rank, no chance to clean up
     resumed = run_training(run_dir, "tiny-dp4.yaml", overrides, nproc=4, resume="auto")
@@ -94,8 +94,8 @@ def test_a_dp4_checkpoint_resumes_at_dp2_and_in_one_process_with_the_same_model(
 def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path) -> None:
     job = start_training(tmp_path, "tiny-dp4.yaml", [*COMMON, "steps=500"], nproc=4)
     try:
-        records = wait_for(lambda: (tmp_path / "ranks" / "3.jsonl").exists() and rank_records(tmp_path)
-                           if len(rank_records(tmp_path).get(0, [])) >= 2 else None, 200, "two steps")
+        records = wait_for("two steps", lambda: (tmp_path / "ranks" / "3.jsonl").exists() and rank_records(tmp_path)
+                           if len(rank_records(tmp_path).get(0, [])) >= 2 else None, 200)
         for recs in records.values():  # preemption signals every process of the job
             os.kill(recs[0]["pid"], signal.SIGTERM)
         out, _ = job.communicate(timeout=120)
@@ -137,7 +137,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
 
     job = start_training(tmp_path, "tiny-dp4.yaml", overrides, nproc=4)
     try:
-        wait_for(save_in_flight, 200, "a save in flight after a committed one", interval=0.01)
+        wait_for("a save in flight after a committed one", save_in_flight, 200, every_s=0.01)
     finally:
         kill_job(job)
     infos = catalog.list_checkpoints(ckpt_dir)

@@ -7,7 +7,6 @@ sharded result would drift from the single-process one, which this test would ca
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import pytest
@@ -18,6 +17,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from tests.support import free_port
 from train.optim import LAMB
 
 WORLD_SIZE = 2
@@ -26,12 +26,6 @@ WORLD_SIZE = 2
 SHAPES = [(8, 4), (5, 3), (7,), (1, 6), (3, 2, 2)]
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.05)
 STEPS = 4
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker(rank: int, port: int) -> None:
@@ -83,4 +77,4 @@ def test_lamb_on_sharded_dtensors_matches_single_process(monkeypatch: pytest.Mon
     # Children inherit the environment: one thread each on a small machine, loopback only.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD_SIZE, join=True)
+    mp.spawn(_worker, args=(free_port(),), nprocs=WORLD_SIZE, join=True)

@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import free_port, wait_for  # noqa: F401 - also used through this module
 
 
 def promtool_check_metrics(exposition: str) -> tuple[int, list[str]]:
@@ -31,18 +25,6 @@ def promtool_check_metrics(exposition: str) -> tuple[int, list[str]]:
     proc = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=exposition,
                           capture_output=True, text=True, timeout=30)
     return proc.returncode, [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.25) -> Any:
-    """Poll `probe` until it returns something truthy; fail with `what` after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
 
 
 class Prometheus:

@@ -15,34 +15,17 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.support import free_port, wait_for  # noqa: F401 - also used through this module
+
 MEGAHEAL = str(Path(sys.executable).parent / "megaheal")
 TOKEN = "test-token-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
 
 
 def http(method: str, url: str, body: Any = None, token: str | None = TOKEN, raw: bytes | None = None,

@@ -1,0 +1,27 @@
+"""Small helpers every test tier uses: a free loopback port, and polling with a deadline."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the caller binds it soon after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 0.1) -> Any:
+    """Poll `probe` until it returns something truthy and return that; fail naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
