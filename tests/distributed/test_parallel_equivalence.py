@@ -20,7 +20,8 @@ SINGLE = ["parallel.pp=1", "parallel.dp=1", "parallel.tp=1", "parallel.virtual_s
 CASES = {
     # name: (config, world size, extra overrides applied to both runs)
     "dp4": ("tiny-dp4.yaml", 4, []),
-    "dp2-tp2-sequence-parallel-window": ("tiny-dp4.yaml", 4, ["parallel.dp=2", "parallel.tp=2", "model.window=16"]),
+    "dp2-tp2-sequence-parallel-window-lamb": (
+        "tiny-dp4.yaml", 4, ["parallel.dp=2", "parallel.tp=2", "model.window=16", "optim.name=lamb"]),
     "pp2-interleaved-tp2-parallel-block-lamb": ("tiny-tp2pp2.yaml", 4, ["model.parallel_block=true"]),
     "pp2-dp2-tp2": ("tiny-3d.yaml", 8, ["model.parallel_block=true", "model.window=24"]),
 }
