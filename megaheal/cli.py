@@ -18,6 +18,9 @@ def _register_subapps() -> None:
     from healer.cli import db_app  # typer only at import: cheap
 
     app.add_typer(db_app, name="db")
+    from dashboards.cli import app as dashboards_app  # typer only at import; the SDK and grafana-client load lazily
+
+    app.add_typer(dashboards_app, name="dashboards")
 
 
 _register_subapps()

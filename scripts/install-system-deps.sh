@@ -7,6 +7,8 @@ set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 && command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+# Compose v1 validates docker-compose.yml without a Docker engine (tests/deploy).
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   need+=(postgresql)
 fi
