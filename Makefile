@@ -1,4 +1,4 @@
-# make demo: create .venv on first use, then run the demo training job.
+# make demo: create .venv on first use, then run the self-healing demo job under its chaos schedule.
 # make test: same set-up, then the whole test suite.
 VENV   ?= .venv
 PYTHON ?= python3
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal train --config configs/demo.yaml
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal run --config configs/demo.yaml --chaos configs/chaos-demo.yaml
 
 # The real services tests run against (Prometheus, Alertmanager, PostgreSQL), from Debian when missing.
 system-deps:

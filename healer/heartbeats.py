@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from healer.errors import BadRequest
+from healer.supervisor.view import ProcessView
 
 SCHEMA = 1
 MAX_RANKS_PER_BATCH = 4096
@@ -56,6 +57,8 @@ class NodeBeat:
     ranks: tuple[RankBeat, ...]
     max_age_s: float
     jobs: tuple[str, ...]
+    gpus: tuple[dict[str, Any], ...] = ()
+    """The node's GPU health entries as the sidecar sent them (the gpu_fault detector reads them)."""
 
     def worst_staleness(self, now: float) -> float:
         return max(0.0, now - self.received_at) + self.max_age_s
@@ -63,6 +66,12 @@ class NodeBeat:
 
 def parse_batch(body: Any) -> tuple[str, int, list[dict[str, Any]]]:
     """Validate a decoded batch; returns (node, seq, rank entries). BadRequest names the offending field."""
+    node, seq, entries, _ = parse_batch_gpus(body)
+    return node, seq, entries
+
+
+def parse_batch_gpus(body: Any) -> tuple[str, int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """parse_batch, plus the batch's GPU entries (objects only; each needs an integer `gpu`)."""
     if not isinstance(body, dict):
         raise BadRequest("body", f"expected a JSON object, got {_kind(body)}")
     schema = body.get("schema")
@@ -85,7 +94,10 @@ def parse_batch(body: Any) -> tuple[str, int, list[dict[str, Any]]]:
     gpus = body.get("gpus", [])
     if not isinstance(gpus, list):
         raise BadRequest("gpus", f"expected a list, got {_kind(gpus)}")
-    return node, seq, entries
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("gpu"), int) or isinstance(gpu.get("gpu"), bool):
+            raise BadRequest(f"gpus[{i}]", "expected an object with an integer `gpu`")
+    return node, seq, entries, gpus
 
 
 def _check_rank(entry: Any, where: str) -> None:
@@ -137,17 +149,20 @@ class HeartbeatTable:
         self._lock = threading.Lock()
         self.batches = 0
         self.records = 0
+        # NOTE: the supervisor's view (exits, process states) sits beside the heartbeats so that a detector still
+        # sees one input; it is empty when no supervisor runs in this healer.
+        self.processes = ProcessView()
 
     def ingest(self, body: Any) -> int:
         """Validate and store one batch; returns the number of rank entries taken. Raises BadRequest."""
-        node, seq, ranks = parse_batch(body)
+        node, seq, ranks, gpus = parse_batch_gpus(body)
         now = self._clock()
         beats = [RankBeat(job=e["job"], rank=e["rank"], node=node, received_at=now,
                           last_seen_age_s=float(e["last_seen_age_s"]), alive=e["alive"], step=e.get("step"), data=e)
                  for e in ranks]
         entry = NodeBeat(node=node, received_at=now, seq=seq, ranks=tuple(beats),
                          max_age_s=max((b.last_seen_age_s for b in beats), default=0.0),
-                         jobs=tuple(sorted({b.job for b in beats})))
+                         jobs=tuple(sorted({b.job for b in beats})), gpus=tuple(gpus))
         with self._lock:
             for beat in beats:
                 self._ranks[(beat.job, beat.rank)] = beat

@@ -122,6 +122,43 @@ def diagnose(
 
 
 @app.command()
+def run(
+    config: Annotated[str, typer.Option("--config", help="training config YAML")] = "configs/demo.yaml",
+    run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="run directory [default: runs/run-<time>]")] = None,
+    chaos: Annotated[Optional[str], typer.Option("--chaos", help="fault schedule YAML (configs/chaos-*.yaml)")] = None,
+    timeout_min: Annotated[float, typer.Option("--timeout-min", help="stop the job after this many minutes")] = 30.0,
+) -> None:
+    """Run a self-healing training job: sidecars, supervisor, detectors, remediation, live view, report."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    from healer.supervisor.run import run_job  # torch, rich: imported only here
+
+    try:
+        code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min))
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[str, typer.Argument(help="run directory of a supervised run")],
+) -> None:
+    """Print a supervised run's incidents and goodput ledger (ETTR); write them to RUN_DIR/report.json."""
+    from pathlib import Path
+
+    from healer.goodput_report import report as make_report
+
+    try:
+        make_report(Path(run_dir))
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command()
 def healer(
     config: Annotated[Optional[str], typer.Option("--config", help="healer config YAML [default: built-in defaults, rules from configs/rules/]")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST:PORT of the API [default: 127.0.0.1:8470]")] = None,

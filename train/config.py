@@ -38,6 +38,12 @@ class TrainConfig:
     """Collective timeout of the process groups."""
     log_every: int = 1
     """Rank 0 prints a table row every this many steps (every rank still records every step)."""
+    skip_steps: list[int] = field(default_factory=list)
+    """Steps whose batch is passed over (a rollback past a loss spike or a NaN): such a step trains on the
+    next batch instead, and the data position in later checkpoints includes the skip."""
+    inject_nan_at_sample: int | None = None
+    """Fault injection: after training on the batch that starts at this global sample index, the weights
+    are set to NaN (a poisoned batch). Skipping that batch (skip_steps) is what cures it."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -56,6 +62,10 @@ class TrainConfig:
             raise ValueError("precision bf16 is for device cuda; use fp32 or auto on cpu")
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"peak_flops must be > 0 or unset, got {self.peak_flops}")
+        if any(not isinstance(x, int) or x < 0 for x in self.skip_steps):
+            raise ValueError(f"skip_steps must be step indices >= 0, got {self.skip_steps}")
+        if self.inject_nan_at_sample is not None and self.inject_nan_at_sample < 0:
+            raise ValueError(f"inject_nan_at_sample must be >= 0, got {self.inject_nan_at_sample}")
         if self.dist_timeout_s <= 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
 

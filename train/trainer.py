@@ -177,6 +177,9 @@ class Trainer:
         t0 = time.perf_counter()
         timer = self.timer
         with timer.phase("data_wait", host=True):
+            if self.step_index in self.cfg.skip_steps:
+                self.loader.next()  # passed over: this step trains on the batch after it
+            batch_start = self.loader.position
             inputs, targets = self.loader.next()
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
@@ -190,6 +193,8 @@ class Trainer:
             self.optimizer.step()
             lr = self.lr_scheduler.get_last_lr()[0]
             self.lr_scheduler.step()
+        if batch_start == self.cfg.inject_nan_at_sample:
+            self._poison_weights()
         loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
         with timer.phase("checkpoint", host=True):
             self._maybe_save(self.step_index + 1)
@@ -207,6 +212,14 @@ class Trainer:
             self.table.row(record)
         self.step_index += 1
         return record
+
+    def _poison_weights(self) -> None:
+        """Fault injection (inject_nan_at_sample): every weight of this rank becomes NaN, as a bad batch can do."""
+        with torch.no_grad():
+            for chunk in self.chunks:
+                for param in chunk.parameters():
+                    param.mul_(float("nan"))
+        print(f"rank {self.place.rank}: fault injection: weights set to NaN after step {self.step_index}", flush=True)
 
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward over the step's batch; the mean loss where this rank computes it."""
@@ -323,6 +336,9 @@ class Trainer:
         try:
             while self.step_index < self.cfg.steps and not self.stopping:
                 self.step()
+            # NOTE: the final save and the teardown take longer than a step: this tells the healer's hang
+            # detector that the silence that follows is the job ending, not a hang.
+            self.telemetry.event("finishing", step=self.step_index, reason="stop" if self.stopping else "done")
             if self.stopping and self.place.rank == 0:
                 print(f"stopped on request after step {self.step_index - 1}", flush=True)
         except Exception as exc:

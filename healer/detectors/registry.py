@@ -10,9 +10,15 @@ import threading
 
 from healer.detectors.base import Detector
 
-# NOTE: the other detectors (crash, hang, straggler, nan, gpu_xid, collective_slowdown) come with self-healing.
 _BUILTIN: dict[str, str] = {
     "heartbeat_stale": "healer.detectors.heartbeat_stale:HeartbeatStale",
+    "crash": "healer.detectors.crash:Crash",
+    "hang": "healer.detectors.hang:Hang",
+    "straggler": "healer.detectors.straggler:Straggler",
+    "nonfinite": "healer.detectors.nonfinite:NonFinite",
+    "loss_spike": "healer.detectors.loss_spike:LossSpike",
+    "gpu_fault": "healer.detectors.gpu_fault:GpuFault",
+    "collective_slowdown": "healer.detectors.collective_slowdown:CollectiveSlowdown",
 }
 
 

@@ -60,7 +60,8 @@ def test_it_loads_the_shipped_default_rules() -> None:
     ("- name: a\n  when:\n    detector: heartbeat_stale\n    after: -3\n",
      r"rules\[0\]\.when: after must be > 0.* \(line 4\)"),
     ("- name: a\n  when: {detector: gpu_magic}\n",
-     r"rules\[0\]\.when\.detector: unknown detector 'gpu_magic'; known detectors: heartbeat_stale \(line 2\)"),
+     r"rules\[0\]\.when\.detector: unknown detector 'gpu_magic'; known detectors: collective_slowdown, crash, gpu_fault, hang, "
+     r"heartbeat_stale, loss_spike, nonfinite, straggler \(line 2\)"),
     ("- name: a\n  when:\n    promql: up == 0\n    for: forever\n",
      r"rules\[0\]\.when\.for: expected a duration .* \(line 4\)"),
     ("- name: a\n  when: {promql: up, alert: X}\n", r"rules\[0\]\.when: give exactly one of detector, promql, alert"),

@@ -1,0 +1,208 @@
+"""Recovery benchmark: megaheal's self-healing loop against plain `torchrun --max-restarts 3` on the same job
+(configs/demo.yaml, 4 ranks, checkpoints every 5 steps), written as JSON.
+
+Run:  .venv/bin/python bench/recovery.py [--faults crash,hang] [--ettr-minutes 10] [--out bench/results/recovery.json]
+
+For each fault (crash: SIGKILL of rank 3; hang: SIGSTOP of rank 1), injected once the job has done 10 steps:
+- detection latency: fault -> the incident (megaheal) / the agent's restart of its workers (torchrun);
+- MTTR: fault -> the first step record of the resumed job.
+torchrun cannot see a hang before the process group's timeout (600 s here), so its hang run is cut off at
+`--hang-cap` seconds and reported as not detected. With --ettr-minutes M (0: skip), it also runs megaheal
+for M minutes with a crash every 2 minutes and reports the goodput ledger's ETTR.
+Targets (2-core CPU, 4 ranks): crash detected <= 2 s, hang <= 2 x p99 step + 5 s, MTTR <= 20 s, ETTR >= 80%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from healer.detectors.hang import Hang
+from healer.goodput import compute
+from healer.heartbeats import HeartbeatTable
+from healer.remediation import Budgets
+from healer.supervisor import procfs
+from healer.supervisor.launcher import LocalLauncher
+from healer.supervisor.selfheal import SelfHealLoop
+from healer.supervisor.sidecars import NodeSidecars
+from healer.supervisor.supervisor import Supervisor
+
+TOKEN = "bench-token"
+SIGNALS = {"crash": (3, signal.SIGKILL), "hang": (1, signal.SIGSTOP)}
+FAULT_STEP = 10
+
+
+# ---- megaheal ----------------------------------------------------------------------------------------------
+
+def megaheal_loop(run_dir: Path, steps: int, budgets: Budgets) -> SelfHealLoop:
+    sidecars = NodeSidecars(["n1", "n2"])
+    table = HeartbeatTable()
+    sup = Supervisor(Supervisor.Config(job="bench", config="configs/demo.yaml", run_dir=run_dir,
+                                       overrides=(f"steps={steps}", "checkpoint.every_steps=5")),
+                     LocalLauncher(cwd=REPO, extra_env={"GLOO_SOCKET_IFNAME": "lo"}), table.processes, TOKEN,
+                     sockets=sidecars.sockets)
+    cfg = SelfHealLoop.Config(nodes=("n1", "n2"), dp=2, budgets=budgets, hang=Hang.Config(floor=timedelta(seconds=5)))
+    loop = SelfHealLoop(cfg, sup, sidecars, table, TOKEN)
+    loop.start()
+    return loop
+
+
+def current_steps(loop: SelfHealLoop) -> list[int]:
+    a = loop.sup.attempt
+    if a is None:
+        return []
+    return [b.step for b in loop.table.ranks() if b.data.get("pid") in a.ranks and b.step is not None]
+
+
+def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
+    loop = megaheal_loop(workdir / f"megaheal-{fault}", 30, Budgets())
+    rank, sig = SIGNALS[fault]
+    fired: dict[str, float] = {}
+
+    def hook(lp: SelfHealLoop) -> None:
+        steps = current_steps(lp)
+        if not fired and len(steps) == 4 and min(steps) >= FAULT_STEP:
+            lp.sup.kill_rank(TOKEN, rank, sig)
+            fired["at"] = time.time()
+
+    outcome = loop.run(timedelta(minutes=5), on_tick=hook)
+    inc = loop.incidents[0] if loop.incidents else None
+    hang = next((d for d in loop.detectors if isinstance(d, Hang)), None)
+    _, p99 = hang.timeout_s("bench") if hang is not None else (None, None)
+    return {"outcome": outcome, "kind": inc.kind if inc else None,
+            "detection_s": round(inc.detected_at - fired["at"], 3) if inc else None,
+            "mttr_s": round(inc.recovered_at - fired["at"], 3) if inc and inc.recovered_at else None,
+            "p99_step_s": round(p99, 3) if p99 else None, "lost_steps": inc.lost_steps if inc else None}
+
+
+# ---- plain torchrun ------------------------------------------------------------------------------------------
+
+def last_record(run_dir: Path) -> dict[str, object] | None:
+    path = run_dir / "ranks" / "0.jsonl"
+    if not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, object]:
+    run_dir = workdir / f"torchrun-{fault}"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+            "--max-restarts", "3", "--monitor-interval", "0.2", "-m", "train", "--config", "configs/demo.yaml",
+            "--run-dir", str(run_dir), "--resume", "auto", "--set", "steps=30", "--set", "checkpoint.every_steps=5"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    agent_log = open(run_dir / "torchrun.log", "wb")  # noqa: SIM115 - closed below, after the agent is gone
+    agent = subprocess.Popen(argv, cwd=REPO, env=env, stdout=agent_log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    rank, sig = SIGNALS[fault]
+    result: dict[str, object] = {"outcome": None, "detection_s": None, "mttr_s": None}
+    try:
+        fired_at = None
+        workers: set[int] = set()
+        deadline = time.time() + 300
+        while time.time() < deadline and agent.poll() is None:
+            rec = last_record(run_dir)
+            kids = set(procfs.children(agent.pid))
+            if fired_at is None:
+                workers = kids
+                if rec is not None and int(rec["step"]) >= FAULT_STEP:  # type: ignore[call-overload]
+                    victim = next(p for p in kids if procfs.worker_rank(p) == rank)
+                    os.kill(victim, sig)
+                    fired_at = time.time()
+            else:
+                if result["detection_s"] is None and kids and not kids & workers:
+                    result["detection_s"] = round(time.time() - fired_at, 3)  # new workers: it restarted
+                if rec is not None and rec["time"] > fired_at + 0.0 and result["detection_s"] is not None:  # type: ignore[operator]
+                    result["mttr_s"] = round(float(rec["time"]) - fired_at, 3)  # type: ignore[arg-type]
+                    result["outcome"] = "recovered"
+                    break
+                if time.time() - fired_at > hang_cap_s:
+                    break
+            time.sleep(0.1)
+        if result["outcome"] is None and fired_at is not None:
+            waited = time.time() - fired_at
+            result["outcome"] = (f"not detected within {waited:.0f} s (gloo timeout 600 s)"
+                                 if result["detection_s"] is None else
+                                 f"restarted its workers but no step resumed within {waited:.0f} s")
+    finally:
+        for pid in [agent.pid, *procfs.descendants(agent.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        agent.wait(30)
+        agent_log.close()
+        result["agent_exit"] = agent.returncode
+        result["agent_log_tail"] = (run_dir / "torchrun.log").read_text(errors="replace").splitlines()[-6:]
+    return result
+
+
+# ---- ETTR ----------------------------------------------------------------------------------------------------
+
+def ettr_run(workdir: Path, minutes: float) -> dict[str, object]:
+    run_dir = workdir / "megaheal-ettr"
+    loop = megaheal_loop(run_dir, 100000, Budgets(max_restarts=100))
+    start = time.time()
+    faults: list[float] = []
+
+    def hook(lp: SelfHealLoop) -> None:
+        if time.time() - start >= 120 * (len(faults) + 1) and len(current_steps(lp)) == 4:
+            lp.sup.kill_rank(TOKEN, 3, signal.SIGKILL)
+            faults.append(time.time())
+
+    loop.run(timedelta(minutes=minutes), on_tick=hook)
+    ledger = compute(run_dir)
+    return {"minutes": minutes, "faults": len(faults), "incidents": len(loop.incidents), "ettr": ledger.ettr,
+            "seconds": ledger.seconds, "steps_done": ledger.steps_done, "lost_steps": ledger.lost_steps}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default="crash,hang")
+    parser.add_argument("--hang-cap", type=float, default=90.0)
+    parser.add_argument("--ettr-minutes", type=float, default=10.0)
+    parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "recovery.json"))
+    args = parser.parse_args()
+    results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                                  "targets": {"crash_detection_s": 2, "hang_detection": "2 x p99 step + 5 s",
+                                              "mttr_s": 20, "ettr": 0.8}}
+    tmp = tempfile.mkdtemp(prefix="mh-recovery-")
+    try:
+        for fault in [f for f in args.faults.split(",") if f]:
+            results[fault] = {"megaheal": megaheal_fault(fault, Path(tmp)),
+                              "torchrun_max_restarts_3": torchrun_fault(fault, Path(tmp), args.hang_cap)}
+            print(fault, json.dumps(results[fault]), flush=True)
+        if args.ettr_minutes > 0:
+            results["ettr"] = ettr_run(Path(tmp), args.ettr_minutes)
+            print("ettr", json.dumps(results["ettr"]), flush=True)
+    finally:
+        if args.keep:
+            print("run directories kept in", tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

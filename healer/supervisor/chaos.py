@@ -1,0 +1,149 @@
+"""Fault injection on real processes, from a schedule (YAML): what `megaheal run --chaos FILE` plays.
+
+    faults:
+      - {at_step: 8,  kind: kill,  rank: 3}                     # SIGKILL: a crash
+      - {at_step: 20, kind: stop,  rank: 1}                     # SIGSTOP: a hang
+      - {at_step: 30, kind: slow,  rank: 2, duty: 0.6, for: 40s} # SIGSTOP/SIGCONT duty cycle: a straggler
+      - {at_step: 45, kind: corrupt-checkpoint, rank: 0}        # truncate the newest checkpoint, then SIGKILL
+      - {at_step: 50, kind: nan}                                # a poisoned batch: NaN weights from step 51 on
+
+A fault fires once, when every rank of the running attempt has reported `at_step`. Signals go through the
+supervisor (so they need the healer token) to the rank's pid; nothing from the schedule reaches a shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from megaheal.typedconfig import ConfigError, from_mapping, read_yaml
+
+log = logging.getLogger(__name__)
+KINDS = ("kill", "stop", "slow", "corrupt-checkpoint", "nan")
+
+
+@dataclass(kw_only=True, slots=True)
+class Fault:
+    at_step: int
+    """Fire once every rank of the running attempt has reported this step."""
+    kind: str
+    """kill (SIGKILL), stop (SIGSTOP), slow (SIGSTOP/SIGCONT duty cycle), corrupt-checkpoint (truncate the
+    newest checkpoint's largest file, then SIGKILL `rank` so that the job must resume from an older one), nan
+    (the batch of step `at_step` is poisoned: the trainer sets its weights to NaN after training on it, see
+    TrainConfig.inject_nan_at_sample; set when the job starts, so it must be the only nan fault)."""
+    rank: int = 0
+    """The global rank it hits."""
+    duty: float = 0.5
+    """slow: the share of each 200 ms period the rank spends stopped."""
+    for_: timedelta = timedelta(seconds=30)
+    """slow: how long (YAML key `for`)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.at_step < 0 or self.rank < 0:
+            raise ValueError("at_step and rank must be >= 0")
+        if not 0 < self.duty < 1:
+            raise ValueError(f"duty must be in (0, 1), got {self.duty}")
+        if self.for_ <= timedelta(0):
+            raise ValueError(f"for must be > 0, got {self.for_}")
+
+
+@dataclass(kw_only=True, slots=True)
+class Schedule:
+    faults: list[Fault] = field(default_factory=list)
+    """Faults in the order they fire."""
+
+    def __post_init__(self) -> None:
+        if sum(f.kind == "nan" for f in self.faults) > 1:
+            raise ValueError("at most one nan fault (it is set when the job starts)")
+        steps = [f.at_step for f in self.faults]
+        if steps != sorted(steps):
+            raise ValueError(f"faults must be in at_step order, got {steps}")
+
+    def start_overrides(self, global_batch: int) -> tuple[str, ...]:
+        """Training overrides the schedule needs from the start (the poisoned batch of a nan fault)."""
+        return tuple(f"inject_nan_at_sample={f.at_step * global_batch}" for f in self.faults if f.kind == "nan")
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    data = read_yaml(Path(path))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with `faults:`")
+    raw = data.get("faults") or []
+    if set(data) - {"faults"}:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(set(data) - {'faults'})}; valid keys: faults")
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: faults must be a list")
+    faults = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: faults[{i}]: expected a mapping")
+        item = type(item)({("for_" if k == "for" else k): v for k, v in item.items()})  # `for` is a keyword
+        faults.append(from_mapping(Fault, item, f"{path}: faults[{i}]"))
+    try:
+        return Schedule(faults=faults)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def corrupt_newest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """Truncate the largest data file of the newest complete checkpoint to half; returns it (None: none yet)."""
+    steps = sorted((p for p in ckpt_dir.glob("step-*") if (p / "manifest.json").exists()), reverse=True)
+    if not steps:
+        return None
+    victim = max((p for p in steps[0].iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+    size = victim.stat().st_size
+    with open(victim, "r+b") as f:
+        f.truncate(size // 2)
+    return victim
+
+
+class Chaos:
+    """Plays a schedule against a supervisor: call `tick(lowest_step)` from the healing loop."""
+
+    def __init__(self, schedule: Schedule, kill: Any, ckpt_dir: Path) -> None:
+        """`kill(rank, sig) -> pid`: the supervisor's kill_rank with the token bound."""
+        self.pending = list(schedule.faults)
+        self.fired: list[dict[str, Any]] = []
+        self._kill, self._ckpt_dir = kill, ckpt_dir
+
+    def tick(self, lowest_step: int | None) -> None:
+        if not self.pending or lowest_step is None or lowest_step < self.pending[0].at_step:
+            return
+        fault = self.pending.pop(0)
+        entry: dict[str, Any] = {"kind": fault.kind, "rank": fault.rank, "at_step": fault.at_step, "at": time.time()}
+        if fault.kind == "nan":
+            entry["note"] = "the poisoned batch was set at start (inject_nan_at_sample)"
+        elif fault.kind == "corrupt-checkpoint":
+            victim = corrupt_newest_checkpoint(self._ckpt_dir)
+            entry["corrupted"] = str(victim) if victim else None
+            self._kill(fault.rank, signal.SIGKILL)
+        elif fault.kind in ("kill", "stop"):
+            entry["pid"] = self._kill(fault.rank, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+        else:
+            pid = self._kill(fault.rank, signal.SIGCONT)  # resolves the pid (SIGCONT to a running rank is a no-op)
+            threading.Thread(target=_duty_cycle, args=(pid, fault.duty, fault.for_.total_seconds()),
+                             name="megaheal-chaos-slow", daemon=True).start()
+            entry["pid"] = pid
+        log.warning("chaos: %s", entry)
+        self.fired.append(entry)
+
+
+def _duty_cycle(pid: int, duty: float, seconds: float, period: float = 0.2) -> None:
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(period * duty)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(period * (1 - duty))
+    except ProcessLookupError:
+        return  # the rank is gone (restarted): the slowdown ends with it

@@ -1,0 +1,99 @@
+"""`megaheal run`: one supervised, self-healing training job on this machine, with a live view.
+
+The job runs on two "nodes" (torchrun agents, a sidecar each) plus a spare, under SelfHealLoop (crash, hang,
+straggler, NaN and loss-spike detectors; the remediation policy; the restart budget). With `--chaos FILE`
+the schedule's faults are injected into the real processes. At the end it prints the incident table and the
+goodput ledger (ETTR) and writes them to `<run_dir>/report.json`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from healer.detectors.hang import Hang
+from healer.detectors.nonfinite import NonFinite
+from healer.detectors.straggler import Straggler
+from healer.goodput_report import report
+from healer.heartbeats import HeartbeatTable
+from healer.remediation import Budgets
+from healer.remediation_history import NodeHistory
+from healer.supervisor.chaos import Chaos, load_schedule
+from healer.supervisor.launcher import LocalLauncher
+from healer.supervisor.selfheal import SelfHealLoop
+from healer.supervisor.sidecars import NodeSidecars
+from healer.supervisor.supervisor import Supervisor
+from train.config import load_config
+
+NODES = ("n1", "n2")
+SPARES = ("n3",)
+
+
+def _view(loop: SelfHealLoop, chaos: Chaos | None) -> object:
+    from rich.console import Group
+    from rich.table import Table
+
+    a = loop.sup.attempt
+    ranks = Table(title=f"attempt {a.number if a else '-'} on {', '.join(loop.nodes)} (dp {loop.dp})")
+    for col in ("rank", "node", "step", "loss", "step s", "state"):
+        ranks.add_column(col)
+    states = {s.rank: s.state for s in loop.table.processes.states()}
+    pids = set(a.ranks) if a else set()
+    for b in sorted(loop.table.ranks(), key=lambda b: b.rank):
+        if b.data.get("pid") not in pids:
+            continue
+        loss, secs = b.data.get("loss"), b.data.get("step_seconds")
+        ranks.add_row(str(b.rank), b.node, str(b.step), f"{loss:.4f}" if isinstance(loss, float) else "nan",
+                      f"{secs:.2f}" if isinstance(secs, float) else "-", states.get(b.rank, "?"))
+    incidents = Table(title="incidents")
+    for col in ("#", "kind", "suspect", "action", "state", "summary"):
+        incidents.add_column(col)
+    for inc in loop.incidents[-8:]:
+        suspect = ", ".join([*(f"rank {r}" for r in inc.suspect_ranks), *inc.suspect_nodes]) or "-"
+        incidents.add_row(str(inc.id), inc.kind, suspect, inc.action or "-", inc.state, inc.summary[:70])
+    pending = f"chaos: {len(chaos.pending)} fault(s) to come" if chaos else "chaos: off"
+    return Group(ranks, incidents, pending)
+
+
+def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = load_config(config, [])
+    world = cfg.parallel.world_size
+    if world % len(NODES):
+        raise ValueError(f"{world} ranks do not split over {len(NODES)} nodes")
+    run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
+    schedule = load_schedule(chaos_path) if chaos_path else None
+    nan_overrides = schedule.start_overrides(cfg.global_batch) if schedule else ()
+    token = secrets.token_hex(16)  # this run's own token: only this process may kill or restart its job
+    sidecars = NodeSidecars([*NODES, *SPARES])
+    table = HeartbeatTable()
+    sup = Supervisor(Supervisor.Config(job=run_dir.resolve().name, config=config, run_dir=run_dir,
+                                       nproc_per_node=world // len(NODES),
+                                       overrides=("checkpoint.every_steps=5", *nan_overrides)),
+                     LocalLauncher(extra_env={"GLOO_SOCKET_IFNAME": "lo"}), table.processes, token,
+                     sockets=sidecars.sockets)
+    chaos = Chaos(schedule, lambda rank, sig: sup.kill_rank(token, rank, sig), run_dir / "checkpoints") \
+        if schedule else None
+    loop = SelfHealLoop(
+        SelfHealLoop.Config(nodes=NODES, spares=SPARES, dp=cfg.parallel.dp, budgets=Budgets(max_restarts=8),
+                            hang=Hang.Config(floor=timedelta(seconds=10))),
+        sup, sidecars, table, token, history=NodeHistory(run_dir / "node-history.json"),
+        extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())])
+    from rich.live import Live
+
+    with Live(_view(loop, chaos), refresh_per_second=2) as live:  # type: ignore[arg-type]
+        def on_tick(lp: SelfHealLoop) -> None:
+            a = lp.sup.attempt
+            steps = [b.step for b in lp.table.ranks() if a and b.data.get("pid") in a.ranks and b.step is not None]
+            if chaos is not None and a is not None and len(steps) == len(a.ranks) == world:
+                chaos.tick(min(steps))
+            live.update(_view(lp, chaos))  # type: ignore[arg-type]
+
+        loop.start()
+        outcome = loop.run(timeout, on_tick=on_tick)
+    ledger = report(run_dir)
+    print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")
+    return 0 if outcome == "finished" and all(i["state"] == "resolved" for i in ledger.incidents) else 1

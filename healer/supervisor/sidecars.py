@@ -1,0 +1,40 @@
+"""One telemetry sidecar per node for the local backend, in this process: the real exporters.sidecar.Sidecar,
+each with its own rank socket, and its heartbeat batches handed to the healer's table directly instead of
+over HTTP (a remote node's sidecar posts the same batches to /v1/heartbeats).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from exporters.heartbeat import HEARTBEAT_SCHEMA
+from exporters.sidecar import Sidecar
+
+
+class NodeSidecars:
+    def __init__(self, nodes: list[str], socket_dir: Path | None = None) -> None:
+        # NOTE: AF_UNIX paths are limited to 107 bytes: a short directory of our own, not the run directory.
+        self._dir = socket_dir or Path(tempfile.mkdtemp(prefix="mh-sock-"))
+        self.sidecars = {n: Sidecar(Sidecar.Config(node=n, socket_path=str(self._dir / f"{n}.sock"),
+                                                   metrics_addr="127.0.0.1:0"), nvml=None) for n in nodes}
+        self._seq = 0
+
+    @property
+    def sockets(self) -> dict[str, str]:
+        return {n: s.cfg.socket_path for n, s in self.sidecars.items()}
+
+    def start(self) -> None:
+        for s in self.sidecars.values():
+            s.start()
+
+    def stop(self) -> None:
+        for s in self.sidecars.values():
+            s.stop()
+
+    def batches(self) -> list[dict[str, Any]]:
+        self._seq += 1
+        return [s.heartbeat_batch() | {"schema": HEARTBEAT_SCHEMA, "seq": self._seq, "sent_at": time.time()}
+                for s in self.sidecars.values()]

@@ -1,0 +1,294 @@
+"""The supervisor: runs attempts of one training job on chosen nodes, watches their processes, and stops
+them gracefully.
+
+- start(nodes, ...): a new attempt through the launcher, resuming from the newest good checkpoint (or a
+  given one), with the node set and dp degree the remediation chose;
+- poll(): maps each node's workers to their global ranks, samples their kernel state and CPU time into the
+  ProcessView (a SIGSTOPped rank shows as 'T'), and when an agent ends, records every rank's exit with its
+  exit code or signal (from the agent's failure report) and the tail of its log;
+- stop(grace): SIGTERM to every rank (the trainer saves a final checkpoint and exits 0), SIGKILL to whatever
+  is left after `grace`, then the agents. Exits during a stop are marked expected: they are not crashes.
+
+Killing and restarting work needs the healer token: every such method takes it and refuses a wrong one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from healer.supervisor import procfs
+from healer.supervisor.agent_log import parse_failures
+from healer.supervisor.launcher import Launcher, LaunchSpec, NodeHandle
+from healer.supervisor.view import (
+    MAX_TAIL_LINES,
+    ProcessExit,
+    ProcessState,
+    ProcessView,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Unauthorized(PermissionError):
+    """A kill or restart was asked for without the healer token."""
+
+
+@dataclass(slots=True)
+class _Rank:
+    rank: int
+    local_rank: int
+    node: str
+    pid: int
+
+
+@dataclass(slots=True)
+class Attempt:
+    number: int
+    spec: LaunchSpec
+    handles: list[NodeHandle]
+    started_at: float
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    """pid -> rank, as found under the agents."""
+    ended: set[str] = field(default_factory=set)
+    """Nodes whose agent has exited."""
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    stopping: bool = False
+    recorded: set[int] = field(default_factory=set)
+    """Ranks whose exit is already in the view."""
+
+    @property
+    def done(self) -> bool:
+        return len(self.ended) == len(self.handles)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.done and all(code == 0 for code in self.exit_codes.values()) and not self.stopping
+
+
+class Supervisor:
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        job: str
+        """The job's name (its ranks report it; the detectors key on it)."""
+        config: str
+        """Training config path."""
+        run_dir: Path
+        """Shared by every attempt: checkpoints and the ranks' JSON lines."""
+        nproc_per_node: int = 2
+        """Ranks per node."""
+        overrides: tuple[str, ...] = ()
+        """`--set` items for every attempt (the dp degree is added per attempt)."""
+        grace: timedelta = timedelta(seconds=30)
+        """SIGTERM to SIGKILL in a graceful stop: time for the final checkpoint."""
+        tail_lines: int = MAX_TAIL_LINES
+        """Log lines kept per exited rank."""
+
+        def __post_init__(self) -> None:
+            if self.nproc_per_node < 1:
+                raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+            if self.grace < timedelta(0):
+                raise ValueError(f"grace must be >= 0, got {self.grace}")
+            if not 1 <= self.tail_lines <= MAX_TAIL_LINES:
+                raise ValueError(f"tail_lines must be in 1..{MAX_TAIL_LINES}, got {self.tail_lines}")
+
+    def __init__(self, cfg: Config, launcher: Launcher, view: ProcessView, token: str,
+                 sockets: dict[str, str] | None = None, clock: Callable[[], float] = time.time) -> None:
+        if not token:
+            raise ValueError("the supervisor needs the healer token")
+        self.cfg, self.launcher, self.view, self.clock = cfg, launcher, view, clock
+        self._token = token
+        self.sockets = dict(sockets or {})
+        self.attempt: Attempt | None = None
+        self.history: list[Attempt] = []
+        self._lock = threading.RLock()
+
+    def _check(self, token: str) -> None:
+        if not hmac.compare_digest(token.encode(), self._token.encode()):
+            raise Unauthorized("killing or restarting training needs the healer token")
+
+    # ---- start ---------------------------------------------------------------------------------------
+
+    def start(self, token: str, nodes: tuple[str, ...], dp: int | None = None, resume: str | None = "auto",
+              extra: tuple[str, ...] = ()) -> Attempt:
+        """Start the next attempt on `nodes` (the previous one must be over)."""
+        self._check(token)
+        with self._lock:
+            if self.attempt is not None and not self.attempt.done:
+                raise RuntimeError(f"attempt {self.attempt.number} still runs; stop it first")
+            number = self.attempt.number + 1 if self.attempt is not None else 0
+            overrides = self.cfg.overrides + ((f"parallel.dp={dp}",) if dp is not None else ()) + extra
+            spec = LaunchSpec(job=self.cfg.job, attempt=number, nodes=nodes, nproc_per_node=self.cfg.nproc_per_node,
+                              config=self.cfg.config, overrides=(f"job={self.cfg.job}", *overrides),
+                              run_dir=self.cfg.run_dir, resume=resume, sockets=self.sockets)
+            self.view.started(self.cfg.job, number)
+            handles = self.launcher.start(spec)
+            self.attempt = Attempt(number=number, spec=spec, handles=handles, started_at=self.clock())
+            self.history.append(self.attempt)
+            self._journal({"event": "start", "attempt": number, "at": self.attempt.started_at, "nodes": list(nodes),
+                           "dp": dp, "resume": resume})
+            log.info("attempt %d of %s started on %s (resume %s)", number, self.cfg.job, ", ".join(nodes), resume)
+            return self.attempt
+
+    # ---- watch ---------------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """One look at the processes (cheap: /proc reads); records exits and states into the view."""
+        with self._lock:
+            a = self.attempt
+            if a is None or a.done:
+                return
+            now = self.clock()
+            states = []
+            for h in a.handles:
+                if h.node in a.ended:
+                    continue
+                for pid in procfs.children(h.process.pid):
+                    if pid not in a.ranks and (rank := procfs.worker_rank(pid)) is not None:
+                        env_local = procfs.environ(pid).get("LOCAL_RANK", "0")
+                        a.ranks[pid] = _Rank(rank, int(env_local) if env_local.isdigit() else 0, h.node, pid)
+                for pid, r in a.ranks.items():
+                    if r.node != h.node or r.rank in a.recorded:
+                        continue
+                    st = procfs.stat(pid)
+                    if st is not None and st.state != "Z":
+                        states.append(ProcessState(job=self.cfg.job, attempt=a.number, node=h.node, rank=r.rank,
+                                                   pid=pid, state=st.state, cpu_seconds=st.cpu_seconds, sampled_at=now))
+                    elif h.process.poll() is None:
+                        # NOTE: the agent reports exit statuses only after stopping its other workers, which can
+                        # take its whole 30 s SIGTERM grace: a rank that died is recorded now, with its status
+                        # when it is still a zombie, as `vanished` when the agent has reaped it already.
+                        self._rank_ended(a, h, r, st, now)
+                code = h.process.poll()
+                if code is not None:
+                    self._agent_ended(a, h, code, now)
+            self.view.update_states(states)
+
+    def _agent_ended(self, a: Attempt, h: NodeHandle, code: int, now: float) -> None:
+        a.ended.add(h.node)
+        a.exit_codes[h.node] = code
+        h.close_log()
+        lines = _tail(h.log_path, 400)
+        failures = {f.rank: f for f in parse_failures(lines)}
+        ranks = [r for r in a.ranks.values() if r.node == h.node]
+        for r in ranks:
+            if r.rank in a.recorded:
+                continue
+            a.recorded.add(r.rank)
+            f = failures.get(r.rank)
+            self.view.record_exit(ProcessExit(
+                job=self.cfg.job, attempt=a.number, node=h.node, rank=r.rank, pid=r.pid, at=now,
+                exit_code=(f.exit_code if f else 0), signal=f.signal if f else None,
+                log_tail=tuple(self.rank_log_tail(h, r.local_rank)), expected=a.stopping))
+        if code != 0 and not failures:
+            # The agent itself failed (e.g. the rendezvous): its own log is the evidence.
+            self.view.record_exit(ProcessExit(job=self.cfg.job, attempt=a.number, node=h.node, rank=None,
+                                              pid=h.process.pid, at=now, exit_code=code if code >= 0 else None,
+                                              signal=-code if code < 0 else None,
+                                              log_tail=tuple(lines[-self.cfg.tail_lines:]), expected=a.stopping))
+        log.info("attempt %d: agent of %s exited with %d (%d rank failure(s) reported)", a.number, h.node, code,
+                 len(failures))
+        if a.done:
+            self._journal({"event": "end", "attempt": a.number, "at": now, "exit_codes": a.exit_codes,
+                           "stopped": a.stopping})
+
+    def _journal(self, entry: dict[str, object]) -> None:
+        """`<run_dir>/supervisor/attempts.jsonl`: when each attempt started and ended (the goodput ledger's clock)."""
+        path = self.cfg.run_dir / "supervisor" / "attempts.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def _rank_ended(self, a: Attempt, h: NodeHandle, r: _Rank, st: procfs.Stat | None, now: float) -> None:
+        a.recorded.add(r.rank)
+        known = st is not None and st.wait_status is not None
+        self.view.record_exit(ProcessExit(
+            job=self.cfg.job, attempt=a.number, node=h.node, rank=r.rank, pid=r.pid, at=now,
+            exit_code=st.exit_code if known and st is not None else None,
+            signal=st.signal if known and st is not None else None,
+            log_tail=tuple(self.rank_log_tail(h, r.local_rank)), expected=a.stopping, vanished=not known))
+
+    def rank_log_tail(self, h: NodeHandle, local_rank: int) -> list[str]:
+        """The last lines a local rank wrote to stderr (torchrun's --log-dir layout: .../attempt_0/<lr>/)."""
+        files = sorted(h.rank_log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+        return _tail(files[-1], self.cfg.tail_lines) if files else []
+
+    # ---- stop ----------------------------------------------------------------------------------------
+
+    def stop(self, token: str, grace: timedelta | None = None) -> None:
+        """SIGTERM every rank, wait up to `grace` for them to save and leave, then SIGKILL what remains."""
+        self._check(token)
+        with self._lock:
+            a = self.attempt
+            if a is None or a.done:
+                return
+            a.stopping = True
+        grace_s = (self.cfg.grace if grace is None else grace).total_seconds()
+        pids = self.rank_pids()
+        for pid in pids:
+            _signal(pid, signal.SIGTERM)
+        deadline = self.clock() + grace_s
+        while self.clock() < deadline and not self.attempt.done:  # type: ignore[union-attr]
+            time.sleep(0.1)
+            self.poll()
+        if not a.done:
+            for pid in self.rank_pids() + pids:
+                _signal(pid, signal.SIGKILL)
+            for h in a.handles:
+                if h.process.poll() is None:
+                    for pid in procfs.descendants(h.process.pid):
+                        _signal(pid, signal.SIGKILL)
+                    _signal(h.process.pid, signal.SIGKILL)
+            for h in a.handles:
+                try:
+                    h.process.wait(timeout=30)
+                except Exception:
+                    log.warning("agent of %s did not exit after SIGKILL", h.node, exc_info=True)
+            self.poll()
+
+    def kill_rank(self, token: str, rank: int, sig: int) -> int:
+        """Send `sig` to one rank of the current attempt (fault injection); returns its pid."""
+        self._check(token)
+        with self._lock:
+            a = self.attempt
+            pid = next((p for p, r in (a.ranks.items() if a else []) if r.rank == rank), None)
+        if pid is None:
+            raise LookupError(f"rank {rank} is not running")
+        os.kill(pid, sig)
+        return pid
+
+    def rank_pids(self) -> list[int]:
+        with self._lock:
+            a = self.attempt
+            return [] if a is None else [p for p in a.ranks if procfs.stat(p) is not None]
+
+    def ranks_found(self) -> int:
+        with self._lock:
+            return len(self.attempt.ranks) if self.attempt else 0
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-n:]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,104 @@
+"""The supervisor's view of the job's processes, as the detectors read it: how each rank exited (code, signal,
+the tail of its log) and the kernel state of the ranks still running (a SIGSTOPped rank is 'T').
+
+Heartbeats cannot tell a rank that died from one that is silent, nor a stopped rank from one waiting in a
+collective: the supervisor, which owns the processes, can. It writes here; the crash and hang detectors read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+MAX_TAIL_LINES = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExit:
+    """One rank (or agent) that ended."""
+
+    job: str
+    attempt: int
+    """Which start of the job this was (0 first, +1 per restart): exits of an old attempt are history."""
+    node: str
+    rank: int | None
+    """Global rank; None when only the node's agent is known to have ended (its ranks' fates unknown)."""
+    pid: int
+    at: float
+    """Unix seconds when the supervisor saw it end."""
+    exit_code: int | None
+    """The exit status, or None when a signal ended it."""
+    signal: int | None = None
+    """The signal number that ended it, if any."""
+    log_tail: tuple[str, ...] = ()
+    """The last lines of its log (at most MAX_TAIL_LINES)."""
+    expected: bool = False
+    """True when the supervisor itself stopped it (a graceful stop, a restart): never a crash."""
+    vanished: bool = False
+    """The rank disappeared while its agent still ran and its status could not be read (the agent reaped it
+    first): a failure unless the rank had said it was finishing."""
+
+    @property
+    def failed(self) -> bool:
+        return not self.expected and (self.vanished or self.signal is not None or (self.exit_code or 0) != 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessState:
+    """A running rank as /proc shows it."""
+
+    job: str
+    attempt: int
+    node: str
+    rank: int
+    pid: int
+    state: str
+    """The kernel's one-letter state: R running, S sleeping, D disk wait, T stopped, Z zombie."""
+    cpu_seconds: float
+    """User + system CPU time so far."""
+    sampled_at: float
+
+
+@dataclass(slots=True)
+class ProcessView:
+    """Thread-safe: the supervisor writes from its watcher thread, the detectors read from the healer loop."""
+
+    max_exits: int = 4096
+    _exits: deque[ProcessExit] = field(default_factory=deque)
+    _states: dict[tuple[str, int], ProcessState] = field(default_factory=dict)
+    _attempts: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record_exit(self, ex: ProcessExit) -> None:
+        with self._lock:
+            self._exits.append(ex)
+            while len(self._exits) > self.max_exits:
+                self._exits.popleft()
+            if ex.rank is not None:
+                self._states.pop((ex.job, ex.rank), None)
+
+    def started(self, job: str, attempt: int) -> None:
+        """The supervisor started `attempt` of `job`: process states of older attempts no longer apply."""
+        with self._lock:
+            self._attempts[job] = attempt
+            for key in [k for k, s in self._states.items() if s.job == job and s.attempt != attempt]:
+                del self._states[key]
+
+    def update_states(self, states: list[ProcessState]) -> None:
+        with self._lock:
+            for s in states:
+                self._states[(s.job, s.rank)] = s
+
+    def exits(self) -> list[ProcessExit]:
+        with self._lock:
+            return list(self._exits)
+
+    def states(self) -> list[ProcessState]:
+        with self._lock:
+            return list(self._states.values())
+
+    def attempt(self, job: str) -> int | None:
+        """The job's current attempt, or None when the supervisor never started it."""
+        with self._lock:
+            return self._attempts.get(job)

@@ -1,0 +1,94 @@
+"""The chaos schedule: loading and validation, and the faults that need no training job (a real checkpoint
+file truncated, a real process slowed by a SIGSTOP/SIGCONT duty cycle)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from healer.supervisor import procfs
+from healer.supervisor.chaos import (
+    Chaos,
+    Schedule,
+    corrupt_newest_checkpoint,
+    load_schedule,
+)
+from megaheal.typedconfig import ConfigError
+from train.checkpoint.catalog import choose_resume
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_demo_schedule_loads_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    schedule = load_schedule(REPO / "configs" / "chaos-demo.yaml")
+    assert [f.kind for f in schedule.faults] == ["kill", "stop", "slow", "corrupt-checkpoint", "nan"]
+    assert schedule.faults[2].for_ == timedelta(seconds=60)
+    assert schedule.start_overrides(16) == ("inject_nan_at_sample=800",)
+    for text, message in (("faults: [{at_step: 3, kind: explode}]", "kind must be one of"),
+                          ("faults: [{at_step: 3, kind: kill, rnak: 1}]", "rnak"),
+                          ("faults: [{at_step: 9, kind: kill}, {at_step: 3, kind: kill}]", "at_step order"),
+                          ("fault: []", "unknown key"),
+                          ("faults: [{at_step: 3, kind: nan}, {at_step: 5, kind: nan}]", "at most one nan")):
+        (tmp_path / "c.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            load_schedule(tmp_path / "c.yaml")
+
+
+def make_checkpoint(ckpt_dir: Path, step: int) -> None:
+    d = ckpt_dir / f"step-{step:08d}"
+    d.mkdir(parents=True)
+    files = []
+    for rank in range(2):
+        (d / f"__{rank}_0.distcp").write_bytes(b"x" * (1000 + rank))
+        files.append({"name": f"__{rank}_0.distcp", "size": 1000 + rank})
+    (d / "manifest.json").write_text(json.dumps({"step": step, "files": files}))
+
+
+def test_corrupting_the_newest_checkpoint_makes_resume_fall_back_to_the_one_before(tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoints"
+    make_checkpoint(ckpt, 5)
+    make_checkpoint(ckpt, 10)
+    kills: list[tuple[int, int]] = []
+    chaos = Chaos(load_schedule_text(tmp_path, "faults: [{at_step: 12, kind: corrupt-checkpoint, rank: 1}]"),
+                  lambda rank, sig: kills.append((rank, sig)) or 4242, ckpt)
+    chaos.tick(11)
+    assert chaos.pending and not kills
+    chaos.tick(12)
+    assert kills == [(1, signal.SIGKILL)] and chaos.fired[0]["corrupted"].endswith("step-00000010/__1_0.distcp")
+    choice = choose_resume(ckpt)
+    assert choice.checkpoint is not None and choice.checkpoint.step == 5 and "size" in choice.skipped[0][1]
+    assert corrupt_newest_checkpoint(tmp_path / "none") is None
+
+
+def load_schedule_text(tmp_path: Path, text: str) -> Schedule:
+    (tmp_path / "s.yaml").write_text(text)
+    return load_schedule(tmp_path / "s.yaml")
+
+
+def test_slow_stops_and_continues_a_real_process_for_its_duration(tmp_path: Path) -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        chaos = Chaos(load_schedule_text(tmp_path, "faults: [{at_step: 0, kind: slow, duty: 0.8, for: 2s}]"),
+                      lambda rank, sig: (busy.send_signal(sig), busy.pid)[1], tmp_path)
+        chaos.tick(0)
+        seen = set()
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            st = procfs.stat(busy.pid)
+            assert st is not None
+            seen.add(st.state)
+            time.sleep(0.01)
+        assert "T" in seen and "R" in seen  # stopped most of the time, running in between
+        time.sleep(1.0)
+        states = {procfs.stat(busy.pid).state for _ in range(20) if not time.sleep(0.01)}  # type: ignore[union-attr, func-returns-value]
+        assert states == {"R"}  # the duty cycle ended with the rank running
+    finally:
+        busy.kill()
+        busy.wait()

@@ -1,0 +1,303 @@
+"""Detectors over synthetic heartbeat streams (tests/selfheal/streams.py) and the supervisor's view."""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+import pytest
+
+from healer.detectors.collective_slowdown import CollectiveSlowdown
+from healer.detectors.crash import Crash
+from healer.detectors.gpu_fault import GpuFault
+from healer.detectors.hang import Hang
+from healer.detectors.logtail import classify
+from healer.detectors.loss_spike import LossSpike, robust_z
+from healer.detectors.nonfinite import NonFinite
+from healer.detectors.registry import default_registry
+from healer.detectors.straggler import Straggler
+from healer.heartbeats import HeartbeatTable
+from healer.rules import load_rules
+from healer.supervisor.view import ProcessExit, ProcessState
+from tests.healer.helpers import ManualClock
+from tests.selfheal.streams import JobStream
+
+NODES = {"n1": [0, 1], "n2": [2, 3]}
+
+
+def stream(**kw: object) -> JobStream:
+    clock = ManualClock()
+    return JobStream(table=HeartbeatTable(clock=clock), clock=clock, nodes=dict(NODES), **kw)  # type: ignore[arg-type]
+
+
+# ---- crash -----------------------------------------------------------------------------------------------
+
+TRACEBACK = ["Traceback (most recent call last):", '  File "train/trainer.py", line 3, in step',
+             "    loss.backward()", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+GLOO_PEER = ["Traceback (most recent call last):", '  File "x.py", line 1, in f',
+             ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+              "[127.0.0.1]:4242")]
+
+
+def test_it_classifies_log_tails_by_cause() -> None:
+    assert classify(1, None, TRACEBACK).category == "oom"
+    assert classify(1, None, TRACEBACK).detail == "torch.OutOfMemoryError"
+    gloo = classify(1, None, GLOO_PEER)
+    assert (gloo.category, gloo.detail, gloo.peer_failure) == ("gloo", "RuntimeError", True)
+    assert classify(None, signal.SIGSEGV, []).category == "segfault"
+    assert classify(1, None, ["Fatal Python error: Segmentation fault"]).category == "segfault"
+    exc = classify(1, None, ["Traceback (most recent call last):", "  x", "ValueError: bad layout"])
+    assert (exc.category, exc.detail) == ("python-exception", "ValueError")
+    assert classify(None, signal.SIGKILL, ["step 4 loss 3.2"]).detail == "SIGKILL"
+    nccl = classify(1, None, ["torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970"])
+    assert nccl.category == "nccl"
+    assert classify(3, None, ["bye"]).category == "exit-code"
+    assert classify(None, None, ["step 9 loss 3.1"]).category == "unknown"  # vanished, no status, no clue
+
+
+def test_crash_names_the_first_rank_that_died_not_the_peers_that_followed() -> None:
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 0)
+    detector = Crash(Crash.Config())
+    assert detector.evaluate(table, 100.0).firing == ()
+    view.record_exit(ProcessExit(job="job", attempt=0, node="n1", rank=0, pid=10, at=100.5, exit_code=1,
+                                 log_tail=tuple(GLOO_PEER)))
+    view.record_exit(ProcessExit(job="job", attempt=0, node="n2", rank=3, pid=13, at=100.2, exit_code=None,
+                                 signal=signal.SIGKILL, log_tail=("step 7 loss 3.1",)))
+    view.record_exit(ProcessExit(job="job", attempt=0, node="n1", rank=1, pid=11, at=100.6, exit_code=None,
+                                 signal=signal.SIGTERM, expected=True))
+    (f,) = detector.evaluate(table, 101.0).firing
+    assert f.key == "job/attempt-0" and f.node == "n2"
+    assert f.evidence["suspect_rank"] == 3 and f.evidence["signal"] == "SIGKILL"
+    assert f.evidence["class"]["category"] == "signal" and len(f.evidence["failed"]) == 2
+    settled = Crash(Crash.Config(settle=timedelta(seconds=5)))
+    assert settled.evaluate(table, 101.0).firing == ()
+    view.started("job", 1)  # restarted: the old attempt's crash is over
+    result = detector.evaluate(table, 102.0)
+    assert result.firing == () and result.healthy == {"job/attempt-0"}
+
+
+# ---- hang ------------------------------------------------------------------------------------------------
+
+def test_hang_fires_after_max_floor_k_p99_and_names_the_stopped_rank() -> None:
+    s = stream(compute=2.0)  # ~2.2 s steps: k x p99 (3 x ~2.3 s) is above the 5 s floor
+    detector = Hang(Hang.Config(floor=timedelta(seconds=5), k=3.0, min_samples=5))
+    for _ in range(8):
+        s.advance(seconds=2.2)
+        assert detector.evaluate(s.table, s.clock.now).firing == ()
+    timeout, p99 = detector.timeout_s("job")
+    assert p99 is not None and 2.0 < p99 < 2.5 and timeout == pytest.approx(3 * p99)
+    s.table.processes.started("job", 0)
+    s.table.processes.update_states([
+        ProcessState(job="job", attempt=0, node=n, rank=r, pid=1000 + r, state="T" if r == 2 else "S",
+                     cpu_seconds=1.0, sampled_at=s.clock.now) for n, rs in NODES.items() for r in rs])
+    waited = 0.0
+    while not detector.evaluate(s.table, s.clock.now).firing:
+        s.clock.now += 1.0
+        waited += 1.0
+        s.send(age=waited)  # the sidecars still post: the ranks' records just get older
+        assert waited < 30
+    assert timeout - 1 <= waited <= timeout + 2
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["suspect_ranks"] == [2] and f.node == "n2" and f.evidence["suspected_by"].startswith("process")
+    s.advance()  # progress again
+    assert detector.evaluate(s.table, s.clock.now).healthy == {"job"}
+
+
+def test_hang_uses_the_floor_until_it_has_learned_and_ignores_a_job_that_is_starting() -> None:
+    s = stream()
+    detector = Hang(Hang.Config(floor=timedelta(seconds=10)))
+    s.advance()
+    assert detector.evaluate(s.table, s.clock.now).healthy == {"job"}
+    assert detector.timeout_s("job") == (10.0, None)
+    s.clock.now += 9.5
+    assert detector.evaluate(s.table, s.clock.now).firing == ()
+    s.clock.now += 1.0
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["suspected_by"] == "all ranks alike" and f.evidence["step"] == 1
+    starting = stream()
+    starting.send()
+    starting.table.ingest({"schema": 1, "node": "n3", "seq": 0, "sent_at": 0, "ranks": [
+        {"job": "job", "rank": 9, "alive": True, "last_seen_age_s": 0.0, "step": None}]})
+    starting.clock.now += 100
+    assert Hang(Hang.Config()).evaluate(starting.table, starting.clock.now).firing == ()
+
+
+# ---- straggler -------------------------------------------------------------------------------------------
+
+def test_straggler_names_a_slow_computing_rank_only_after_k_windows_with_the_phase_table() -> None:
+    s = stream(shape=lambda rank, step: {"forward_backward": 0.4} if rank == 3 and step > 10 else {})
+    detector = Straggler(Straggler.Config(window=5, consecutive=3))
+    fired_at = None
+    for _ in range(40):
+        s.advance()
+        result = detector.evaluate(s.table, s.clock.now)
+        if result.firing and fired_at is None:
+            fired_at = s.step
+    assert fired_at is not None and fired_at >= 10 + 3 * 5  # three full windows after the slowdown began
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["suspect_rank"] == 3 and f.node == "n2" and f.evidence["cause"] == "compute"
+    table = {row["rank"]: row for row in f.evidence["phase_table"]}
+    assert table[3]["compute_s"] > 1.5 * table[0]["compute_s"]
+    assert table[3]["dp_reduce_s"] < table[0]["dp_reduce_s"]  # the others wait for it in the reduce
+
+
+def test_straggler_finds_a_rank_that_enters_the_reduce_late_when_compute_is_flat() -> None:
+    # Rank 1 loses time outside the timed phases (descheduled before the reduce): compute and data look flat,
+    # only the others' waiting in the reduce shows who they wait for.
+    s = stream(late={1: 0.15})
+    detector = Straggler(Straggler.Config(window=4, consecutive=2))
+    for _ in range(20):
+        s.advance()
+        detector.evaluate(s.table, s.clock.now)
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["suspect_rank"] == 1 and f.evidence["cause"] == "late-reduce" and f.node == "n1"
+    s.late = {}
+    for _ in range(8):
+        s.advance()
+        detector.evaluate(s.table, s.clock.now)
+    assert detector.evaluate(s.table, s.clock.now).healthy == {"job"}
+
+
+def test_a_uniform_slowdown_is_no_straggler_but_a_collective_slowdown() -> None:
+    s = stream()
+    straggler = Straggler(Straggler.Config(window=5, consecutive=2))
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+    fired = []
+    for i in range(60):
+        if i == 25:
+            s.transfer = 0.2  # the network got 10x slower for everyone
+        s.advance()
+        assert straggler.evaluate(s.table, s.clock.now).firing == ()
+        if coll.evaluate(s.table, s.clock.now).firing:
+            fired.append(s.step)
+    assert fired and fired[0] > 25
+    f = coll.evaluate(s.table, s.clock.now).firing[0]
+    assert f.evidence["factor"] > 5 and f.evidence["baseline_transfer_s"] == pytest.approx(0.02, rel=0.15)
+    s.transfer = 0.02
+    for _ in range(10):
+        s.advance()
+        coll.evaluate(s.table, s.clock.now)
+    assert coll.evaluate(s.table, s.clock.now).firing == ()
+
+
+# ---- NaN, loss spikes ------------------------------------------------------------------------------------
+
+def test_nonfinite_names_the_first_bad_step_and_ranks_and_clears_after_a_rollback() -> None:
+    s = stream(nonfinite_at={12: {0, 1, 2, 3}, 13: {0, 1, 2, 3}})
+    detector = NonFinite(NonFinite.Config())
+    for _ in range(11):
+        s.advance()
+        assert detector.evaluate(s.table, s.clock.now).firing == ()
+    s.advance()
+    assert detector.evaluate(s.table, s.clock.now).firing
+    s.advance()
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["first_step"] == 12 and f.evidence["last_step"] == 13 and f.evidence["suspect_ranks"] == [0, 1, 2, 3]
+    s.step = 8  # rolled back to the checkpoint of step 8, the bad batches skipped
+    s.nonfinite_at = {}
+    s.advance()
+    assert detector.evaluate(s.table, s.clock.now).healthy == {"job"}  # judged afresh from the rollback on
+    s.step = 8  # rolled back again, and this time the NaN comes back at step 12: a new finding
+    s.nonfinite_at = {12: {1}}
+    for _ in range(4):
+        s.advance()
+        detector.evaluate(s.table, s.clock.now)
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["first_step"] == 12 and f.evidence["suspect_ranks"] == [1]
+
+
+def test_robust_z_ignores_an_outlier_in_the_window() -> None:
+    z, med, mad = robust_z(5.0, [3.0, 3.01, 2.99, 3.02, 2.98, 30.0], min_mad=0.001)
+    assert med == pytest.approx(3.005) and mad == pytest.approx(0.015) and z > 50
+
+
+def test_loss_spike_fires_on_the_spike_step_and_not_on_noise() -> None:
+    rng = __import__("random").Random(1)
+    losses = {step: 4.0 - 0.01 * step + rng.gauss(0, 0.02) for step in range(200)}
+    losses[30] = 9.0
+    losses[31] = 7.5
+    s = stream(loss=lambda step: losses[step])
+    detector = LossSpike(LossSpike.Config(window=20, threshold=6.0, clear_after=3))
+    fired = {}
+    for _ in range(40):
+        s.advance()
+        for f in detector.evaluate(s.table, s.clock.now).firing:
+            fired.setdefault(s.step, f)
+    assert min(fired) == 30 and fired[30].evidence["first_step"] == 30 and fired[30].evidence["z"] > 6
+    assert max(fired) == 30 + 1 + 3 - 1  # the spike lasts two steps, then three calm ones clear it
+
+
+# ---- GPU faults ------------------------------------------------------------------------------------------
+
+def test_gpu_fault_fires_per_gpu_on_critical_xid_ecc_remap_and_recovery_action() -> None:
+    s = stream()
+    healthy = {"gpu": 0, "uuid": "GPU-a", "last_xid": 0, "xid_counts": {}, "ecc_dbe_volatile": 0,
+               "row_remap_failure": 0, "row_remap_pending": 0, "recovery_action": 0}
+    xid = {"gpu": 1, "uuid": "GPU-b", "last_xid": 79, "xid_counts": {"79": 1, "13": 4}}
+    app_xid = {"gpu": 2, "uuid": "GPU-c", "last_xid": 13, "xid_counts": {"13": 2}}  # an application error
+    s.send(gpus={"n1": [healthy, xid, app_xid],
+                 "n2": [{"gpu": 0, "uuid": "GPU-d", "row_remap_failure": 1, "recovery_action": 2}]})
+    detector = GpuFault(GpuFault.Config())
+    result = detector.evaluate(s.table, s.clock.now)
+    by_key = {f.key: f for f in result.firing}
+    assert set(by_key) == {"n1/gpu1", "n2/gpu0"} and result.healthy == {"n1/gpu0", "n1/gpu2"}
+    assert by_key["n1/gpu1"].evidence["reasons"] == ["Xid 79 x1"] and by_key["n1/gpu1"].job == "job"
+    assert "node reboot" in by_key["n2/gpu0"].summary and "row remapping failed" in by_key["n2/gpu0"].summary
+
+
+# ---- registry and rules ----------------------------------------------------------------------------------
+
+def test_every_detector_is_registered_and_loads_from_a_rule_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    names = ["crash", "hang", "straggler", "nonfinite", "loss_spike", "gpu_fault", "collective_slowdown"]
+    assert set(names) <= set(default_registry().names())
+    rules = "\n".join(f"- name: r-{n.replace('_', '-')}\n  when: {{detector: {n}}}\n" for n in names)
+    rules += "- name: tuned\n  when: {detector: hang, floor: 30s, k: 4}\n"
+    (tmp_path / "rules.yaml").write_text(rules)
+    loaded = load_rules([tmp_path / "rules.yaml"])
+    assert [r.condition.detector for r in loaded][:7] == names  # type: ignore[union-attr]
+    assert loaded[-1].condition.params.floor == timedelta(seconds=30)  # type: ignore[union-attr]
+    (tmp_path / "bad.yaml").write_text("- name: bad\n  when: {detector: straggler, windw: 3}\n")
+    with pytest.raises(Exception, match="windw"):
+        load_rules([tmp_path / "bad.yaml"])
+
+
+def test_hang_leaves_a_job_alone_once_its_ranks_say_they_are_finishing() -> None:
+    s = stream()
+    detector = Hang(Hang.Config(floor=timedelta(seconds=5)))
+    s.advance()
+    detector.evaluate(s.table, s.clock.now)
+    batch = {"schema": 1, "node": "n1", "seq": 99, "sent_at": 0.0, "ranks": [
+        {"job": "job", "rank": 0, "pid": 1000, "alive": True, "last_seen_age_s": 0.1, "step": s.step,
+         "last_event": {"name": "finishing", "time": 0.0, "fields": {"step": s.step + 1, "reason": "done"}}}]}
+    s.table.ingest(batch)
+    s.clock.now += 60
+    assert detector.evaluate(s.table, s.clock.now).firing == ()
+    batch["ranks"][0]["last_event"]["fields"]["step"] = s.step - 3  # an old attempt's event: does not count
+    s.table.ingest(batch)
+    assert detector.evaluate(s.table, s.clock.now).firing != ()
+
+
+def test_straggler_compares_ranks_within_a_pipeline_stage() -> None:
+    # pp2 x dp2: stage 1 (ranks 2, 3) does more work than stage 0, and stage 0 waits for it inside its
+    # forward/backward; rank 2 is the slow one within its stage.
+    def shape(rank: int, step: int) -> dict[str, float]:
+        work = {0: 0.30, 1: 0.30, 2: 0.70, 3: 0.40}  # rank 0/1 include waiting for stage 1's gradients
+        return {"forward_backward": work[rank]}
+
+    s = stream(shape=shape)
+    send = s.send
+
+    def send_with_mesh(**kw: object) -> None:
+        send(**kw)  # type: ignore[arg-type]
+        for b in s.table.ranks():
+            b.data["mesh"] = {"pp": 0 if b.rank < 2 else 1, "dp": b.rank % 2, "tp": 0}
+
+    s.send = send_with_mesh  # type: ignore[method-assign]
+    detector = Straggler(Straggler.Config(window=4, consecutive=2))
+    for _ in range(16):
+        s.advance()
+        detector.evaluate(s.table, s.clock.now)
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["suspect_rank"] == 2 and {r["stage"] for r in f.evidence["phase_table"]} == {0, 1}

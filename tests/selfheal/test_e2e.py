@@ -1,0 +1,171 @@
+"""End to end on real processes: 2 nodes x 2 ranks (torchrun agents under the supervisor, a sidecar each),
+a real fault (SIGKILL or SIGSTOP of one rank), detected, remediated, and training resumed from the
+newest good checkpoint with the loss continuing. Few and short: each one is a whole training job."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from datetime import UTC, timedelta
+from pathlib import Path
+
+import pytest
+
+from healer.detectors.base import Detector
+from healer.detectors.hang import Hang
+from healer.detectors.nonfinite import NonFinite
+from healer.goodput import compute
+from healer.heartbeats import HeartbeatTable
+from healer.remediation import Budgets
+from healer.remediation_history import NodeHistory
+from healer.supervisor.launcher import LocalLauncher
+from healer.supervisor.selfheal import SelfHealLoop
+from healer.supervisor.sidecars import NodeSidecars
+from healer.supervisor.supervisor import Supervisor
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.distributed
+TOKEN = "test-healer-token"
+STEPS = 24
+
+
+def make_loop(tmp_path: Path, budgets: Budgets | None = None, hang: Hang.Config | None = None,
+              spares: tuple[str, ...] = (), overrides: tuple[str, ...] = (),
+              detectors: list[Detector] | None = None) -> SelfHealLoop:
+    run_dir = tmp_path / "run"
+    sidecars = NodeSidecars(["n1", "n2", *spares])
+    table = HeartbeatTable()
+    sup = Supervisor(Supervisor.Config(job="e2e", config="configs/demo.yaml", run_dir=run_dir,
+                                       overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
+                                       grace=timedelta(seconds=20)),
+                     LocalLauncher(cwd=REPO, extra_env={"GLOO_SOCKET_IFNAME": "lo"}), table.processes, TOKEN,
+                     sockets=sidecars.sockets)
+    cfg = SelfHealLoop.Config(nodes=("n1", "n2"), spares=spares, dp=2, budgets=budgets or Budgets(),
+                              hang=hang or Hang.Config(floor=timedelta(seconds=6), k=3.0))
+    loop = SelfHealLoop(cfg, sup, sidecars, table, TOKEN, history=NodeHistory(tmp_path / "node-history.json"),
+                        extra_detectors=detectors)
+    loop.start()
+    return loop
+
+
+def inject_at(step: int, rank: int, sig: int) -> tuple[dict[str, float], object]:
+    """An on_tick hook that sends `sig` to `rank` once attempt 0 has reported `step`."""
+    fired: dict[str, float] = {}
+
+    def hook(loop: SelfHealLoop) -> None:
+        a = loop.sup.attempt
+        if fired or a is None or a.number != 0:
+            return
+        steps = [b.step for b in loop.table.ranks() if b.data.get("pid") in a.ranks and b.step is not None]
+        if len(steps) == 4 and min(steps) >= step:
+            loop.sup.kill_rank(TOKEN, rank, sig)
+            fired["at"] = loop.clock()
+    return fired, hook
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Rank 0's loss per step, the last write of each step winning (redone steps overwrite)."""
+    out: dict[int, float] = {}
+    for line in (run_dir / "ranks" / "0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "step" in rec and "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+def check_resumed(loop: SelfHealLoop, fired: dict[str, float], action: str = "restart-in-place") -> None:
+    (inc,) = loop.incidents
+    assert inc.state == "resolved" and inc.action == action
+    assert inc.detected_at >= fired["at"] and inc.recovered_at is not None
+    assert inc.resume_step is not None and inc.resume_step >= 4 and inc.resume_step % 4 == 0
+    # Steps count from 0 and a checkpoint of step N holds N steps done: the new attempt goes on with step N.
+    assert inc.first_step_after == inc.resume_step
+    assert inc.highest_step is not None and inc.lost_steps == inc.highest_step + 1 - inc.resume_step
+    curve = losses(loop.sup.cfg.run_dir)
+    assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
+    assert curve[STEPS - 1] < curve[0]  # it kept learning across the restart
+    assert len(loop.sup.history) == 2 and loop.sup.history[1].succeeded
+    events = [json.loads(x) for x in (loop.sup.cfg.run_dir / "incidents.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["detected", "decided", "restarted", "recovered"]
+    ledger = compute(loop.sup.cfg.run_dir)
+    assert ledger.attempts == 2 and ledger.steps_done == STEPS and ledger.lost_steps == inc.lost_steps
+    assert 0 < ledger.ettr < 1 and ledger.seconds["detection"] > 0 and ledger.seconds["startup"] > 0
+    assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s, abs=0.01)
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_rank_is_detected_as_a_crash_and_the_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    loop = make_loop(tmp_path)
+    fired, hook = inject_at(9, rank=3, sig=signal.SIGKILL)
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
+    (inc,) = loop.incidents
+    assert inc.kind == "crash" and inc.suspect_ranks == [3] and inc.suspect_nodes == ["n2"]
+    # Its status is read while it is a zombie; when its agent reaped it first, it is known to have vanished.
+    assert inc.evidence["signal"] == "SIGKILL" or inc.evidence["vanished"]
+    check_resumed(loop, fired)
+
+
+@pytest.mark.timeout(240)
+def test_a_stopped_rank_is_detected_as_a_hang_and_the_job_resumes(tmp_path: Path) -> None:
+    loop = make_loop(tmp_path)
+    fired, hook = inject_at(9, rank=1, sig=signal.SIGSTOP)
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
+    (inc,) = loop.incidents
+    assert inc.kind == "hang" and inc.suspect_ranks == [1] and inc.suspect_nodes == ["n1"]
+    assert inc.evidence["suspected_by"] == "process stopped (state T)"
+    assert inc.detected_at - fired["at"] >= inc.evidence["timeout_s"] - 1  # not before the learned timeout
+    check_resumed(loop, fired)
+
+
+@pytest.mark.timeout(180)
+def test_a_spent_restart_budget_escalates_and_stops_instead_of_looping(tmp_path: Path) -> None:
+    loop = make_loop(tmp_path, budgets=Budgets(max_restarts=0))
+    fired, hook = inject_at(3, rank=0, sig=signal.SIGKILL)
+    assert loop.run(timedelta(seconds=150), on_tick=hook) == "escalated"  # type: ignore[arg-type]
+    assert fired  # type: ignore[arg-type]
+    (inc,) = loop.incidents
+    assert inc.kind == "crash" and inc.state == "escalated" and "restart budget spent" in inc.plan["decision_basis"]["reason"]
+    assert len(loop.sup.history) == 1 and loop.sup.attempt.done and loop.sup.rank_pids() == []
+
+
+@pytest.mark.timeout(240)
+def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) -> None:
+    # n2 failed in two earlier jobs: with this crash it reaches the lemon threshold and must not come back.
+    from datetime import datetime
+
+    from healer.remediation_history import NodeEvent
+
+    history = NodeHistory(tmp_path / "node-history.json")
+    now = datetime.now(UTC)
+    history.record([NodeEvent("n2", "old-job-a", "crash", 1, now), NodeEvent("n2", "old-job-b", "hang", 4, now)])
+    loop = make_loop(tmp_path, budgets=Budgets(lemon_incidents=3), spares=("n3",))
+    fired, hook = inject_at(9, rank=2, sig=signal.SIGKILL)
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
+    (inc,) = loop.incidents
+    assert inc.kind == "crash" and inc.suspect_nodes == ["n2"]
+    assert inc.plan["exclude"] == ["n2"] and inc.plan["nodes"] == ["n1", "n3"]
+    assert inc.plan["decision_basis"]["lemons"] == {"n2": 3}
+    last = loop.sup.history[-1]
+    assert {r.node for r in last.ranks.values()} == {"n1", "n3"} and len(last.ranks) == 4
+    assert {b.node for b in loop.table.ranks() if b.data.get("pid") in last.ranks} == {"n1", "n3"}
+    check_resumed(loop, fired, action="exclude-node-and-restart")
+
+
+@pytest.mark.timeout(240)
+def test_a_poisoned_batch_is_rolled_back_and_skipped_and_the_loss_stays_finite(tmp_path: Path) -> None:
+    # The batch of step 9 (samples 144..159 of 16 a step) sets every weight to NaN: step 10's loss is NaN.
+    loop = make_loop(tmp_path, overrides=("inject_nan_at_sample=144",), detectors=[NonFinite(NonFinite.Config())],
+                     budgets=Budgets(skip_steps=2))
+    assert loop.run(timedelta(seconds=200)) == "finished"
+    (inc,) = loop.incidents
+    assert inc.kind == "nonfinite" and inc.evidence["first_step"] == 10 and inc.action == "rollback-and-skip"
+    assert inc.plan["resume_step"] == 8 and inc.plan["skip_steps"] == [9, 10]
+    assert inc.state == "resolved" and inc.first_step_after == 8
+    curve = losses(loop.sup.cfg.run_dir)
+    assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
+    assert curve[STEPS - 1] < curve[0]
+    records = [json.loads(x) for x in (loop.sup.cfg.run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
+    resumed = [r for r in records if r["time"] > inc.remediated_at]
+    # The redone step 9 took the batch after the poisoned one, and step 10 the one after that.
+    assert [r["sample_index"] for r in resumed if r["step"] in (8, 9, 10)] == [144, 176, 208]

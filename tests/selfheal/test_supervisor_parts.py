@@ -1,0 +1,85 @@
+"""The supervisor's parts that need no training job: /proc reading of real processes (a real zombie, a real
+stopped process), the agent's failure report, and the token check."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from healer.supervisor import procfs
+from healer.supervisor.agent_log import parse_failures
+from healer.supervisor.launcher import LocalLauncher
+from healer.supervisor.supervisor import Supervisor, Unauthorized
+from healer.supervisor.view import ProcessView
+
+REPORT = """[2026-11-30 03:14:02,118] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_03:14:02
+  host      : box
+  rank      : 2 (local_rank: 0)
+  exitcode  : 1 (pid: 4301)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_03:14:01
+  host      : box
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 4302)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4302
+============================================================"""
+
+
+def test_it_reads_each_failed_rank_from_the_agents_report() -> None:
+    failures = parse_failures(REPORT.splitlines())
+    assert [(f.rank, f.local_rank, f.pid, f.exit_code, f.signal) for f in failures] == [
+        (2, 0, 4301, 1, None), (3, 1, 4302, None, signal.SIGKILL)]
+
+
+def test_it_reads_state_cpu_rank_and_a_zombies_exit_status_from_proc() -> None:
+    env = dict(os.environ, RANK="5")
+    child = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"],
+                             env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while (st := procfs.stat(child.pid)) is not None and st.state != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert st is not None and st.state == "T" and procfs.worker_rank(child.pid) == 5
+        assert child.pid in procfs.children(os.getpid())
+        os.kill(child.pid, signal.SIGKILL)
+        while (st := procfs.stat(child.pid)) is not None and st.state != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert st is not None and st.state == "Z" and st.signal == signal.SIGKILL and st.exit_code is None
+    finally:
+        child.kill()
+        child.wait()
+    assert procfs.stat(child.pid) is None
+    exiting = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    while (st := procfs.stat(exiting.pid)) is not None and st.state != "Z":
+        time.sleep(0.05)
+    assert st is not None and st.exit_code == 3 and st.signal is None
+    exiting.wait()
+
+
+def test_killing_or_restarting_needs_the_healer_token(tmp_path: Path) -> None:
+    sup = Supervisor(Supervisor.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path),
+                     LocalLauncher(), ProcessView(), token="right")
+    for call in (lambda: sup.start("wrong", ("n1",)), lambda: sup.stop("wrong"),
+                 lambda: sup.kill_rank("wrong", 0, signal.SIGKILL)):
+        with pytest.raises(Unauthorized):
+            call()
+    with pytest.raises(ValueError, match="token"):
+        Supervisor(Supervisor.Config(job="j", config="c", run_dir=tmp_path), LocalLauncher(), ProcessView(), token="")
