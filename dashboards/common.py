@@ -8,7 +8,6 @@ datasources carry the same uids (docs/operations.md).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus

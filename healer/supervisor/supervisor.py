@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -251,7 +252,7 @@ class Supervisor:
             for h in a.handles:
                 try:
                     h.process.wait(timeout=30)
-                except Exception:
+                except subprocess.TimeoutExpired:
                     log.warning("agent of %s did not exit after SIGKILL", h.node, exc_info=True)
             self.poll()
 
