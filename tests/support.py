@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -25,3 +27,14 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: flo
             return last
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
+
+
+def service_ready(url: str, proc: subprocess.Popen[bytes], name: str) -> bool:
+    """Whether a Prometheus or Alertmanager we started answers /-/ready; fails at once if it exited."""
+    if proc.poll() is not None:
+        raise AssertionError(f"{name} exited with {proc.returncode}")
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False

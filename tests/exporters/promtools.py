@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import free_port, wait_for  # noqa: F401 - also used through this module
+from tests.support import free_port, service_ready, wait_for  # noqa: F401 - also used through this module
 
 
 def promtool_check_metrics(exposition: str) -> tuple[int, list[str]]:
@@ -57,7 +57,7 @@ def running_prometheus(tmp: Path, targets: list[str], scrape_interval: str = "1s
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_for("Prometheus to be ready", lambda: _ready(url, proc), timeout_s=30)
+        wait_for("Prometheus to be ready", lambda: service_ready(url, proc, "prometheus"), timeout_s=30)
         yield Prometheus(url)
     finally:
         proc.terminate()
@@ -68,11 +68,3 @@ def running_prometheus(tmp: Path, targets: list[str], scrape_interval: str = "1s
             proc.wait()
 
 
-def _ready(url: str, proc: subprocess.Popen[bytes]) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"prometheus exited with {proc.returncode}")
-    try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False

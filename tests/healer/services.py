@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import free_port, wait_for  # noqa: F401 - also used through this module
+from tests.support import free_port, service_ready, wait_for  # noqa: F401 - also used through this module
 
 MEGAHEAL = str(Path(sys.executable).parent / "megaheal")
 TOKEN = "test-token-0123456789abcdef"
@@ -135,14 +135,6 @@ class Postgres:
 
 # ---- Prometheus and Alertmanager -------------------------------------------------------------------------------
 
-def _ready(url: str, proc: subprocess.Popen[bytes], name: str) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"{name} exited with {proc.returncode}")
-    try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 class Alertmanager:
@@ -169,7 +161,7 @@ class Alertmanager:
              f"--storage.path={self.dir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
              "--cluster.listen-address="],
             stdout=subprocess.DEVNULL, stderr=(self.dir / "alertmanager.log").open("w"))
-        wait_for("Alertmanager to be ready", lambda: _ready(self.url, self.proc, "alertmanager"), 30)
+        wait_for("Alertmanager to be ready", lambda: service_ready(self.url, self.proc, "alertmanager"), 30)
 
     def stop(self) -> None:
         if self.proc:
@@ -195,7 +187,7 @@ class Prometheus:
             ["prometheus", f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=(self.dir / "prometheus.log").open("w"))
-        wait_for("Prometheus to be ready", lambda: _ready(self.url, self.proc, "prometheus"), 30)
+        wait_for("Prometheus to be ready", lambda: service_ready(self.url, self.proc, "prometheus"), 30)
 
     def stop(self) -> None:
         if self.proc:
