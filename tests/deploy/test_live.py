@@ -21,9 +21,9 @@ import yaml
 from dashboards.build import load, queries
 from tests.conftest import CONFIGS, REPO, job_env, kill_job
 from tests.deploy.configs import ALERTS, PROMETHEUS_DIR, RECORDING, rules
-from tests.exporters.promtools import Prometheus, _ready
+from tests.exporters.promtools import Prometheus
 from tests.exporters.test_sidecar_e2e import start_sidecar
-from tests.support import free_port, wait_for
+from tests.support import free_port, service_ready, wait_for
 
 pytestmark = pytest.mark.distributed
 STEPS = 8
@@ -46,7 +46,7 @@ def deployed_prometheus(tmp: Path, sidecar: str) -> Iterator[Prometheus]:
         stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_for("Prometheus to be ready", lambda: _ready(url, proc), timeout_s=30)
+        wait_for("Prometheus to be ready", lambda: service_ready(url, proc, "prometheus"), timeout_s=30)
         yield Prometheus(url)
     finally:
         proc.terminate()
