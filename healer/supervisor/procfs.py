@@ -67,6 +67,12 @@ def stat(pid: int, proc: Path = Path("/proc")) -> Stat | None:
                 wait_status=wait_status)
 
 
+def alive(pid: int, proc: Path = Path("/proc")) -> bool:
+    """True while `pid` can still run: a zombie (Z) or a dying task (X) has left, whoever reaps it."""
+    st = stat(pid, proc)
+    return st is not None and st.state not in ("Z", "X")
+
+
 def environ(pid: int, proc: Path = Path("/proc")) -> dict[str, str]:
     try:
         raw = (proc / str(pid) / "environ").read_bytes()

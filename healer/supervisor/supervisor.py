@@ -230,9 +230,18 @@ class Supervisor:
         self._check(token)
         with self._lock:
             a = self.attempt
-            if a is None or a.done:
+            if a is None:
                 return
-            a.stopping = True
+            done = a.done
+            a.stopping = a.stopping or not done
+        if done:
+            # Every agent has left; a rank orphaned by a killed agent may not have, and it has no one to
+            # answer a SIGTERM to: take it down now.
+            leftover = self.rank_pids()
+            for pid in leftover:
+                _signal(pid, signal.SIGKILL)
+            _wait_gone(leftover, timeout_s=30)
+            return
         grace_s = (self.cfg.grace if grace is None else grace).total_seconds()
         pids = self.rank_pids()
         for pid in pids:
@@ -242,7 +251,8 @@ class Supervisor:
             time.sleep(0.1)
             self.poll()
         if not a.done:
-            for pid in self.rank_pids() + pids:
+            pids = sorted(set(self.rank_pids() + pids))
+            for pid in pids:
                 _signal(pid, signal.SIGKILL)
             for h in a.handles:
                 if h.process.poll() is None:
@@ -254,6 +264,9 @@ class Supervisor:
                     h.process.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     log.warning("agent of %s did not exit after SIGKILL", h.node, exc_info=True)
+            # NOTE: a rank whose agent was killed is an orphan: SIGKILL is delivered at once but the kernel
+            # still has to tear the process down. Wait for that, so the next attempt never overlaps this one.
+            _wait_gone(pids, timeout_s=30)
             self.poll()
 
     def kill_rank(self, token: str, rank: int, sig: int) -> int:
@@ -270,7 +283,7 @@ class Supervisor:
     def rank_pids(self) -> list[int]:
         with self._lock:
             a = self.attempt
-            return [] if a is None else [p for p in a.ranks if procfs.stat(p) is not None]
+            return [] if a is None else [p for p in a.ranks if procfs.alive(p)]
 
     def ranks_found(self) -> int:
         with self._lock:
@@ -282,6 +295,14 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in pids if procfs.alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        log.warning("ranks %s still alive %.0f s after SIGKILL", left, timeout_s)
 
 
 def _tail(path: Path, n: int) -> list[str]:
