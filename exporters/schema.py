@@ -34,7 +34,8 @@ MAX_JOB_CHARS = 128
 STEP_FLOATS = ("loss", "grad_norm", "step_seconds", "tokens_per_second", "mfu", "time")
 MAX_PHASES = 16
 # The trainer's phases in the order one step runs them (see train/trainer.py).
-PHASE_ORDER = ("data_wait", "forward_backward", "dp_reduce", "grad_norm_clip", "optimizer", "checkpoint")
+PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "dp_reduce", "grad_norm_clip", "optimizer",
+               "checkpoint")
 
 
 class SchemaError(ValueError):

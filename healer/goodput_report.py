@@ -26,7 +26,10 @@ def render(ledger: Ledger) -> None:
         table.add_column(col)
     for inc in ledger.incidents:
         suspect = ", ".join([*(f"rank {r}" for r in inc.get("suspect_ranks", [])), *inc.get("suspect_nodes", [])])
-        verdict = (inc.get("plan") or {}).get("decision_basis", {}).get("verdict")
+        verdict = inc.get("verdict") or (inc.get("plan") or {}).get("decision_basis", {}).get("verdict")
+        bad = (inc.get("plan") or {}).get("decision_basis", {}).get("verdict_bad_nodes") or []
+        if verdict and bad:
+            verdict = f"{verdict} ({', '.join(bad)})"
         table.add_row(str(inc["id"]), inc["kind"], suspect or "-", _s(inc.get("detected_in_s")),
                       _s(inc.get("diagnosed_in_s")), _s(inc.get("recovered_in_s")),
                       str(inc.get("lost_steps") if inc.get("lost_steps") is not None else "-"),

@@ -127,6 +127,7 @@ def run(
     run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="run directory [default: runs/run-<time>]")] = None,
     chaos: Annotated[Optional[str], typer.Option("--chaos", help="fault schedule YAML (configs/chaos-*.yaml)")] = None,
     timeout_min: Annotated[float, typer.Option("--timeout-min", help="stop the job after this many minutes")] = 30.0,
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help="serve the goodput ledger as Prometheus metrics on 127.0.0.1:PORT (0: any free port, -1: off)")] = 9472,
 ) -> None:
     """Run a self-healing training job: sidecars, supervisor, detectors, remediation, live view, report."""
     from datetime import timedelta
@@ -135,7 +136,8 @@ def run(
     from healer.supervisor.run import run_job  # torch, rich: imported only here
 
     try:
-        code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min))
+        code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
+                       metrics_port=None if metrics_port < 0 else metrics_port)
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

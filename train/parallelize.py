@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from train.timing import TimedReduceScatter
+from train.timing import TimedAllGather, TimedReduceScatter
 from train.model import GPT
 
 
@@ -71,14 +71,15 @@ def apply_data_parallel(
     model: GPT,
     dp_mesh: DeviceMesh,
     reduce_timer: TimedReduceScatter,
+    gather_timer: TimedAllGather,
     param_dtype: torch.dtype | None = None,
 ) -> None:
     """ZeRO-2-style sharding with FSDP2: one unit per block, then the chunk's root.
 
     reshard_after_forward=False keeps the gathered weights from forward to backward, so
     parameters are all-gathered once per step (ZeRO-2), while gradients and optimizer state
-    stay sharded. Every unit reduces gradients through `reduce_timer`, which times the
-    data-parallel reduce without changing it.
+    stay sharded. Every unit reduces gradients through `reduce_timer` and gathers parameters
+    through `gather_timer`, which time the data-parallel collectives without changing them.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     units: list[nn.Module] = list(model.layers.values())
@@ -88,3 +89,4 @@ def apply_data_parallel(
     for unit in [*units, model]:
         # fully_shard changed each unit's class in place to an FSDPModule subclass.
         cast(FSDPModule, unit).set_custom_reduce_scatter(reduce_timer)
+        cast(FSDPModule, unit).set_custom_all_gather(gather_timer)

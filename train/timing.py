@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 
 class PhaseTimer:
@@ -97,3 +97,43 @@ class TimedReduceScatter(DefaultReduceScatter):
         enter, self.enter_ns, self._cpu_ns, self._events = self.enter_ns, None, 0, []
         return enter
 
+
+
+class TimedAllGather(DefaultAllGather):
+    """FSDP2's default parameter all-gather, timed (installed with `FSDPModule.set_custom_all_gather`).
+
+    With ZeRO-2 every step starts by all-gathering the sharded parameters, so a rank that is late into the
+    step makes its data-parallel peers wait *here*, inside their forward, before any reduce. Without this
+    timer that wait would count as their compute, and a slow rank would look no slower than its peers.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self._cuda = device.type == "cuda"
+        self._cpu_ns = 0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):  # type: ignore[override]
+        if self._cuda:
+            # Issued on FSDP's all-gather stream: the events time the transfer there (overlapped with compute).
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            end.record()
+            self._events.append((start, end))
+            return work
+        t0 = time.perf_counter_ns()
+        work = super().__call__(output_tensor, input_tensor, group, async_op)
+        if work is not None and async_op:
+            # NOTE: on CPU FSDP would wait for it moments later, before the unit's forward, anyway.
+            work.wait()
+        self._cpu_ns += time.perf_counter_ns() - t0
+        return work
+
+    def drain_into(self, timer: PhaseTimer, phase: str = "dp_gather") -> None:
+        """Move this step's all-gather time into `timer`."""
+        if self._cuda:
+            timer.add_events(phase, self._events)
+        else:
+            timer.add_seconds(phase, self._cpu_ns / 1e9)
+        self._cpu_ns, self._events = 0, []

@@ -33,7 +33,7 @@ from train.optim import build_lr_scheduler, build_optimizer
 from train.parallelize import apply_data_parallel, apply_tensor_parallel
 from train.pipeline import build_schedule
 from train.records import StepRecordWriter, StepTable
-from train.timing import PhaseTimer, TimedReduceScatter
+from train.timing import PhaseTimer, TimedAllGather, TimedReduceScatter
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,7 @@ class Trainer:
         self.place = _rank_place(self.mesh, world)
         self.timer = PhaseTimer(self.device)
         self.reduce_timer = TimedReduceScatter(self.device)
+        self.gather_timer = TimedAllGather(self.device)
         self.chunks, self.stage_indices = self._build_chunks()
         self.schedule = self._build_schedule()
         self.optimizer = build_optimizer(
@@ -126,7 +127,7 @@ class Trainer:
             if par.tp > 1:
                 apply_tensor_parallel(chunk, self.mesh["tp"], par.sequence_parallel)
             if par.dp > 1:
-                apply_data_parallel(chunk, self.mesh["dp"], self.reduce_timer)
+                apply_data_parallel(chunk, self.mesh["dp"], self.reduce_timer, self.gather_timer)
             chunks.append(chunk)
         return chunks, indices
 
@@ -187,6 +188,7 @@ class Trainer:
         with timer.phase("forward_backward"):
             loss = self._forward_backward(inputs, targets)
         reduce_enter_ns = self.reduce_timer.drain_into(timer)
+        self.gather_timer.drain_into(timer)
         with timer.phase("grad_norm_clip"):
             grad_norm = self._clip_gradients()
         with timer.phase("optimizer"):
@@ -199,9 +201,11 @@ class Trainer:
         with timer.phase("checkpoint", host=True):
             self._maybe_save(self.step_index + 1)
         phases = timer.collect()
-        if self.device.type == "cpu" and "dp_reduce" in phases:
-            # On CPU the reduce runs synchronously inside backward: report compute alone, so phases add up.
-            phases["forward_backward"] -= phases["dp_reduce"]
+        if self.device.type == "cpu":
+            # On CPU the collectives run synchronously inside forward (gather) and backward (reduce): report
+            # compute alone, so the phases add up to the step.
+            for comm in ("dp_reduce", "dp_gather"):
+                phases["forward_backward"] -= phases.get(comm, 0.0)
         step_seconds = time.perf_counter() - t0
         record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
         self.writer.write(record)

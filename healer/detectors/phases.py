@@ -1,10 +1,11 @@
 """The phase table: per rank, the median of each phase over its last samples, and the ratios the straggler
 and collective-slowdown detectors reason with.
 
-On CPU, `dp_reduce` is timed inside the gradient reduce: the transfer itself plus the time a rank waits there
-for the latest one. So the smallest `dp_reduce` of a step is about the transfer (what bandwidth costs), and
-the rest of each rank's `dp_reduce` is waiting. A rank that computes slowly (or starts late) has the longest
-compute and the *shortest* reduce: everyone else waits for it.
+On CPU, the data-parallel collectives are timed inside themselves: the parameter all-gather that starts a
+ZeRO-2 step (`dp_gather`) and the gradient reduce (`dp_reduce`), each the transfer plus the time a rank waits
+there for the latest one. Their sum is the row's `dp_reduce_s`: its smallest value in a step is about the
+transfer (what bandwidth costs), and the rest of each rank's is waiting. A rank that computes slowly (or
+starts late) has the longest compute and the *shortest* collective time: everyone else waits for it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,6 @@ def phase_table(series: list[RankSeries], window: int, since_step: int | None = 
             step_s=median([x.step_seconds for x in samples if x.step_seconds is not None]),
             compute_s=median([sum(x.phases.get(p, 0.0) for p in COMPUTE_PHASES) for x in samples]),
             data_wait_s=median([x.phases.get("data_wait", 0.0) for x in samples]),
-            dp_reduce_s=median([x.phases.get("dp_reduce", 0.0) for x in samples]),
+            dp_reduce_s=median([x.phases.get("dp_reduce", 0.0) + x.phases.get("dp_gather", 0.0) for x in samples]),
             reduce_lag_s=median(lags) if lags else None, stage=s.stage))
     return rows

@@ -6,6 +6,7 @@
       - {at_step: 30, kind: slow,  rank: 2, duty: 0.6, for: 40s} # SIGSTOP/SIGCONT duty cycle: a straggler
       - {at_step: 45, kind: corrupt-checkpoint, rank: 0}        # truncate the newest checkpoint, then SIGKILL
       - {at_step: 50, kind: nan}                                # a poisoned batch: NaN weights from step 51 on
+      - {at_step: 56, kind: break-node, rank: 2}                # rank 2's node loses its local disk, rank 2 dies
 
 A fault fires once, when every rank of the running attempt has reported `at_step`. Signals go through the
 supervisor (so they need the healer token) to the rank's pid; nothing from the schedule reaches a shell.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -26,7 +28,7 @@ from typing import Any
 from megaheal.typedconfig import ConfigError, from_mapping, read_yaml
 
 log = logging.getLogger(__name__)
-KINDS = ("kill", "stop", "slow", "corrupt-checkpoint", "nan")
+KINDS = ("kill", "stop", "slow", "corrupt-checkpoint", "nan", "break-node")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,7 +39,9 @@ class Fault:
     """kill (SIGKILL), stop (SIGSTOP), slow (SIGSTOP/SIGCONT duty cycle), corrupt-checkpoint (truncate the
     newest checkpoint's largest file, then SIGKILL `rank` so that the job must resume from an older one), nan
     (the batch of step `at_step` is poisoned: the trainer sets its weights to NaN after training on it, see
-    TrainConfig.inject_nan_at_sample; set when the job starts, so it must be the only nan fault)."""
+    TrainConfig.inject_nan_at_sample; set when the job starts, so it must be the only nan fault), break-node
+    (the local disk of `rank`'s node fails: its scratch directory, the ranks' TMPDIR, is replaced by a file,
+    and `rank` dies with SIGKILL as a process losing its disk would; the node then fails its diagnostics)."""
     rank: int = 0
     """The global rank it hits."""
     duty: float = 0.5
@@ -106,14 +110,26 @@ def corrupt_newest_checkpoint(ckpt_dir: Path) -> Path | None:
     return victim
 
 
+def break_scratch(scratch: Path) -> Path:
+    """Replace a node's scratch directory by a plain file: every write under it now fails (ENOTDIR)."""
+    if scratch.is_dir():
+        shutil.rmtree(scratch)
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    scratch.write_text("megaheal chaos: this node's local disk failed (break-node)\n")
+    return scratch
+
+
 class Chaos:
     """Plays a schedule against a supervisor: call `tick(lowest_step)` from the healing loop."""
 
-    def __init__(self, schedule: Schedule, kill: Any, ckpt_dir: Path) -> None:
-        """`kill(rank, sig) -> pid`: the supervisor's kill_rank with the token bound."""
+    def __init__(self, schedule: Schedule, kill: Any, ckpt_dir: Path, scratch_of: Any = None) -> None:
+        """`kill(rank, sig) -> pid`: the supervisor's kill_rank with the token bound; `scratch_of(rank) -> Path`:
+        the scratch directory of the node `rank` runs on (needed by break-node faults)."""
+        if scratch_of is None and any(f.kind == "break-node" for f in schedule.faults):
+            raise ValueError("a break-node fault needs scratch_of (the launcher's node scratch directories)")
         self.pending = list(schedule.faults)
         self.fired: list[dict[str, Any]] = []
-        self._kill, self._ckpt_dir = kill, ckpt_dir
+        self._kill, self._ckpt_dir, self._scratch_of = kill, ckpt_dir, scratch_of
 
     def tick(self, lowest_step: int | None) -> None:
         if not self.pending or lowest_step is None or lowest_step < self.pending[0].at_step:
@@ -126,6 +142,9 @@ class Chaos:
             victim = corrupt_newest_checkpoint(self._ckpt_dir)
             entry["corrupted"] = str(victim) if victim else None
             self._kill(fault.rank, signal.SIGKILL)
+        elif fault.kind == "break-node":
+            entry["broken"] = str(break_scratch(self._scratch_of(fault.rank)))
+            entry["pid"] = self._kill(fault.rank, signal.SIGKILL)
         elif fault.kind in ("kill", "stop"):
             entry["pid"] = self._kill(fault.rank, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
         else:

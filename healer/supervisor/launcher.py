@@ -8,7 +8,9 @@ Everything is an argument list (no shell); nothing from a heartbeat or an alert 
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -80,6 +84,11 @@ class Launcher(ABC):
     def start(self, spec: LaunchSpec) -> list[NodeHandle]:
         """Start every node of `spec`; the handles are in node-rank order."""
 
+    @abstractmethod
+    def run_on(self, node: str, run_dir: Path, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """Run the megaheal command `args` (e.g. a runbook) on `node`, in the environment its ranks get.
+        Past `timeout_s` the command and everything it started are killed and TimeoutError is raised."""
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     # NOTE: a small race (another process may take the port before the agent binds it); a failed rendezvous
@@ -101,6 +110,35 @@ class LocalLauncher(Launcher):
     """Where the agents run (the repository, so `-m train` imports)."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """Added to every rank's environment (e.g. GLOO_SOCKET_IFNAME=lo)."""
+
+    @staticmethod
+    def scratch_dir(run_dir: Path, node: str) -> Path:
+        """The node's local disk: its ranks' TMPDIR (what a node-local NVMe is on a cluster)."""
+        return run_dir / "nodes" / node / "tmp"
+
+    def node_env(self, run_dir: Path, node: str) -> dict[str, str]:
+        env = dict(os.environ) | self.extra_env
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["MEGAHEAL_NODE"] = node
+        env["TMPDIR"] = str(self.scratch_dir(run_dir, node).absolute())
+        return env
+
+    def run_on(self, node: str, run_dir: Path, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        argv = [self.python, "-m", "megaheal", *args]
+        with subprocess.Popen(argv, cwd=self.cwd, env=self.node_env(run_dir, node), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) as proc:
+            try:
+                out, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                # The command is its own process group (start_new_session): take down whatever it forked too.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.communicate()
+                raise TimeoutError(f"{' '.join(args[:2])} on {node} ran past {timeout_s:g} s") from None
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def argv(self, spec: LaunchSpec, node_rank: int, port: int, rank_log_dir: Path) -> list[str]:
         argv = [self.python, "-m", "torch.distributed.run",
@@ -125,9 +163,11 @@ class LocalLauncher(Launcher):
         spec.attempt_dir.mkdir(parents=True, exist_ok=True)
         handles = []
         for node_rank, node in enumerate(spec.nodes):
-            env = dict(os.environ) | self.extra_env
-            env.setdefault("OMP_NUM_THREADS", "1")
-            env["MEGAHEAL_NODE"] = node
+            try:
+                self.scratch_dir(spec.run_dir, node).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a broken local disk: the ranks start anyway; diagnostics will say why
+                log.warning("scratch directory of %s unusable: %s", node, exc)
+            env = self.node_env(spec.run_dir, node)
             if node in spec.sockets:
                 env["MEGAHEAL_SIDECAR_SOCKET"] = spec.sockets[node]
             log_path = spec.attempt_dir / f"{node}.log"

@@ -1,9 +1,11 @@
 """`megaheal run`: one supervised, self-healing training job on this machine, with a live view.
 
 The job runs on two "nodes" (torchrun agents, a sidecar each) plus a spare, under SelfHealLoop (crash, hang,
-straggler, NaN and loss-spike detectors; the remediation policy; the restart budget). With `--chaos FILE`
+straggler, NaN and loss-spike detectors; node diagnostics after a crash or hang; the remediation policy; the
+restart budget). With `--chaos FILE`
 the schedule's faults are injected into the real processes. At the end it prints the incident table and the
-goodput ledger (ETTR) and writes them to `<run_dir>/report.json`.
+goodput ledger (ETTR) and writes them to `<run_dir>/report.json`. While it runs, the same ledger is served as
+Prometheus metrics (healer/goodput_metrics.py) on 127.0.0.1:`--metrics-port`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from healer.detectors.hang import Hang
 from healer.detectors.nonfinite import NonFinite
 from healer.detectors.straggler import Straggler
+from healer.goodput_metrics import GoodputServer
 from healer.goodput_report import report
 from healer.heartbeats import HeartbeatTable
 from healer.remediation import Budgets
@@ -49,16 +52,31 @@ def _view(loop: SelfHealLoop, chaos: Chaos | None) -> object:
         ranks.add_row(str(b.rank), b.node, str(b.step), f"{loss:.4f}" if isinstance(loss, float) else "nan",
                       f"{secs:.2f}" if isinstance(secs, float) else "-", states.get(b.rank, "?"))
     incidents = Table(title="incidents")
-    for col in ("#", "kind", "suspect", "action", "state", "summary"):
+    for col in ("#", "kind", "suspect", "verdict", "action", "state", "summary"):
         incidents.add_column(col)
     for inc in loop.incidents[-8:]:
         suspect = ", ".join([*(f"rank {r}" for r in inc.suspect_ranks), *inc.suspect_nodes]) or "-"
-        incidents.add_row(str(inc.id), inc.kind, suspect, inc.action or "-", inc.state, inc.summary[:70])
+        incidents.add_row(str(inc.id), inc.kind, suspect, inc.verdict or "-", inc.action or "-", inc.state,
+                          inc.summary[:70])
     pending = f"chaos: {len(chaos.pending)} fault(s) to come" if chaos else "chaos: off"
     return Group(ranks, incidents, pending)
 
 
-def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta) -> int:
+def _serve_goodput(run_dir: Path, job: str, port: int | None) -> GoodputServer | None:
+    if port is None:
+        return None
+    server = GoodputServer(run_dir, job, port=port)
+    try:
+        bound = server.start()
+    except OSError as exc:  # the job matters more than its metrics: say so and go on without them
+        logging.getLogger(__name__).warning("goodput metrics not served on 127.0.0.1:%d: %s", port, exc)
+        return None
+    print(f"goodput metrics: http://127.0.0.1:{bound}/metrics")
+    return server
+
+
+def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta,
+            metrics_port: int | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(config, [])
     world = cfg.parallel.world_size
@@ -70,12 +88,13 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     token = secrets.token_hex(16)  # this run's own token: only this process may kill or restart its job
     sidecars = NodeSidecars([*NODES, *SPARES])
     table = HeartbeatTable()
+    launcher = LocalLauncher(extra_env={"GLOO_SOCKET_IFNAME": "lo"})
     sup = Supervisor(Supervisor.Config(job=run_dir.resolve().name, config=config, run_dir=run_dir,
                                        nproc_per_node=world // len(NODES),
                                        overrides=("checkpoint.every_steps=5", *nan_overrides)),
-                     LocalLauncher(extra_env={"GLOO_SOCKET_IFNAME": "lo"}), table.processes, token,
-                     sockets=sidecars.sockets)
-    chaos = Chaos(schedule, lambda rank, sig: sup.kill_rank(token, rank, sig), run_dir / "checkpoints") \
+                     launcher, table.processes, token, sockets=sidecars.sockets)
+    chaos = Chaos(schedule, lambda rank, sig: sup.kill_rank(token, rank, sig), run_dir / "checkpoints",
+                  scratch_of=lambda rank: launcher.scratch_dir(run_dir, sup.node_of_rank(rank))) \
         if schedule else None
     loop = SelfHealLoop(
         SelfHealLoop.Config(nodes=NODES, spares=SPARES, dp=cfg.parallel.dp, budgets=Budgets(max_restarts=8),
@@ -84,6 +103,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())])
     from rich.live import Live
 
+    metrics = _serve_goodput(run_dir, sup.cfg.job, metrics_port)
     with Live(_view(loop, chaos), refresh_per_second=2) as live:  # type: ignore[arg-type]
         def on_tick(lp: SelfHealLoop) -> None:
             a = lp.sup.attempt
@@ -93,7 +113,11 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
             live.update(_view(lp, chaos))  # type: ignore[arg-type]
 
         loop.start()
-        outcome = loop.run(timeout, on_tick=on_tick)
+        try:
+            outcome = loop.run(timeout, on_tick=on_tick)
+        finally:
+            if metrics is not None:
+                metrics.stop()
     ledger = report(run_dir)
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")
     return 0 if outcome == "finished" and all(i["state"] == "resolved" for i in ledger.incidents) else 1

@@ -3,9 +3,11 @@
 report reads).
 
 Each tick: take the sidecars' heartbeat batches, poll the processes, run the detectors. A finding that is
-new opens an incident; the policy (healer.remediation.plan, pure) chooses the action with its basis; the
-loop carries it out: stop the attempt (after a crash or a hang nobody can checkpoint, so the grace is
-short), start the next one on the planned nodes from the newest good checkpoint, and note when the new
+new opens an incident. After a crash or a hang the attempt is stopped at once (nobody can checkpoint, so the
+grace is short) and the suspect nodes run their diagnostics (`node-health`, on each node, see
+node_diagnosis.py); the policy (healer.remediation.plan, pure) chooses the action from the incident and that
+verdict, with its basis; the loop carries it out: start the next attempt on the planned nodes (a node that
+failed its diagnostics replaced by a spare) from the newest good checkpoint, and note when the new
 attempt's first step arrives (recovered). A spent budget escalates: the job is stopped and the loop ends,
 so a job that keeps failing never turns into a restart loop.
 """
@@ -36,6 +38,7 @@ from healer.remediation import (
     plan,
 )
 from healer.remediation_history import NodeEvent, NodeHistory
+from healer.supervisor.node_diagnosis import diagnose_nodes, to_verdict
 from healer.supervisor.sidecars import NodeSidecars
 from healer.supervisor.supervisor import Supervisor
 from train.checkpoint.catalog import (
@@ -46,6 +49,9 @@ from train.checkpoint.catalog import (
 )
 
 log = logging.getLogger(__name__)
+DIAGNOSED_KINDS = ("crash", "hang")
+"""Incidents whose suspect nodes run their diagnostics before the decision (the others name no node to test,
+or, like a GPU fault, already carry the node's own evidence)."""
 
 
 @dataclass(slots=True)
@@ -62,6 +68,12 @@ class IncidentRecord:
     evidence: dict[str, Any]
     state: str = "open"
     """open -> remediating -> resolved, or escalated."""
+    diagnosed_at: float | None = None
+    """When the suspect nodes' diagnostics finished."""
+    verdict: str | None = None
+    """The diagnostics' worst status (pass, degraded, fail, error); None: not diagnosed."""
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)
+    """Per node: status, summary, seconds."""
     action: str | None = None
     plan: dict[str, Any] | None = None
     remediated_at: float | None = None
@@ -93,8 +105,13 @@ class SelfHealLoop:
         """The hang detector's settings."""
         tick: timedelta = timedelta(seconds=0.25)
         """How often the loop looks."""
-        fault_grace: timedelta = timedelta(seconds=2)
-        """SIGTERM to SIGKILL when stopping a crashed or hung attempt (no final checkpoint is possible)."""
+        fault_grace: timedelta = timedelta(seconds=0.5)
+        """SIGTERM to SIGKILL when stopping a crashed or hung attempt: its ranks are stuck in a collective
+        that will never complete, so no final checkpoint is possible and waiting longer only adds to MTTR."""
+        runbook: str | None = "node-health"
+        """Run on each suspect node after a crash or a hang, before deciding; None: decide without."""
+        diagnosis_timeout: timedelta = timedelta(seconds=90)
+        """A node's runbook past this is an `error` verdict (no node is blamed on a guess)."""
 
         def __post_init__(self) -> None:
             if not self.nodes or set(self.nodes) & set(self.spares):
@@ -103,6 +120,8 @@ class SelfHealLoop:
                 raise ValueError(f"dp must be >= 1, got {self.dp}")
             if self.tick <= timedelta(0) or self.fault_grace < timedelta(0):
                 raise ValueError("tick must be > 0 and fault_grace >= 0")
+            if self.diagnosis_timeout <= timedelta(0):
+                raise ValueError(f"diagnosis_timeout must be > 0, got {self.diagnosis_timeout}")
 
     def __init__(self, cfg: Config, supervisor: Supervisor, sidecars: NodeSidecars, table: HeartbeatTable,
                  token: str, history: NodeHistory | None = None,
@@ -185,7 +204,26 @@ class SelfHealLoop:
         # collective without a failed diagnosis may be the job's own doing.
         if self.history is not None and nodes and kind in ("crash", "hang", "gpu_fault"):
             self.history.record([NodeEvent(n, self.sup.cfg.job, kind, inc.id, _utc(now)) for n in nodes])
-        self._remediate(inc, verdict=None)
+        self._remediate(inc, self._diagnose(inc))
+
+    def _diagnose(self, inc: IncidentRecord) -> VerdictInput | None:
+        """After a crash or a hang: stop what is left of the attempt and run the runbook on the suspect nodes."""
+        nodes = [n for n in inc.suspect_nodes if n in self.nodes]
+        if self.cfg.runbook is None or inc.kind not in DIAGNOSED_KINDS or not nodes:
+            return None
+        # NOTE: node-health wants the node idle (a process still holding a device fails it), and a crashed or
+        # hung job cannot go on anyway.
+        self.sup.stop(self._token, self.cfg.fault_grace)
+        verdicts = diagnose_nodes(self.sup.launcher, self.sup.cfg.run_dir, nodes, self.cfg.runbook,
+                                  self.cfg.diagnosis_timeout)
+        verdict = to_verdict(verdicts)
+        inc.diagnosed_at, inc.verdict = self.clock(), verdict.status
+        inc.diagnosis = [v.to_payload() for v in verdicts]
+        for v in verdicts:
+            if v.status != "pass":
+                log.warning("incident %d: %s on %s: %s: %s", inc.id, self.cfg.runbook, v.node, v.status, v.summary)
+        self._write(inc, "diagnosed")
+        return verdict
 
     def _remediate(self, inc: IncidentRecord, verdict: VerdictInput | None) -> None:
         if inc.kind == "nonfinite" and self.sup.attempt is not None:

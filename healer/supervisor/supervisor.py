@@ -285,6 +285,15 @@ class Supervisor:
             a = self.attempt
             return [] if a is None else [p for p in a.ranks if procfs.alive(p)]
 
+    def node_of_rank(self, rank: int) -> str:
+        """The node `rank` of the current attempt runs on; LookupError when it is not running."""
+        with self._lock:
+            a = self.attempt
+            node = next((r.node for r in (a.ranks.values() if a else []) if r.rank == rank), None)
+        if node is None:
+            raise LookupError(f"rank {rank} is not running")
+        return node
+
     def ranks_found(self) -> int:
         with self._lock:
             return len(self.attempt.ranks) if self.attempt else 0

@@ -1,6 +1,6 @@
 """`host`: can this node take the job back? Checkpoint directory (free space, writable, write
-speed), /dev/shm (NCCL and data loaders need it; containers default to 64 MiB), clock offset, and
-processes still holding GPUs.
+speed), the node's local scratch directory (TMPDIR: temp files, caches), /dev/shm (NCCL and data loaders
+need it; containers default to 64 MiB), clock offset, and processes still holding GPUs.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ class HostCheck(Check):
         """Bytes written (and fsynced, then deleted) to measure write speed; 0 skips the speed test."""
         min_write_mib_s: float | None = None
         """Fail below this write speed; None: compare only with a stored baseline (degraded below it)."""
+        scratch_dir: str | None = None
+        """The node's local scratch directory; None: $TMPDIR, else /tmp. It must be a writable directory."""
+        min_scratch_free_gib: float = 1.0
+        """Fail when the scratch file system has less free space than this."""
         shm_path: str = "/dev/shm"
         """Shared memory mount used by NCCL and data-loader workers."""
         min_shm_free_gib: float = 1.0
@@ -54,10 +58,11 @@ class HostCheck(Check):
         """Degraded below this fraction of the stored write-speed baseline."""
 
         def __post_init__(self) -> None:
-            for name in ("checkpoint_dir", "shm_path"):
-                if not getattr(self, name) or "\x00" in getattr(self, name):
-                    raise ValueError(f"{name} must be a non-empty path, got {getattr(self, name)!r}")
-            for name in ("min_free_gib", "min_shm_free_gib"):
+            for name in ("checkpoint_dir", "shm_path", "scratch_dir"):
+                value = getattr(self, name)
+                if (value is not None or name != "scratch_dir") and (not value or "\x00" in value):
+                    raise ValueError(f"{name} must be a non-empty path, got {value!r}")
+            for name in ("min_free_gib", "min_shm_free_gib", "min_scratch_free_gib"):
                 if getattr(self, name) < 0:
                     raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
             if not 0 <= self.write_test_mib <= 4096:
@@ -81,6 +86,7 @@ class HostCheck(Check):
         store = BaselineStore(None if ctx.calibrate else ctx.baselines_path)
         parts = [
             self._checkpoint_dir(config, ctx, store),
+            _scratch(config, ctx),
             _shm(config, ctx),
             _clock(config, ctx),
             self._holders(config, ctx),
@@ -210,6 +216,31 @@ def _write_speed(directory: Path, size: int) -> float | None:
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+def _scratch(config: HostCheck.Config, ctx: CheckContext) -> CheckResult:
+    # NOTE: tempfile.gettempdir() would silently fall back to /tmp when TMPDIR is broken, which is exactly
+    # the fault to find: read the variable itself.
+    path = Path(config.scratch_dir or os.environ.get("TMPDIR") or "/tmp")
+    if not path.is_dir():
+        what = "missing" if not path.exists() and not path.is_symlink() else "not a directory"
+        return _bad(Status.FAIL, f"scratch directory {path} is {what}", "path", str(path))
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    m = Measurement(name="scratch_free_bytes", value=float(free), unit="bytes",
+                    labels={"path": str(path), "node": ctx.hostname})
+    if free < config.min_scratch_free_gib * GiB:
+        return _bad(Status.FAIL, f"scratch directory {path}: {free / GiB:.2f} GiB free < "
+                    f"{config.min_scratch_free_gib:g} GiB", "path", str(path), [m])
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".megaheal-scratch-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return _bad(Status.FAIL, f"scratch directory {path} is not writable: {exc.strerror or exc}", "path",
+                    str(path), [m])
+    return CheckResult(status=Status.PASS, summary=f"scratch {path}: {free / GiB:.1f} GiB free, writable",
+                       measurements=(m,))
 
 
 def _shm(config: HostCheck.Config, ctx: CheckContext) -> CheckResult:

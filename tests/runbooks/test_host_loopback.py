@@ -101,6 +101,25 @@ def test_a_clock_two_seconds_off_an_ntp_server_is_degraded() -> None:
     assert "clock offset -2." in result.summary and [(s.kind, s.name) for s in result.suspects] == [("host", "node-a")]
 
 
+@pytest.mark.parametrize("broken", ["file", "missing"])
+def test_a_scratch_directory_that_is_a_file_or_gone_fails_and_names_the_path(tmp_path, monkeypatch, broken) -> None:
+    scratch = tmp_path / "scratch"
+    if broken == "file":
+        scratch.write_text("the node's local disk is gone\n")
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the default: the node's TMPDIR
+    config = HostCheck.Config(checkpoint_dir=str(tmp_path), min_free_gib=0, write_test_mib=0, min_shm_free_gib=0)
+    result = HostCheck().run(config, CTX)
+    assert result.status is Status.FAIL
+    what = "not a directory" if broken == "file" else "missing"
+    assert f"scratch directory {scratch} is {what}" in result.summary
+    assert [(s.kind, s.name) for s in result.suspects] == [("path", str(scratch))]
+    scratch.unlink(missing_ok=True)
+    scratch.mkdir()
+    healthy = HostCheck().run(config, CTX)
+    assert healthy.status is Status.PASS, healthy.summary
+    assert f"scratch {scratch}:" in healthy.summary and list(scratch.iterdir()) == []
+
+
 def test_tcp_loopback_measures_and_rdma_says_why_it_was_skipped() -> None:
     result = LoopbackCheck().run(LoopbackCheck.Config(tcp_mib=32, pings=50), CTX)
     names = {m.name: m.value for m in result.measurements}

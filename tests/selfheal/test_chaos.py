@@ -16,7 +16,9 @@ import pytest
 from healer.supervisor import procfs
 from healer.supervisor.chaos import (
     Chaos,
+    Fault,
     Schedule,
+    break_scratch,
     corrupt_newest_checkpoint,
     load_schedule,
 )
@@ -28,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_demo_schedule_loads_and_bad_ones_are_refused(tmp_path: Path) -> None:
     schedule = load_schedule(REPO / "configs" / "chaos-demo.yaml")
-    assert [f.kind for f in schedule.faults] == ["kill", "stop", "slow", "corrupt-checkpoint", "nan"]
+    assert [f.kind for f in schedule.faults] == ["kill", "stop", "slow", "corrupt-checkpoint", "nan", "break-node"]
     assert schedule.faults[2].for_ == timedelta(seconds=60)
     assert schedule.start_overrides(16) == ("inject_nan_at_sample=800",)
     for text, message in (("faults: [{at_step: 3, kind: explode}]", "kind must be one of"),
@@ -92,3 +94,20 @@ def test_slow_stops_and_continues_a_real_process_for_its_duration(tmp_path: Path
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_break_node_turns_the_scratch_directory_into_a_file_and_kills_the_rank(tmp_path: Path) -> None:
+    scratch = tmp_path / "nodes" / "n2" / "tmp"
+    (scratch / "cache").mkdir(parents=True)
+    killed: list[tuple[int, int]] = []
+    schedule = Schedule(faults=[Fault(at_step=4, kind="break-node", rank=2)])
+    with pytest.raises(ValueError, match="break-node fault needs scratch_of"):
+        Chaos(schedule, lambda rank, sig: 0, tmp_path / "checkpoints")
+    chaos = Chaos(schedule, lambda rank, sig: killed.append((rank, sig)) or 4242, tmp_path / "checkpoints",
+                  scratch_of=lambda rank: scratch)
+    chaos.tick(3)
+    assert scratch.is_dir() and not killed  # not yet: step 4 is not reached
+    chaos.tick(4)
+    assert scratch.is_file() and killed == [(2, signal.SIGKILL)]
+    assert chaos.fired[0]["broken"] == str(scratch) and chaos.fired[0]["pid"] == 4242
+    assert break_scratch(scratch) == scratch and scratch.is_file()  # breaking it again is harmless

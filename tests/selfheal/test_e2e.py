@@ -19,6 +19,7 @@ from healer.goodput import compute
 from healer.heartbeats import HeartbeatTable
 from healer.remediation import Budgets
 from healer.remediation_history import NodeHistory
+from healer.supervisor.chaos import break_scratch
 from healer.supervisor.launcher import LocalLauncher
 from healer.supervisor.selfheal import SelfHealLoop
 from healer.supervisor.sidecars import NodeSidecars
@@ -87,7 +88,8 @@ def check_resumed(loop: SelfHealLoop, fired: dict[str, float], action: str = "re
     assert curve[STEPS - 1] < curve[0]  # it kept learning across the restart
     assert len(loop.sup.history) == 2 and loop.sup.history[1].succeeded
     events = [json.loads(x) for x in (loop.sup.cfg.run_dir / "incidents.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["detected", "decided", "restarted", "recovered"]
+    # A crash or a hang stops the attempt and diagnoses the suspect node before the decision.
+    assert [e["event"] for e in events] == ["detected", "diagnosed", "decided", "restarted", "recovered"]
     ledger = compute(loop.sup.cfg.run_dir)
     assert ledger.attempts == 2 and ledger.steps_done == STEPS and ledger.lost_steps == inc.lost_steps
     assert 0 < ledger.ettr < 1 and ledger.seconds["detection"] > 0 and ledger.seconds["startup"] > 0
@@ -149,6 +151,29 @@ def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) ->
     last = loop.sup.history[-1]
     assert {r.node for r in last.ranks.values()} == {"n1", "n3"} and len(last.ranks) == 4
     assert {b.node for b in loop.table.ranks() if b.data.get("pid") in last.ranks} == {"n1", "n3"}
+    check_resumed(loop, fired, action="exclude-node-and-restart")
+
+
+@pytest.mark.timeout(240)
+def test_a_node_that_fails_its_diagnostics_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) -> None:
+    loop = make_loop(tmp_path, spares=("n3",))
+    scratch = loop.sup.launcher.scratch_dir(loop.sup.cfg.run_dir, "n2")  # type: ignore[attr-defined]
+    fired, kill = inject_at(9, rank=2, sig=signal.SIGKILL)
+
+    def hook(lp: SelfHealLoop) -> None:
+        kill(lp)  # type: ignore[operator]
+        if fired and scratch.is_dir():
+            break_scratch(scratch)  # the same tick the rank dies: its node lost its local disk
+
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
+    (inc,) = loop.incidents
+    assert inc.kind == "crash" and inc.suspect_nodes == ["n2"] and inc.suspect_ranks == [2]
+    assert inc.verdict == "fail" and [d["node"] for d in inc.diagnosis] == ["n2"]
+    assert f"scratch directory {scratch.absolute()} is not a directory" in inc.diagnosis[0]["summary"]
+    assert inc.plan["exclude"] == ["n2"] and inc.plan["nodes"] == ["n1", "n3"]
+    assert inc.plan["decision_basis"]["verdict_bad_nodes"] == ["n2"] and "lemons" not in inc.plan["decision_basis"]
+    assert inc.detected_at <= inc.diagnosed_at <= inc.remediated_at  # type: ignore[operator]
+    assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"}
     check_resumed(loop, fired, action="exclude-node-and-restart")
 
 
