@@ -18,10 +18,11 @@ ETTR (effective training time ratio) = productive / wall.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from healer.jsonl import read_jsonl
 
 CATEGORIES = ("productive", "checkpointing", "lost_work", "detection", "diagnosis", "restart", "startup", "other")
 
@@ -40,25 +41,11 @@ class Ledger:
         return asdict(self)
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash: the ones before it still count
-    return out
-
-
 def incidents(run_dir: Path) -> list[dict[str, Any]]:
     """The latest state of each incident, with its stage times."""
     latest: dict[int, dict[str, Any]] = {}
     decided: dict[int, float] = {}
-    for entry in _jsonl(run_dir / "incidents.jsonl"):
+    for entry in read_jsonl(run_dir / "incidents.jsonl"):
         inc = entry["incident"]
         latest[inc["id"]] = inc
         if entry["event"] == "decided":
@@ -72,12 +59,12 @@ def incidents(run_dir: Path) -> list[dict[str, Any]]:
 
 def compute(run_dir: Path) -> Ledger:
     """Pure over the files: the ledger of `run_dir`. ValueError when the run has no supervisor journal."""
-    attempts = _jsonl(run_dir / "supervisor" / "attempts.jsonl")
+    attempts = read_jsonl(run_dir / "supervisor" / "attempts.jsonl")
     starts = {a["attempt"]: a["at"] for a in attempts if a["event"] == "start"}
     ends = {a["attempt"]: a["at"] for a in attempts if a["event"] == "end"}
     if not starts:
         raise ValueError(f"{run_dir}: no supervisor/attempts.jsonl: not a supervised run")
-    records = [r for r in _jsonl(run_dir / "ranks" / "0.jsonl") if "step" in r and "time" in r]
+    records = [r for r in read_jsonl(run_dir / "ranks" / "0.jsonl") if "step" in r and "time" in r]
     t0 = min(starts.values())
     t1 = max([*ends.values(), *(r["time"] for r in records)], default=t0)
     # Assign each record to its attempt by time; the last run of each step index is the one that counts.

@@ -128,6 +128,8 @@ def run(
     chaos: Annotated[Optional[str], typer.Option("--chaos", help="fault schedule YAML (configs/chaos-*.yaml)")] = None,
     timeout_min: Annotated[float, typer.Option("--timeout-min", help="stop the job after this many minutes")] = 30.0,
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="serve the goodput ledger as Prometheus metrics on 127.0.0.1:PORT (0: any free port, -1: off)")] = 9472,
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="training config override KEY=VALUE (repeatable), e.g. steps=20")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="take over --run-dir from a healer that died: stop what it left running and finish its incidents")] = False,
 ) -> None:
     """Run a self-healing training job: sidecars, supervisor, detectors, remediation, live view, report."""
     from datetime import timedelta
@@ -137,7 +139,8 @@ def run(
 
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
-                       metrics_port=None if metrics_port < 0 else metrics_port)
+                       metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
+                       resume=resume)
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -73,6 +73,15 @@ def alive(pid: int, proc: Path = Path("/proc")) -> bool:
     return st is not None and st.state not in ("Z", "X")
 
 
+def cmdline(pid: int, proc: Path = Path("/proc")) -> str:
+    """The process's arguments joined by spaces ('' when it is gone or unreadable)."""
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
 def environ(pid: int, proc: Path = Path("/proc")) -> dict[str, str]:
     try:
         raw = (proc / str(pid) / "environ").read_bytes()

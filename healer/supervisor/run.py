@@ -76,9 +76,14 @@ def _serve_goodput(run_dir: Path, job: str, port: int | None) -> GoodputServer |
 
 
 def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta,
-            metrics_port: int | None = None) -> int:
+            metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False) -> int:
+    """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and nodes go on)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = load_config(config, [])
+    if resume and (run_dir is None or not (run_dir / "supervisor" / "attempts.jsonl").exists()):
+        raise ValueError(f"--resume needs the --run-dir of a supervised run (no supervisor/attempts.jsonl in {run_dir})")
+    if resume and chaos_path:
+        raise ValueError("--resume takes over a run as it is: it cannot be combined with --chaos")
+    cfg = load_config(config, list(overrides))
     world = cfg.parallel.world_size
     if world % len(NODES):
         raise ValueError(f"{world} ranks do not split over {len(NODES)} nodes")
@@ -91,7 +96,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     launcher = LocalLauncher(extra_env={"GLOO_SOCKET_IFNAME": "lo"})
     sup = Supervisor(Supervisor.Config(job=run_dir.resolve().name, config=config, run_dir=run_dir,
                                        nproc_per_node=world // len(NODES),
-                                       overrides=("checkpoint.every_steps=5", *nan_overrides)),
+                                       overrides=("checkpoint.every_steps=5", *nan_overrides, *overrides)),
                      launcher, table.processes, token, sockets=sidecars.sockets)
     chaos = Chaos(schedule, lambda rank, sig: sup.kill_rank(token, rank, sig), run_dir / "checkpoints",
                   scratch_of=lambda rank: launcher.scratch_dir(run_dir, sup.node_of_rank(rank))) \
@@ -112,7 +117,10 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
                 chaos.tick(min(steps))
             live.update(_view(lp, chaos))  # type: ignore[arg-type]
 
-        loop.start()
+        if resume:
+            loop.take_over()
+        else:
+            loop.start()
         try:
             outcome = loop.run(timeout, on_tick=on_tick)
         finally:

@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from healer.detectors.base import Detector, Finding
 from healer.detectors.crash import Crash
 from healer.detectors.hang import Hang
 from healer.heartbeats import HeartbeatTable
+from healer.jsonl import read_jsonl
 from healer.remediation import (
     Budgets,
     IncidentInput,
@@ -40,7 +41,7 @@ from healer.remediation import (
 from healer.remediation_history import NodeEvent, NodeHistory
 from healer.supervisor.node_diagnosis import diagnose_nodes, to_verdict
 from healer.supervisor.sidecars import NodeSidecars
-from healer.supervisor.supervisor import Supervisor
+from healer.supervisor.supervisor import Supervisor, last_start
 from train.checkpoint.catalog import (
     CheckpointInfo,
     choose_resume,
@@ -82,6 +83,8 @@ class IncidentRecord:
     """The checkpoint step the next attempt resumed from."""
     recovered_at: float | None = None
     """When the next attempt's first step arrived."""
+    taken_over_at: float | None = None
+    """When a restarted healer took the incident over from one that died in the middle of it."""
     first_step_after: int | None = None
     lost_steps: int | None = None
     """Steps done before the fault and done again after it (resume step .. highest step seen)."""
@@ -145,6 +148,66 @@ class SelfHealLoop:
     def start(self) -> None:
         self.sidecars.start()
         self.sup.start(self._token, self.nodes, dp=self.dp)
+
+    def take_over(self) -> None:
+        """Go on with a run whose previous healer died (`megaheal run --resume`), instead of `start`.
+
+        From the run's journals it restores what the dead healer knew: the incidents, the restarts spent
+        (the budget goes on counting), the node set and dp degree (an excluded node stays out), the skipped
+        batches. It stops whatever the last attempt left running (the supervisor's take_over), then finishes
+        what was in flight: an incident not yet acted on is diagnosed (unless it was) and remediated now; one
+        already remediating waits for the new attempt's first step as before.
+        """
+        # NOTE: a line cut short by the healer that died while writing it is skipped by read_jsonl.
+        entries = [e for e in read_jsonl(self.ledger) if isinstance(e.get("incident"), dict) and "id" in e["incident"]]
+        latest: dict[int, dict[str, Any]] = {}
+        for e in entries:
+            latest[e["incident"]["id"]] = e["incident"]
+            if e["event"] == "restarted":
+                self.restarts.append(_utc(e["at"]))
+        known = {f.name for f in fields(IncidentRecord)}
+        self.incidents = [IncidentRecord(**{k: v for k, v in latest[i].items() if k in known}) for i in sorted(latest)]
+        for inc in self.incidents:
+            if inc.action == Remedy.ROLLBACK.value and inc.plan:
+                self.skip_steps |= set(inc.plan.get("skip_steps") or [])
+        excluded = {n for inc in self.incidents for n in (inc.plan or {}).get("exclude", [])
+                    if inc.action == Remedy.EXCLUDE_AND_RESTART.value}
+        last = last_start(self.sup.cfg.run_dir)
+        if last is not None:
+            self.nodes = tuple(last["nodes"])
+            self.dp = int(last["dp"] or self.dp)
+        self.spares = [n for n in self.cfg.spares if n not in self.nodes and n not in excluded]
+        in_flight = [i for i in self.incidents if i.state in ("open", "remediating")]
+        now = self.clock()
+        for inc in in_flight:
+            inc.taken_over_at = now
+            self._write(inc, "taken-over")
+        killed = self.sup.take_over(self._token)
+        log.warning("taking over %s: %d incident(s) in flight, %d process(es) of the last attempt stopped",
+                    self.sup.cfg.job, len(in_flight), len(killed))
+        self.sidecars.start()
+        undecided = [i for i in in_flight if i.state == "open"]
+        for older in undecided[:-1]:
+            older.state = "resolved"  # one restart answers them all: the newest one drives it
+            self._write(older, "superseded")
+        if undecided:
+            inc = undecided[-1]
+            verdict = (VerdictInput(status=inc.verdict, bad_nodes=tuple(d["node"] for d in inc.diagnosis
+                                                                        if d["status"] == "fail"))
+                       if inc.verdict is not None else self._diagnose(inc))
+            self._remediate(inc, verdict)
+            return
+        resume = "auto"
+        rollback = next((i for i in in_flight if i.action == Remedy.ROLLBACK.value and i.resume_step is not None),
+                        None)
+        if rollback is not None:
+            # NOTE: checkpoints newer than the rollback point may hold the poisoned weights: not "auto".
+            resume = str(next(c.path for c in self._good_checkpoints() if c.step == rollback.resume_step))
+        extra = (f"skip_steps=[{','.join(map(str, sorted(self.skip_steps)))}]",) if self.skip_steps else ()
+        self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=extra)
+        for inc in in_flight:  # remediating: their restart is this attempt now (the last one was stopped)
+            inc.remediated_at = self.clock()
+            self._write(inc, "restarted")
 
     def run(self, timeout: timedelta, on_tick: Callable[[SelfHealLoop], None] | None = None) -> str:
         """Tick until the job finishes, escalates, or `timeout` passes; returns the outcome."""

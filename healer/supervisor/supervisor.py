@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+from healer.jsonl import read_jsonl
 from healer.supervisor import procfs
 from healer.supervisor.agent_log import parse_failures
 from healer.supervisor.launcher import Launcher, LaunchSpec, NodeHandle
@@ -111,6 +113,8 @@ class Supervisor:
         self.sockets = dict(sockets or {})
         self.attempt: Attempt | None = None
         self.history: list[Attempt] = []
+        self._first_number = 0
+        """The number of the first attempt this supervisor starts (after a take-over: the next one)."""
         self._lock = threading.RLock()
 
     def _check(self, token: str) -> None:
@@ -126,7 +130,7 @@ class Supervisor:
         with self._lock:
             if self.attempt is not None and not self.attempt.done:
                 raise RuntimeError(f"attempt {self.attempt.number} still runs; stop it first")
-            number = self.attempt.number + 1 if self.attempt is not None else 0
+            number = self.attempt.number + 1 if self.attempt is not None else self._first_number
             overrides = self.cfg.overrides + ((f"parallel.dp={dp}",) if dp is not None else ()) + extra
             spec = LaunchSpec(job=self.cfg.job, attempt=number, nodes=nodes, nproc_per_node=self.cfg.nproc_per_node,
                               config=self.cfg.config, overrides=(f"job={self.cfg.job}", *overrides),
@@ -136,7 +140,7 @@ class Supervisor:
             self.attempt = Attempt(number=number, spec=spec, handles=handles, started_at=self.clock())
             self.history.append(self.attempt)
             self._journal({"event": "start", "attempt": number, "at": self.attempt.started_at, "nodes": list(nodes),
-                           "dp": dp, "resume": resume})
+                           "dp": dp, "resume": resume, "agents": {h.node: h.process.pid for h in handles}})
             log.info("attempt %d of %s started on %s (resume %s)", number, self.cfg.job, ", ".join(nodes), resume)
             return self.attempt
 
@@ -150,6 +154,7 @@ class Supervisor:
                 return
             now = self.clock()
             states = []
+            found = len(a.ranks)
             for h in a.handles:
                 if h.node in a.ended:
                     continue
@@ -172,6 +177,10 @@ class Supervisor:
                 code = h.process.poll()
                 if code is not None:
                     self._agent_ended(a, h, code, now)
+            if len(a.ranks) > found:
+                # A healer that comes back after dying must find (and stop) the processes it left behind.
+                self._journal({"event": "ranks", "attempt": a.number, "at": now,
+                               "ranks": {str(pid): r.rank for pid, r in a.ranks.items()}})
             self.view.update_states(states)
 
     def _agent_ended(self, a: Attempt, h: NodeHandle, code: int, now: float) -> None:
@@ -222,6 +231,42 @@ class Supervisor:
         """The last lines a local rank wrote to stderr (torchrun's --log-dir layout: .../attempt_0/<lr>/)."""
         files = sorted(h.rank_log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
         return _tail(files[-1], self.cfg.tail_lines) if files else []
+
+    # ---- take over -----------------------------------------------------------------------------------
+
+    def take_over(self, token: str) -> list[int]:
+        """After this job's previous healer died: stop every process its last attempt left running, close that
+        attempt in the journal, and number the next attempt after it. Returns the pids it killed.
+
+        A healer that comes back never adopts processes it did not start (it cannot wait for them, nor read
+        their exit status): it stops them, and the job resumes from its newest good checkpoint. A pid is only
+        killed when it still belongs to the attempt (its torchrun run id, `JOB-ATTEMPT`), never a reused one.
+        """
+        self._check(token)
+        entries = [e for e in read_jsonl(self.cfg.run_dir / "supervisor" / "attempts.jsonl")
+                   if isinstance(e.get("attempt"), int)]
+        if not entries:
+            return []
+        last = max(e["attempt"] for e in entries)
+        self._first_number = last + 1
+        mine = [e for e in entries if e["attempt"] == last]
+        if any(e["event"] == "end" for e in mine):
+            return []
+        run_id = f"{self.cfg.job}-{last}"
+        agents = [int(p) for e in mine if e["event"] == "start" for p in (e.get("agents") or {}).values()]
+        ranks = [int(p) for e in mine if e["event"] == "ranks" for p in (e.get("ranks") or {})]
+        ours = [p for p in agents if run_id in procfs.cmdline(p)]
+        ours += [p for p in {*ranks, *(d for a in ours for d in procfs.descendants(a))}
+                 if procfs.environ(p).get("TORCHELASTIC_RUN_ID") == run_id]
+        live = sorted({p for p in ours if procfs.alive(p)})
+        for pid in live:
+            _signal(pid, signal.SIGKILL)
+        _wait_gone(live, timeout_s=30)
+        self._journal({"event": "end", "attempt": last, "at": self.clock(), "exit_codes": {}, "stopped": True,
+                       "taken_over": True, "killed": live})
+        log.warning("took over %s: attempt %d was left running by the previous healer; killed %d process(es)",
+                    self.cfg.job, last, len(live))
+        return live
 
     # ---- stop ----------------------------------------------------------------------------------------
 
@@ -304,6 +349,12 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def last_start(run_dir: Path) -> dict[str, Any] | None:
+    """The journal's newest attempt start (its nodes, dp and resume), or None."""
+    starts = [e for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl") if e.get("event") == "start"]
+    return starts[-1] if starts else None
 
 
 def _wait_gone(pids: list[int], timeout_s: float) -> None:
