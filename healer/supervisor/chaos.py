@@ -149,14 +149,15 @@ class Chaos:
             entry["pid"] = self._kill(fault.rank, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
         else:
             pid = self._kill(fault.rank, signal.SIGCONT)  # resolves the pid (SIGCONT to a running rank is a no-op)
-            threading.Thread(target=_duty_cycle, args=(pid, fault.duty, fault.for_.total_seconds()),
+            threading.Thread(target=duty_cycle, args=(pid, fault.duty, fault.for_.total_seconds()),
                              name="megaheal-chaos-slow", daemon=True).start()
             entry["pid"] = pid
         log.warning("chaos: %s", entry)
         self.fired.append(entry)
 
 
-def _duty_cycle(pid: int, duty: float, seconds: float, period: float = 0.2) -> None:
+def duty_cycle(pid: int, duty: float, seconds: float, period: float = 0.2) -> None:
+    """Slow `pid` down for `seconds`: stopped for `duty` of every `period` (a straggler that is really there)."""
     end = time.monotonic() + seconds
     try:
         while time.monotonic() < end:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import threading
 from datetime import UTC, timedelta
 from pathlib import Path
 
@@ -175,6 +176,61 @@ def test_a_node_that_fails_its_diagnostics_is_left_out_and_a_spare_takes_its_pla
     assert inc.detected_at <= inc.diagnosed_at <= inc.remediated_at  # type: ignore[operator]
     assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"}
     check_resumed(loop, fired, action="exclude-node-and-restart")
+
+
+@pytest.mark.timeout(240)
+def test_without_a_spare_the_job_comes_back_smaller_on_the_healthy_node_from_a_resharded_checkpoint(
+        tmp_path: Path) -> None:
+    loop = make_loop(tmp_path)  # n1 and n2, no spare
+    scratch = loop.sup.launcher.scratch_dir(loop.sup.cfg.run_dir, "n2")  # type: ignore[attr-defined]
+    fired, kill = inject_at(9, rank=3, sig=signal.SIGKILL)
+
+    def hook(lp: SelfHealLoop) -> None:
+        kill(lp)  # type: ignore[operator]
+        if fired and scratch.is_dir():
+            break_scratch(scratch)
+
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
+    (inc,) = loop.incidents
+    assert inc.verdict == "fail" and inc.plan["exclude"] == ["n2"]
+    assert inc.plan["nodes"] == ["n1"] and inc.plan["dp"] == 1 and "no spare left" in inc.plan["decision_basis"]["reason"]
+    last = loop.sup.history[-1]
+    # The same 2 pipeline stages, one data-parallel replica: 2 ranks on n1, resumed from the dp-2 checkpoint.
+    assert {r.node for r in last.ranks.values()} == {"n1"} and len(last.ranks) == 2 and loop.dp == 1
+    records = [json.loads(x) for x in (loop.sup.cfg.run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
+    assert {r["world_size"] for r in records if r["time"] > inc.remediated_at} == {2}
+    check_resumed(loop, fired, action="exclude-node-and-restart")
+
+
+@pytest.mark.timeout(240)
+def test_a_slowed_rank_is_named_a_straggler_from_its_phase_table_and_on_call_is_notified(tmp_path: Path) -> None:
+    # Rank 2 spends 85% of each 200 ms stopped from step 3 on: its peers wait for it in the parameter
+    # all-gather and the gradient reduce, so only its own compute grows.
+    from healer.detectors.straggler import Straggler
+    from healer.supervisor.chaos import duty_cycle
+
+    loop = make_loop(tmp_path, detectors=[Straggler(Straggler.Config(window=3, consecutive=2))])
+    slowed: dict[str, float] = {}
+
+    def hook(lp: SelfHealLoop) -> None:
+        a = lp.sup.attempt
+        steps = [b.step for b in lp.table.ranks() if a and b.data.get("pid") in a.ranks and b.step is not None]
+        if not slowed and len(steps) == 4 and min(steps) >= 3:
+            pid = next(p for p, r in a.ranks.items() if r.rank == 2)  # type: ignore[union-attr]
+            threading.Thread(target=duty_cycle, args=(pid, 0.85, 40.0), daemon=True).start()
+            slowed["at"] = lp.clock()
+
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
+    (inc,) = loop.incidents
+    assert inc.kind == "straggler" and inc.suspect_ranks == [2] and inc.suspect_nodes == ["n2"]
+    assert inc.evidence["cause"] == "compute" and inc.evidence["windows"] >= 2
+    table = {row["rank"]: row for row in inc.evidence["phase_table"]}
+    peer = table[0] if table[0]["stage"] == table[2]["stage"] else table[1]
+    assert table[2]["compute_s"] > 1.3 * peer["compute_s"]
+    assert inc.action == "notify" and inc.state == "resolved" and inc.verdict is None  # a straggler is not diagnosed
+    assert len(loop.sup.history) == 1, "a straggler alone never restarts the job"
+    curve = losses(loop.sup.cfg.run_dir)
+    assert sorted(curve) == list(range(STEPS)) and curve[STEPS - 1] < curve[0]
 
 
 @pytest.mark.timeout(240)
