@@ -44,6 +44,9 @@ class TrainConfig:
     inject_nan_at_sample: int | None = None
     """Fault injection: after training on the batch that starts at this global sample index, the weights
     are set to NaN (a poisoned batch). Skipping that batch (skip_steps) is what cures it."""
+    inject_spike_at_sample: int | None = None
+    """Fault injection: after training on the batch that starts at this global sample index, every weight is
+    multiplied by 4 (a bad batch that throws the model off without a NaN): the loss spikes, finite."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -64,8 +67,9 @@ class TrainConfig:
             raise ValueError(f"peak_flops must be > 0 or unset, got {self.peak_flops}")
         if any(not isinstance(x, int) or x < 0 for x in self.skip_steps):
             raise ValueError(f"skip_steps must be step indices >= 0, got {self.skip_steps}")
-        if self.inject_nan_at_sample is not None and self.inject_nan_at_sample < 0:
-            raise ValueError(f"inject_nan_at_sample must be >= 0, got {self.inject_nan_at_sample}")
+        for name in ("inject_nan_at_sample", "inject_spike_at_sample"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dist_timeout_s <= 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
 

@@ -196,7 +196,9 @@ class Trainer:
             lr = self.lr_scheduler.get_last_lr()[0]
             self.lr_scheduler.step()
         if batch_start == self.cfg.inject_nan_at_sample:
-            self._poison_weights()
+            self._corrupt_weights(float("nan"), "set to NaN")
+        elif batch_start == self.cfg.inject_spike_at_sample:
+            self._corrupt_weights(4.0, "multiplied by 4")
         loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
         with timer.phase("checkpoint", host=True):
             self._maybe_save(self.step_index + 1)
@@ -217,13 +219,14 @@ class Trainer:
         self.step_index += 1
         return record
 
-    def _poison_weights(self) -> None:
-        """Fault injection (inject_nan_at_sample): every weight of this rank becomes NaN, as a bad batch can do."""
+    def _corrupt_weights(self, factor: float, what: str) -> None:
+        """Fault injection (inject_nan_at_sample, inject_spike_at_sample): every weight of this rank is multiplied
+        by `factor`, as a bad batch can throw a model off (NaN: poisoned; 4: the loss spikes)."""
         with torch.no_grad():
             for chunk in self.chunks:
                 for param in chunk.parameters():
-                    param.mul_(float("nan"))
-        print(f"rank {self.place.rank}: fault injection: weights set to NaN after step {self.step_index}", flush=True)
+                    param.mul_(factor)
+        print(f"rank {self.place.rank}: fault injection: weights {what} after step {self.step_index}", flush=True)
 
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward over the step's batch; the mean loss where this rank computes it."""

@@ -27,6 +27,7 @@ from typing import Any
 from healer.detectors.base import Detector, Finding
 from healer.detectors.crash import Crash
 from healer.detectors.hang import Hang
+from healer.detectors.loss_spike import LossSpike, robust_z
 from healer.heartbeats import HeartbeatTable
 from healer.jsonl import read_jsonl
 from healer.remediation import (
@@ -289,9 +290,13 @@ class SelfHealLoop:
         return verdict
 
     def _remediate(self, inc: IncidentRecord, verdict: VerdictInput | None) -> None:
-        if inc.kind == "nonfinite" and self.sup.attempt is not None:
-            # The heartbeats sample steps; rank 0's JSON lines have every step: take the true first bad one.
-            first = first_nonfinite_step(self.sup.cfg.run_dir, self.sup.attempt.started_at)
+        if inc.kind in ("nonfinite", "loss_spike") and self.sup.attempt is not None:
+            # The heartbeats sample steps; rank 0's JSON lines have every step: take the true first bad one
+            # (the rollback skips the batches just before it, so one step late would skip the wrong ones).
+            spike = next((d.config for d in self.detectors if isinstance(d, LossSpike)), LossSpike.Config())
+            first = (first_nonfinite_step(self.sup.cfg.run_dir, self.sup.attempt.started_at)
+                     if inc.kind == "nonfinite" else
+                     first_spike_step(self.sup.cfg.run_dir, self.sup.attempt.started_at, spike))
             if first is not None and first < inc.evidence.get("first_step", first + 1):
                 inc.evidence = {**inc.evidence, "first_step": first, "first_step_from": "ranks/0.jsonl"}
         while True:
@@ -367,18 +372,29 @@ class SelfHealLoop:
             f.write(json.dumps({"event": event, "at": self.clock(), "incident": asdict(inc)}, default=str) + "\n")
 
 
+def _rank0_steps(run_dir: Path, since: float) -> list[dict[str, Any]]:
+    # Python's json reads NaN and Infinity, as the trainer writes them.
+    return [r for r in read_jsonl(run_dir / "ranks" / "0.jsonl")
+            if r.get("time", 0) >= since and isinstance(r.get("step"), int) and isinstance(r.get("loss"), float)]
+
+
 def first_nonfinite_step(run_dir: Path, since: float) -> int | None:
     """The first step after `since` whose loss or grad norm rank 0 recorded as NaN or infinite."""
-    path = run_dir / "ranks" / "0.jsonl"
-    if not path.exists():
-        return None
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)  # Python's json reads NaN and Infinity, as the trainer writes them
-        except json.JSONDecodeError:
-            continue
-        if rec.get("time", 0) >= since and not all(math.isfinite(rec.get(k, 0.0)) for k in ("loss", "grad_norm")):
+    for rec in _rank0_steps(run_dir, since):
+        if not all(math.isfinite(rec.get(k, 0.0)) for k in ("loss", "grad_norm")):
             return int(rec["step"])
+    return None
+
+
+def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config) -> int | None:
+    """The first step after `since` whose loss is a spike by the loss_spike detector's own test, over every
+    step rank 0 recorded (the detector itself sees only the steps the heartbeats sampled)."""
+    window: list[float] = []
+    for rec in _rank0_steps(run_dir, since):
+        loss = rec["loss"]
+        if len(window) >= config.min_samples and robust_z(loss, window, config.min_mad)[0] > config.threshold:
+            return int(rec["step"])
+        window = (window + [loss])[-config.window:]
     return None
 
 

@@ -250,3 +250,22 @@ def test_a_poisoned_batch_is_rolled_back_and_skipped_and_the_loss_stays_finite(t
     resumed = [r for r in records if r["time"] > inc.remediated_at]
     # The redone step 9 took the batch after the poisoned one, and step 10 the one after that.
     assert [r["sample_index"] for r in resumed if r["step"] in (8, 9, 10)] == [144, 176, 208]
+
+
+@pytest.mark.timeout(240)
+def test_a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_its_batches_are_skipped(tmp_path: Path) -> None:
+    # The batch of step 13 (samples 208..223) multiplies every weight by 4: step 14's loss jumps, finite.
+    from healer.detectors.loss_spike import LossSpike
+
+    loop = make_loop(tmp_path, overrides=("inject_spike_at_sample=208",), detectors=[LossSpike(LossSpike.Config())],
+                     budgets=Budgets(skip_steps=2))
+    assert loop.run(timedelta(seconds=200)) == "finished"
+    (inc,) = loop.incidents
+    assert inc.kind == "loss_spike" and inc.action == "rollback-and-skip" and inc.state == "resolved"
+    first = inc.evidence["first_step"]
+    assert first >= 14 and inc.evidence["loss"] > inc.evidence["median"]
+    assert inc.plan["resume_step"] == 12 and inc.plan["skip_steps"] == [first - 1, first]
+    curve = losses(loop.sup.cfg.run_dir)
+    assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
+    # Rolled back past the bad batch: no step after the restart is anywhere near the spike.
+    assert max(curve[s] for s in range(12, STEPS)) < inc.evidence["loss"] and curve[STEPS - 1] < curve[0]

@@ -83,3 +83,22 @@ def test_killing_or_restarting_needs_the_healer_token(tmp_path: Path) -> None:
             call()
     with pytest.raises(ValueError, match="token"):
         Supervisor(Supervisor.Config(job="j", config="c", run_dir=tmp_path), LocalLauncher(), ProcessView(), token="")
+
+
+def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sampled_heartbeats(tmp_path: Path) -> None:
+    import json
+
+    from healer.detectors.loss_spike import LossSpike
+    from healer.supervisor.selfheal import first_nonfinite_step, first_spike_step
+
+    losses = [5.0, 4.6, 4.3, 4.1, 3.9, 3.8, 3.7, 3.6, 3.55, 3.5, 3.45, 19.0, 18.0, float("nan")]
+    (tmp_path / "ranks").mkdir()
+    lines = [json.dumps({"step": s, "time": 100.0 + s, "loss": loss, "grad_norm": 1.0}) for s, loss in enumerate(losses)]
+    (tmp_path / "ranks" / "0.jsonl").write_text("\n".join(["{\"step\": 3, \"ti", *lines]) + "\n")  # a torn line
+    config = LossSpike.Config()
+    assert first_spike_step(tmp_path, since=0.0, config=config) == 11
+    assert first_nonfinite_step(tmp_path, since=0.0) == 13
+    # Only the attempt that had the fault counts: after step 11 the window is too short to call a spike.
+    assert first_spike_step(tmp_path, since=108.5, config=config) is None
+    calm = LossSpike.Config(threshold=1000.0)
+    assert first_spike_step(tmp_path, since=0.0, config=calm) is None
