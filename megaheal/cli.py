@@ -130,18 +130,21 @@ def run(
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="serve the goodput ledger as Prometheus metrics on 127.0.0.1:PORT (0: any free port, -1: off)")] = 9472,
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="training config override KEY=VALUE (repeatable), e.g. steps=20")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="take over --run-dir from a healer that died: stop what it left running and finish its incidents")] = False,
+    db: Annotated[Optional[str], typer.Option("--db", help="healer database the incidents are mirrored to: sqlite:///PATH or postgresql+psycopg://... [default: RUN_DIR/healer.db]")] = None,
+    alertmanager: Annotated[Optional[str], typer.Option("--alertmanager", help="Alertmanager URL; an escalated incident pages from there [default: none]")] = None,
 ) -> None:
     """Run a self-healing training job: sidecars, supervisor, detectors, remediation, live view, report."""
     from datetime import timedelta
     from pathlib import Path
 
+    from healer.errors import DatabaseError
     from healer.supervisor.run import run_job  # torch, rich: imported only here
 
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
-                       resume=resume)
-    except (ConfigError, ValueError) as exc:
+                       resume=resume, db_url=db, alertmanager_url=alertmanager)
+    except (ConfigError, ValueError, DatabaseError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)

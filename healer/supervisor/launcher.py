@@ -172,10 +172,10 @@ class LocalLauncher(Launcher):
                 env["MEGAHEAL_SIDECAR_SOCKET"] = spec.sockets[node]
             log_path = spec.attempt_dir / f"{node}.log"
             rank_logs = spec.attempt_dir / f"{node}-ranks"
-            log = open(log_path, "ab")  # noqa: SIM115 - the handle lives as long as the agent; closed on its exit
+            agent_log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the agent; closed on its exit
             process = subprocess.Popen(self.argv(spec, node_rank, port, rank_logs), cwd=self.cwd, env=env,
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, stdout=agent_log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
             handles.append(NodeHandle(node=node, node_rank=node_rank, process=process, log_path=log_path,
-                                      rank_log_dir=rank_logs, _log=log))
+                                      rank_log_dir=rank_logs, _log=agent_log))
         return handles

@@ -73,13 +73,13 @@ def alive(pid: int, proc: Path = Path("/proc")) -> bool:
     return st is not None and st.state not in ("Z", "X")
 
 
-def cmdline(pid: int, proc: Path = Path("/proc")) -> str:
-    """The process's arguments joined by spaces ('' when it is gone or unreadable)."""
+def cmdline(pid: int, proc: Path = Path("/proc")) -> list[str]:
+    """The process's arguments ([] when it is gone, a zombie, or unreadable)."""
     try:
         raw = (proc / str(pid) / "cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def environ(pid: int, proc: Path = Path("/proc")) -> dict[str, str]:

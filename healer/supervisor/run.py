@@ -25,6 +25,7 @@ from healer.heartbeats import HeartbeatTable
 from healer.remediation import Budgets
 from healer.remediation_history import NodeHistory
 from healer.supervisor.chaos import Chaos, load_schedule
+from healer.supervisor.incident_mirror import IncidentMirror
 from healer.supervisor.launcher import LocalLauncher
 from healer.supervisor.selfheal import SelfHealLoop
 from healer.supervisor.sidecars import NodeSidecars
@@ -76,8 +77,11 @@ def _serve_goodput(run_dir: Path, job: str, port: int | None) -> GoodputServer |
 
 
 def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta,
-            metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False) -> int:
-    """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and nodes go on)."""
+            metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False,
+            db_url: str | None = None, alertmanager_url: str | None = None) -> int:
+    """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and nodes go on).
+    `db_url`: the healer database the incidents are mirrored to [default: SQLite in the run dir];
+    `alertmanager_url`: where they page from."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if resume and (run_dir is None or not (run_dir / "supervisor" / "attempts.jsonl").exists()):
         raise ValueError(f"--resume needs the --run-dir of a supervised run (no supervisor/attempts.jsonl in {run_dir})")
@@ -101,11 +105,14 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     chaos = Chaos(schedule, lambda rank, sig: sup.kill_rank(token, rank, sig), run_dir / "checkpoints",
                   scratch_of=lambda rank: launcher.scratch_dir(run_dir, sup.node_of_rank(rank))) \
         if schedule else None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mirror = IncidentMirror.open(db_url or f"sqlite:///{(run_dir / 'healer.db').absolute()}", sup.cfg.job,
+                                 alertmanager_url)
     loop = SelfHealLoop(
         SelfHealLoop.Config(nodes=NODES, spares=SPARES, dp=cfg.parallel.dp, budgets=Budgets(max_restarts=8),
                             hang=Hang.Config(floor=timedelta(seconds=10))),
         sup, sidecars, table, token, history=NodeHistory(run_dir / "node-history.json"),
-        extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())])
+        extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())], on_event=mirror.record)
     from rich.live import Live
 
     metrics = _serve_goodput(run_dir, sup.cfg.job, metrics_port)
@@ -126,6 +133,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         finally:
             if metrics is not None:
                 metrics.stop()
+            mirror.close()
     ledger = report(run_dir)
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")
     return 0 if outcome == "finished" and all(i["state"] == "resolved" for i in ledger.incidents) else 1

@@ -1,6 +1,7 @@
 """The self-healing loop of one job: heartbeats and the supervisor's view -> detectors -> remediation policy
 -> supervisor actions, with every incident written to `<run_dir>/incidents.jsonl` (the ledger the goodput
-report reads).
+report reads, and the source of truth), then handed to `on_event` (the healer's database and Alertmanager,
+see incident_mirror.py).
 
 Each tick: take the sidecars' heartbeat batches, poll the processes, run the detectors. A finding that is
 new opens an incident. After a crash or a hang the attempt is stopped at once (nobody can checkpoint, so the
@@ -14,7 +15,6 @@ so a job that keeps failing never turns into a restart loop.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -29,7 +29,7 @@ from healer.detectors.crash import Crash
 from healer.detectors.hang import Hang
 from healer.detectors.loss_spike import LossSpike, robust_z
 from healer.heartbeats import HeartbeatTable
-from healer.jsonl import read_jsonl
+from healer.jsonl import append_jsonl, read_jsonl
 from healer.remediation import (
     Budgets,
     IncidentInput,
@@ -129,9 +129,11 @@ class SelfHealLoop:
 
     def __init__(self, cfg: Config, supervisor: Supervisor, sidecars: NodeSidecars, table: HeartbeatTable,
                  token: str, history: NodeHistory | None = None,
-                 extra_detectors: list[Detector] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 extra_detectors: list[Detector] | None = None, clock: Callable[[], float] = time.time,
+                 on_event: Callable[[dict[str, Any], str, float], None] | None = None) -> None:
+        """`on_event(incident, event, at)`: told each journal event after it is written (it must not raise)."""
         self.cfg, self.sup, self.sidecars, self.table = cfg, supervisor, sidecars, table
-        self._token, self.history, self.clock = token, history, clock
+        self._token, self.history, self.clock, self.on_event = token, history, clock, on_event
         self.detectors: list[Detector] = [Crash(cfg.crash), Hang(cfg.hang), *(extra_detectors or [])]
         self.nodes, self.spares, self.dp = tuple(cfg.nodes), list(cfg.spares), cfg.dp
         self.incidents: list[IncidentRecord] = []
@@ -203,9 +205,13 @@ class SelfHealLoop:
                         None)
         if rollback is not None:
             # NOTE: checkpoints newer than the rollback point may hold the poisoned weights: not "auto".
-            resume = str(next(c.path for c in self._good_checkpoints() if c.step == rollback.resume_step))
-        extra = (f"skip_steps=[{','.join(map(str, sorted(self.skip_steps)))}]",) if self.skip_steps else ()
-        self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=extra)
+            point = next((c.path for c in self._good_checkpoints() if c.step == rollback.resume_step), None)
+            if point is None:
+                log.warning("the rollback point (step %s) of incident %d is gone: resuming from the newest good "
+                            "checkpoint", rollback.resume_step, rollback.id)
+            resume = str(point) if point is not None else "auto"
+        # NOTE: this restart is the healer's own doing, not the job's: it spends no restart budget.
+        self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
         for inc in in_flight:  # remediating: their restart is this attempt now (the last one was stopped)
             inc.remediated_at = self.clock()
             self._write(inc, "restarted")
@@ -334,11 +340,13 @@ class SelfHealLoop:
             inc.resume_step = choice.checkpoint.step if choice.checkpoint is not None else 0
         # Skips accumulate: a later restart from an older checkpoint must pass over the same batches again.
         self.skip_steps |= set(p.skip_steps)
-        extra = (f"skip_steps=[{','.join(map(str, sorted(self.skip_steps)))}]",) if self.skip_steps else ()
         self.restarts.append(_utc(self.clock()))
-        self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=extra)
+        self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
         inc.state, inc.remediated_at = "remediating", self.clock()
         self._write(inc, "restarted")
+
+    def _skip_override(self) -> tuple[str, ...]:
+        return (f"skip_steps=[{','.join(map(str, sorted(self.skip_steps)))}]",) if self.skip_steps else ()
 
     def _note_recovery(self, now: float) -> None:
         a = self.sup.attempt
@@ -367,9 +375,10 @@ class SelfHealLoop:
         return [c for c in list_checkpoints(self.sup.cfg.run_dir / "checkpoints") if not verify(c)]
 
     def _write(self, inc: IncidentRecord, event: str) -> None:
-        self.ledger.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.ledger, "a") as f:
-            f.write(json.dumps({"event": event, "at": self.clock(), "incident": asdict(inc)}, default=str) + "\n")
+        at = self.clock()
+        append_jsonl(self.ledger, {"event": event, "at": at, "incident": asdict(inc)})
+        if self.on_event is not None:
+            self.on_event(asdict(inc), event, at)  # the healer's database and Alertmanager (IncidentMirror)
 
 
 def _rank0_steps(run_dir: Path, since: float) -> list[dict[str, Any]]:

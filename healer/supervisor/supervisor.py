@@ -15,7 +15,6 @@ Killing and restarting work needs the healer token: every such method takes it a
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 import signal
@@ -28,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from healer.jsonl import read_jsonl
+from healer.jsonl import append_jsonl, read_jsonl
 from healer.supervisor import procfs
 from healer.supervisor.agent_log import parse_failures
 from healer.supervisor.launcher import Launcher, LaunchSpec, NodeHandle
@@ -213,10 +212,7 @@ class Supervisor:
 
     def _journal(self, entry: dict[str, object]) -> None:
         """`<run_dir>/supervisor/attempts.jsonl`: when each attempt started and ended (the goodput ledger's clock)."""
-        path = self.cfg.run_dir / "supervisor" / "attempts.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        append_jsonl(self.cfg.run_dir / "supervisor" / "attempts.jsonl", entry)
 
     def _rank_ended(self, a: Attempt, h: NodeHandle, r: _Rank, st: procfs.Stat | None, now: float) -> None:
         a.recorded.add(r.rank)
@@ -255,7 +251,7 @@ class Supervisor:
         run_id = f"{self.cfg.job}-{last}"
         agents = [int(p) for e in mine if e["event"] == "start" for p in (e.get("agents") or {}).values()]
         ranks = [int(p) for e in mine if e["event"] == "ranks" for p in (e.get("ranks") or {})]
-        ours = [p for p in agents if run_id in procfs.cmdline(p)]
+        ours = [p for p in agents if run_id in procfs.cmdline(p)]  # an argument of its own: --rdzv-id JOB-N
         ours += [p for p in {*ranks, *(d for a in ours for d in procfs.descendants(a))}
                  if procfs.environ(p).get("TORCHELASTIC_RUN_ID") == run_id]
         live = sorted({p for p in ours if procfs.alive(p)})

@@ -10,9 +10,11 @@ import signal
 import threading
 from datetime import UTC, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from healer.alertmanager import AlertmanagerClient
 from healer.detectors.base import Detector
 from healer.detectors.hang import Hang
 from healer.detectors.nonfinite import NonFinite
@@ -21,11 +23,14 @@ from healer.heartbeats import HeartbeatTable
 from healer.remediation import Budgets
 from healer.remediation_history import NodeHistory
 from healer.supervisor.chaos import break_scratch
+from healer.supervisor.incident_mirror import IncidentMirror
 from healer.supervisor.launcher import LocalLauncher
 from healer.supervisor.selfheal import SelfHealLoop
 from healer.supervisor.sidecars import NodeSidecars
 from healer.supervisor.supervisor import Supervisor
 from tests.conftest import REPO
+from tests.healer.services import Alertmanager
+from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.distributed
 TOKEN = "test-healer-token"
@@ -34,7 +39,7 @@ STEPS = 24
 
 def make_loop(tmp_path: Path, budgets: Budgets | None = None, hang: Hang.Config | None = None,
               spares: tuple[str, ...] = (), overrides: tuple[str, ...] = (),
-              detectors: list[Detector] | None = None) -> SelfHealLoop:
+              detectors: list[Detector] | None = None, on_event: Any = None) -> SelfHealLoop:
     run_dir = tmp_path / "run"
     sidecars = NodeSidecars(["n1", "n2", *spares])
     table = HeartbeatTable()
@@ -46,7 +51,7 @@ def make_loop(tmp_path: Path, budgets: Budgets | None = None, hang: Hang.Config 
     cfg = SelfHealLoop.Config(nodes=("n1", "n2"), spares=spares, dp=2, budgets=budgets or Budgets(),
                               hang=hang or Hang.Config(floor=timedelta(seconds=6), k=3.0))
     loop = SelfHealLoop(cfg, sup, sidecars, table, TOKEN, history=NodeHistory(tmp_path / "node-history.json"),
-                        extra_detectors=detectors)
+                        extra_detectors=detectors, on_event=on_event)
     loop.start()
     return loop
 
@@ -122,14 +127,30 @@ def test_a_stopped_rank_is_detected_as_a_hang_and_the_job_resumes(tmp_path: Path
 
 
 @pytest.mark.timeout(180)
-def test_a_spent_restart_budget_escalates_and_stops_instead_of_looping(tmp_path: Path) -> None:
-    loop = make_loop(tmp_path, budgets=Budgets(max_restarts=0))
-    fired, hook = inject_at(3, rank=0, sig=signal.SIGKILL)
-    assert loop.run(timedelta(seconds=150), on_tick=hook) == "escalated"  # type: ignore[arg-type]
-    assert fired  # type: ignore[arg-type]
-    (inc,) = loop.incidents
-    assert inc.kind == "crash" and inc.state == "escalated" and "restart budget spent" in inc.plan["decision_basis"]["reason"]
-    assert len(loop.sup.history) == 1 and loop.sup.attempt.done and loop.sup.rank_pids() == []
+def test_a_spent_restart_budget_escalates_stops_instead_of_looping_and_pages_through_alertmanager(
+        tmp_path: Path) -> None:
+    am = Alertmanager(tmp_path / "am", f"http://127.0.0.1:{free_port()}/unused")
+    am.start()
+    mirror = IncidentMirror.open(f"sqlite:///{tmp_path / 'healer.db'}", "e2e", am.url)
+    try:
+        loop = make_loop(tmp_path, budgets=Budgets(max_restarts=0), on_event=mirror.record)
+        fired, hook = inject_at(3, rank=0, sig=signal.SIGKILL)
+        assert loop.run(timedelta(seconds=150), on_tick=hook) == "escalated"  # type: ignore[arg-type]
+        assert fired  # type: ignore[arg-type]
+        (inc,) = loop.incidents
+        assert inc.kind == "crash" and inc.state == "escalated"
+        assert "restart budget spent" in inc.plan["decision_basis"]["reason"]
+        assert len(loop.sup.history) == 1 and loop.sup.attempt.done and loop.sup.rank_pids() == []
+        # On-call is paged: the incident is escalated in the healer's database and its alert says page="true".
+        (row,) = mirror.store.list_incidents()
+        assert row["state"] == "escalated" and row["kind"] == "crash"
+        client = AlertmanagerClient(am.url)
+        alerts = wait_for("the page", lambda: [a["labels"] for a in client.alerts(['alertname="MegahealIncident"'])
+                                                if a["labels"].get("page") == "true"], 15)
+        assert alerts[0]["incident"] == str(row["id"]) and alerts[0]["job"] == "e2e" and mirror.lost == 0
+    finally:
+        mirror.close()
+        am.stop()
 
 
 @pytest.mark.timeout(240)

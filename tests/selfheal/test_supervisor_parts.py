@@ -102,3 +102,35 @@ def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sam
     assert first_spike_step(tmp_path, since=108.5, config=config) is None
     calm = LossSpike.Config(threshold=1000.0)
     assert first_spike_step(tmp_path, since=0.0, config=calm) is None
+
+
+def test_taking_over_kills_only_the_processes_of_the_journalled_attempt_and_numbers_the_next_one(tmp_path: Path) -> None:
+    import json
+
+    sleep = "import time; time.sleep(120)"
+    # Stand-ins for the agents a dead healer left: one of attempt j-1, and one whose run id only looks alike.
+    ours = subprocess.Popen([sys.executable, "-c", sleep, "--rdzv-id", "j-1"])
+    decoy = subprocess.Popen([sys.executable, "-c", sleep, "--rdzv-id", "j-10"])
+    try:
+        journal = tmp_path / "supervisor" / "attempts.jsonl"
+        journal.parent.mkdir()
+        journal.write_text("\n".join(json.dumps(e) for e in [
+            {"event": "start", "attempt": 0, "at": 1.0, "nodes": ["n1"], "dp": 1, "agents": {"n1": 1}},
+            {"event": "end", "attempt": 0, "at": 2.0, "exit_codes": {"n1": 1}},
+            {"event": "start", "attempt": 1, "at": 3.0, "nodes": ["n1", "n2"], "dp": 2,
+             "agents": {"n1": ours.pid, "n2": decoy.pid}},
+        ]) + "\n{\"event\": \"ranks\", \"atte")  # the dead healer's last line, cut short
+        sup = Supervisor(Supervisor.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path),
+                         LocalLauncher(), ProcessView(), token="right")
+        with pytest.raises(Unauthorized):
+            sup.take_over("wrong")
+        assert sup.take_over("right") == [ours.pid]
+        assert ours.wait(timeout=10) == -signal.SIGKILL and decoy.poll() is None
+        end = json.loads(journal.read_text().splitlines()[-1])
+        assert end["attempt"] == 1 and end["taken_over"] and end["killed"] == [ours.pid]
+        assert sup._first_number == 2  # the next attempt is j-2: no rendezvous id is used twice
+        assert sup.take_over("right") == []  # attempt 1 is closed now: nothing more to do
+    finally:
+        for p in (ours, decoy):
+            p.kill()
+            p.wait()

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from healer.db import make_engine
 from healer.goodput import compute
+from healer.store import IncidentStore
 from healer.supervisor import procfs
 from tests.conftest import REPO, descendants, job_env, kill_job
 from tests.support import wait_for
@@ -92,3 +94,8 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
     assert sorted(losses) == list(range(STEPS)) and all(math.isfinite(v) for v in losses.values())
     assert losses[STEPS - 1] < losses[0]
     assert compute(run_dir).attempts == len(starts)
+    # The healer's database (SQLite in the run dir by default) holds the same one incident, resolved.
+    store = IncidentStore(make_engine(f"sqlite:///{run_dir / 'healer.db'}"), "test")
+    (row,) = store.list_incidents()
+    assert row["kind"] == "crash" and row["rule"] == "selfheal-crash" and row["state"] == "resolved"
+    store.engine.dispose()
