@@ -11,7 +11,12 @@ import pytest
 from healer.remediation import VerdictInput
 from healer.supervisor.chaos import break_scratch
 from healer.supervisor.launcher import LocalLauncher
-from healer.supervisor.node_diagnosis import NodeVerdict, diagnose_node, diagnose_nodes, to_verdict
+from healer.supervisor.node_diagnosis import (
+    NodeVerdict,
+    diagnose_node,
+    diagnose_nodes,
+    to_verdict,
+)
 from tests.conftest import REPO
 
 TIMEOUT = timedelta(seconds=120)

@@ -29,7 +29,7 @@ def megaheal_run(run_dir: Path, *extra: str, log: Path) -> subprocess.Popen[byte
     argv = [sys.executable, "-m", "megaheal", "run", "--config", "configs/demo.yaml", "--run-dir", str(run_dir),
             "--set", f"steps={STEPS}", "--set", "checkpoint.every_steps=4", "--metrics-port", "-1", *extra]
     return subprocess.Popen(argv, cwd=REPO, env=job_env() | {"COLUMNS": "160"}, stdin=subprocess.DEVNULL,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
 def events(run_dir: Path) -> list[dict]:
