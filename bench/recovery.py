@@ -82,9 +82,18 @@ def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
     inc = loop.incidents[0] if loop.incidents else None
     hang = next((d for d in loop.detectors if isinstance(d, Hang)), None)
     _, p99 = hang.timeout_s("bench") if hang is not None else (None, None)
+    def since(t0: float | None, t1: float | None) -> float | None:
+        return round(t1 - t0, 3) if t0 is not None and t1 is not None else None
+
+    # Where the MTTR went: detection, then stopping the attempt and diagnosing the suspect node (node-health),
+    # then starting the next attempt, then its startup (imports, rendezvous, checkpoint load) to the first step.
     return {"outcome": outcome, "kind": inc.kind if inc else None,
-            "detection_s": round(inc.detected_at - fired["at"], 3) if inc else None,
-            "mttr_s": round(inc.recovered_at - fired["at"], 3) if inc and inc.recovered_at else None,
+            "detection_s": since(fired.get("at"), inc.detected_at) if inc else None,
+            "mttr_s": since(fired.get("at"), inc.recovered_at) if inc else None,
+            "stop_and_diagnosis_s": since(inc.detected_at, inc.diagnosed_at) if inc else None,
+            "verdict": inc.verdict if inc else None,
+            "restart_s": since(inc.diagnosed_at or inc.detected_at, inc.remediated_at) if inc else None,
+            "startup_to_first_step_s": since(inc.remediated_at, inc.recovered_at) if inc else None,
             "p99_step_s": round(p99, 3) if p99 else None, "lost_steps": inc.lost_steps if inc else None}
 
 

@@ -15,6 +15,11 @@ One loop incident is one database incident. Its fingerprint is made of the job, 
 detection time, which a healer that takes the run over reads back from the journal, so the new process finds
 the incident by its active fingerprint and goes on with it. An event whose incident the database missed (it
 was down at detection) opens the incident first.
+
+`write_ledger` copies the run's goodput ledger (healer.goodput.intervals) and its restarts (healer.restarts)
+into goodput_intervals and restarts, which the dashboards read (ETTR, per-incident detection and lost work, the
+restarts table). It recomputes them from the run's files each time and replaces this run's rows, so it can be
+called as often as wanted, and again by a healer that takes the run over.
 """
 
 from __future__ import annotations
@@ -23,15 +28,21 @@ import json
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from healer.db import ensure_schema, make_engine, safe_url
 from healer.errors import HealerError, IllegalTransition
-from healer.models import Incident
+from healer.goodput import incidents, intervals
+from healer.models import GoodputInterval, Incident, Restart
+from healer.restarts import RestartRecord, restarts
 from healer.signals import Signal
 from healer.sinks import AlertmanagerSink, Change, Sink, Sinks
 from healer.states import IncidentState
@@ -63,7 +74,8 @@ class IncidentMirror:
     def __init__(self, store: IncidentStore, sinks: Sinks, job: str, runbook: str = "node-health") -> None:
         self.store, self.sinks, self.job, self.runbook = store, sinks, job, runbook
         self.lost = 0
-        """Events (and the start-up schema check) that failed against the database; the journal has the events."""
+        """Events (and the start-up schema check, and ledger writes) that failed against the database; the run's
+        files keep them."""
         self._schema_ok = False
         self._seen_errors: set[str] = set()
 
@@ -87,6 +99,13 @@ class IncidentMirror:
         """Mirror one journal event (`incident` is `asdict(IncidentRecord)`); logs and returns on any failure."""
         self._guarded(f"recording {event!r} of self-heal incident {incident.get('id')}",
                       lambda: self._record(incident, event, at))
+
+    def write_ledger(self, run_dir: Path) -> None:
+        """Replace this run's goodput intervals and restarts in the database with those its files give now, in one
+        transaction (idempotent); logs and returns on any failure. Rows of an incident the database does not know
+        (it was down then) have no incident. Rows of this job outside the run's wall time (another run of the same
+        job name) are kept."""
+        self._guarded(f"writing the goodput ledger of {run_dir}", lambda: self._write_ledger(run_dir))
 
     def close(self) -> None:
         self.store.engine.dispose()
@@ -132,6 +151,52 @@ class IncidentMirror:
         elif event != "detected":
             self.store.note(incident_id, evidence)
         self._notify()
+
+    def _write_ledger(self, run_dir: Path) -> None:
+        self._check_schema()
+        spans = intervals(run_dir)
+        if not spans:
+            return  # the first attempt has not started yet
+        since, until, incs, done = _utc(spans[0].start), _utc(spans[-1].end), incidents(run_dir), restarts(run_dir)
+        with Session(self.store.engine) as session, session.begin():
+            ids = self._database_ids(session, incs)
+            # NOTE: an interval shorter than the database's microsecond is dropped: it could repeat a start.
+            rows = [{"job": self.job, "kind": s.kind, "started_at": start, "ended_at": end,
+                     "incident_id": ids.get(s.incident) if s.incident is not None else None, "steps": s.steps}
+                    for s in spans if (start := _utc(s.start)) < (end := _utc(s.end))]
+            # NOTE: the run's wall time only grows: rows outside it belong to other runs of the job name.
+            session.execute(delete(GoodputInterval).where(GoodputInterval.job == self.job,
+                                                          GoodputInterval.started_at.between(since, until)))
+            if rows:
+                session.execute(insert(GoodputInterval), rows)
+            self._upsert_restarts(session, done, ids, since)
+
+    def _database_ids(self, session: Session, incs: list[dict[str, Any]]) -> dict[int, int]:
+        """Loop incident id -> database incident id, by fingerprint (resolved ones too), for those it knows."""
+        by_fingerprint = {self._signal(inc, inc["detected_at"]).fingerprint: int(inc["id"]) for inc in incs}
+        if not by_fingerprint:
+            return {}
+        found = session.execute(select(Incident.fingerprint, func.max(Incident.id))
+                                .where(Incident.fingerprint.in_(by_fingerprint)).group_by(Incident.fingerprint))
+        return {by_fingerprint[fp]: int(db_id) for fp, db_id in found}
+
+    def _upsert_restarts(self, session: Session, records: list[RestartRecord], ids: dict[int, int],
+                         since: datetime) -> None:
+        """One row per restart, found again by its request time (a restart's journal entries never change it)."""
+        existing = {r.requested_at: r for r in session.scalars(
+            select(Restart).where(Restart.job == self.job, Restart.requested_at >= since))}
+        for record in records:
+            values = {"incident_id": ids.get(record.incident), "from_step": record.from_step,
+                      "resumed_step": record.resumed_step, "nodes": record.nodes, "excluded": record.excluded,
+                      "resumed_at": _utc(record.resumed_at) if record.resumed_at is not None else None,
+                      "outcome": record.outcome}
+            row = existing.get(_utc(record.requested_at))
+            if row is None:
+                row = Restart(job=self.job, requested_at=_utc(record.requested_at))
+                session.add(row)
+                existing[row.requested_at] = row
+            for key, value in values.items():
+                setattr(row, key, value)
 
     def _incident_id(self, inc: dict[str, Any], at: float) -> int:
         signal = self._signal(inc, at)
@@ -207,7 +272,43 @@ def severity_of(kind: str) -> str:
     return "critical" if kind in CRITICAL_KINDS else "warning"
 
 
+def _utc(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
 def _jsonable(value: Any) -> Any:
     """`value` as plain JSON: what json cannot encode as text, NaN and infinities as strings (PostgreSQL's json
     type refuses them, and a nonfinite incident's evidence holds them)."""
     return json.loads(json.dumps(value, default=str), parse_constant=str)
+
+
+class LedgerWriter:
+    """Writes a run's goodput ledger to the database every `every`, and soon after `poke()`, on a thread of its
+    own: on a long run it takes seconds, which the healing loop must never wait for."""
+
+    def __init__(self, mirror: IncidentMirror, run_dir: Path, every: timedelta = timedelta(seconds=30)) -> None:
+        if every <= timedelta(0):
+            raise ValueError(f"every must be > 0, got {every}")
+        self._mirror, self._run_dir, self._every = mirror, run_dir, every.total_seconds()
+        self._wake, self._stopping = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="megaheal-ledger", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Write once more (the final ledger) and stop."""
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout=120)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait(self._every)
+            self._wake.clear()
+            self._mirror.write_ledger(self._run_dir)  # never raises
+            if self._stopping.is_set():
+                return

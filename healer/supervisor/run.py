@@ -2,9 +2,10 @@
 
 The job runs on two "nodes" (torchrun agents, a sidecar each) plus a spare, under SelfHealLoop (crash, hang,
 straggler, NaN and loss-spike detectors; node diagnostics after a crash or hang; the remediation policy; the
-restart budget). With `--chaos FILE`
-the schedule's faults are injected into the real processes. At the end it prints the incident table and the
-goodput ledger (ETTR) and writes them to `<run_dir>/report.json`. While it runs, the same ledger is served as
+restart budget). With `--chaos FILE` the schedule's faults are injected into the real processes. Every incident
+is journalled in the run dir and mirrored to the healer's database (`--db`, SQLite in the run dir by default)
+and Alertmanager (`--alertmanager`). At the end it prints the incident table and the goodput ledger (ETTR) and
+writes them to `<run_dir>/report.json`. While it runs, the same ledger is served as
 Prometheus metrics (healer/goodput_metrics.py) on 127.0.0.1:`--metrics-port`.
 """
 
@@ -15,6 +16,7 @@ import secrets
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from healer.detectors.hang import Hang
 from healer.detectors.nonfinite import NonFinite
@@ -25,7 +27,7 @@ from healer.heartbeats import HeartbeatTable
 from healer.remediation import Budgets
 from healer.remediation_history import NodeHistory
 from healer.supervisor.chaos import Chaos, load_schedule
-from healer.supervisor.incident_mirror import IncidentMirror
+from healer.supervisor.incident_mirror import IncidentMirror, LedgerWriter
 from healer.supervisor.launcher import LocalLauncher
 from healer.supervisor.selfheal import SelfHealLoop
 from healer.supervisor.sidecars import NodeSidecars
@@ -108,11 +110,18 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     run_dir.mkdir(parents=True, exist_ok=True)
     mirror = IncidentMirror.open(db_url or f"sqlite:///{(run_dir / 'healer.db').absolute()}", sup.cfg.job,
                                  alertmanager_url)
+    ledger_writer = LedgerWriter(mirror, run_dir)
+
+    def on_event(incident: dict[str, Any], event: str, at: float) -> None:
+        mirror.record(incident, event, at)
+        if event in ("restarted", "recovered", "escalated", "notified"):
+            ledger_writer.poke()  # the dashboards' ETTR and lost work follow the incident
+
     loop = SelfHealLoop(
         SelfHealLoop.Config(nodes=NODES, spares=SPARES, dp=cfg.parallel.dp, budgets=Budgets(max_restarts=8),
                             hang=Hang.Config(floor=timedelta(seconds=10))),
         sup, sidecars, table, token, history=NodeHistory(run_dir / "node-history.json"),
-        extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())], on_event=mirror.record)
+        extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())], on_event=on_event)
     from rich.live import Live
 
     metrics = _serve_goodput(run_dir, sup.cfg.job, metrics_port)
@@ -124,15 +133,17 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
                 chaos.tick(min(steps))
             live.update(_view(lp, chaos))  # type: ignore[arg-type]
 
-        if resume:
-            loop.take_over()
-        else:
-            loop.start()
+        ledger_writer.start()
         try:
+            if resume:
+                loop.take_over()
+            else:
+                loop.start()
             outcome = loop.run(timeout, on_tick=on_tick)
         finally:
             if metrics is not None:
                 metrics.stop()
+            ledger_writer.stop()
             mirror.close()
     ledger = report(run_dir)
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")

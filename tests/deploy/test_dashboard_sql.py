@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,32 +19,32 @@ from healer import db as dbmod
 from healer.models import GoodputInterval, Incident, IncidentEvent, Remediation, Restart
 from tests.healer.services import Postgres
 
-T0 = datetime(2026, 1, 5, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 FROM, TO = T0 - timedelta(hours=1), T0 + timedelta(hours=2)
 JOB = "train-a"
 
 
-def grafana_sql(sql: str) -> str:
-    """Expand the macros of Grafana's PostgreSQL datasource and the $job variable over [FROM, TO]."""
-    start, end = (f"'{t.strftime('%Y-%m-%dT%H:%M:%SZ')}'" for t in (FROM, TO))
+def grafana_sql(sql: str, since: datetime = FROM, until: datetime = TO, job: str = JOB) -> str:
+    """Expand the macros of Grafana's PostgreSQL datasource and the $job variable over [since, until]."""
+    start, end = (f"'{t.strftime('%Y-%m-%dT%H:%M:%SZ')}'" for t in (since, until))
     sql = re.sub(r"\$__timeFilter\(([\w.]+)\)", rf"\1 BETWEEN {start} AND {end}", sql)
     sql = re.sub(r"\$__timeGroupAlias\(([\w.]+), 1h\)", r'floor(extract(epoch from \1)/3600)*3600 AS "time"', sql)
-    sql = sql.replace("$__timeFrom()", start).replace("$__timeTo()", end).replace("$job", JOB)
+    sql = sql.replace("$__timeFrom()", start).replace("$__timeTo()", end).replace("$job", job)
     assert "$" not in sql, sql
     return sql
 
 
 def _incident(**kw: Any) -> Incident:
-    base = dict(fingerprint=kw["rule"], rule=kw["rule"], kind=kw["rule"], severity="critical", page="false",
-                job=JOB, node="node-3", summary="Xid 79 on GPU 2", labels={}, evidence={}, occurrences=1,
-                last_seen_at=kw["opened_at"], state_since=kw["opened_at"])
+    base = {"fingerprint": kw["rule"], "rule": kw["rule"], "kind": kw["rule"], "severity": "critical",
+            "page": "false", "job": JOB, "node": "node-3", "summary": "Xid 79 on GPU 2", "labels": {}, "evidence": {},
+            "occurrences": 1, "last_seen_at": kw["opened_at"], "state_since": kw["opened_at"]}
     return Incident(**{**base, **kw})
 
 
 def seed(engine: Engine) -> None:
     """One incident resolved in 100 s (diagnosis 60 s, recovery 30 s; detection 5 s, 30 s of work lost), one
     still open, and a ledger of 1,015 s of which 900 productive and 60 checkpointing."""
-    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    at = lambda s: T0 + timedelta(seconds=s)
     with Session(engine) as s:
         done = _incident(rule="gpu-critical-xid", state="resolved", opened_at=at(0), resolved_at=at(100))
         done.events = [IncidentEvent(at=at(10), kind="transition", from_state="open", to_state="diagnosing",
