@@ -17,29 +17,15 @@ from prometheus_client.registry import DuplicateTimeseries
 
 from healer.goodput import CATEGORIES
 from healer.goodput_metrics import GoodputCollector, GoodputServer
-
-
-def write(path: Path, entries: list[dict[str, object]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+from healer.jsonl import append_jsonl
+from tests.selfheal.test_goodput import write, write_crash_run
 
 
 def write_run(run_dir: Path) -> None:
-    """Two attempts over 33 s: a crash at step 6 (resolved) and a hang still open; 10 steps count, 2 were lost."""
-    write(run_dir / "supervisor" / "attempts.jsonl", [
-        {"event": "start", "attempt": 0, "at": 0.0}, {"event": "end", "attempt": 0, "at": 20.5},
-        {"event": "start", "attempt": 1, "at": 21.0}, {"event": "end", "attempt": 1, "at": 33.0}])
-    recs = [{"step": s, "time": 11.0 + s, "step_seconds": 1.0, "phases": {"checkpoint": 0.5 if s == 3 else 0.0}}
-            for s in range(6)]
-    recs += [{"step": s, "time": 27.0 + (s - 4), "step_seconds": 1.0, "phases": {}} for s in range(4, 10)]
-    write(run_dir / "ranks" / "0.jsonl", recs)
-    crash = {"id": 1, "kind": "crash", "attempt": 0, "detected_at": 19.0, "remediated_at": 21.0,
-             "recovered_at": 27.0, "state": "resolved", "action": "restart-in-place"}
+    """test_goodput's crash run (two attempts over 33 s, 10 steps count, 2 were lost) and a hang still open."""
+    write_crash_run(run_dir)
     hang = {"id": 2, "kind": "hang", "attempt": 1, "detected_at": 32.0, "state": "open"}
-    write(run_dir / "incidents.jsonl", [{"event": "detected", "at": 19.0, "incident": crash},
-                                        {"event": "decided", "at": 19.5, "incident": crash},
-                                        {"event": "recovered", "at": 27.0, "incident": crash},
-                                        {"event": "detected", "at": 32.0, "incident": hang}])
+    append_jsonl(run_dir / "incidents.jsonl", {"event": "detected", "at": 32.0, "incident": hang})
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
