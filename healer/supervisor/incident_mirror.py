@@ -27,8 +27,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -282,33 +284,54 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str), parse_constant=str)
 
 
-class LedgerWriter:
-    """Writes a run's goodput ledger to the database every `every`, and soon after `poke()`, on a thread of its
-    own: on a long run it takes seconds, which the healing loop must never wait for."""
+class MirrorWorker:
+    """Runs the mirror off the healing loop's thread, in order: each incident event as it comes (`record`), and
+    the run's goodput ledger every `every`, after the events that change it, and soon after `poke()`.
+
+    A database or Alertmanager that hangs (a host that drops packets: each call waits out its timeout, ~5 s)
+    then delays the copy, never the healing; writing the ledger of a long run takes seconds too.
+    """
+
+    LEDGER_EVENTS = frozenset({"restarted", "recovered", "escalated", "notified"})
+    """Events after which the ledger changes (the dashboards' ETTR, lost work and restarts follow them)."""
+    _LEDGER = object()
 
     def __init__(self, mirror: IncidentMirror, run_dir: Path, every: timedelta = timedelta(seconds=30)) -> None:
         if every <= timedelta(0):
             raise ValueError(f"every must be > 0, got {every}")
         self._mirror, self._run_dir, self._every = mirror, run_dir, every.total_seconds()
-        self._wake, self._stopping = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="megaheal-ledger", daemon=True)
+        self._queue: queue.Queue[object] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="megaheal-mirror", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def record(self, incident: dict[str, Any], event: str, at: float) -> None:
+        """SelfHealLoop's on_event: queue the event (`incident` is a fresh `asdict` copy, safe to keep)."""
+        self._queue.put((incident, event, at))
+
     def poke(self) -> None:
-        self._wake.set()
+        self._queue.put(self._LEDGER)
 
     def stop(self) -> None:
-        """Write once more (the final ledger) and stop."""
-        self._stopping.set()
-        self._wake.set()
-        self._thread.join(timeout=120)
+        """Mirror every queued event, write the ledger once more, and stop."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=120)
 
     def _loop(self) -> None:
+        due = time.monotonic() + self._every
         while True:
-            self._wake.wait(self._every)
-            self._wake.clear()
+            try:
+                item = self._queue.get(timeout=max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                item = self._LEDGER
+            if isinstance(item, tuple):
+                incident, event, at = item
+                self._mirror.record(incident, event, at)  # never raises
+                if event not in self.LEDGER_EVENTS:
+                    continue
             self._mirror.write_ledger(self._run_dir)  # never raises
-            if self._stopping.is_set():
+            due = time.monotonic() + self._every
+            if item is None:
                 return

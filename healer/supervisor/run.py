@@ -16,7 +16,6 @@ import secrets
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from healer.detectors.hang import Hang
 from healer.detectors.nonfinite import NonFinite
@@ -27,7 +26,7 @@ from healer.heartbeats import HeartbeatTable
 from healer.remediation import Budgets
 from healer.remediation_history import NodeHistory
 from healer.supervisor.chaos import Chaos, load_schedule
-from healer.supervisor.incident_mirror import IncidentMirror, LedgerWriter
+from healer.supervisor.incident_mirror import IncidentMirror, MirrorWorker
 from healer.supervisor.launcher import LocalLauncher
 from healer.supervisor.selfheal import SelfHealLoop
 from healer.supervisor.sidecars import NodeSidecars
@@ -110,18 +109,12 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     run_dir.mkdir(parents=True, exist_ok=True)
     mirror = IncidentMirror.open(db_url or f"sqlite:///{(run_dir / 'healer.db').absolute()}", sup.cfg.job,
                                  alertmanager_url)
-    ledger_writer = LedgerWriter(mirror, run_dir)
-
-    def on_event(incident: dict[str, Any], event: str, at: float) -> None:
-        mirror.record(incident, event, at)
-        if event in ("restarted", "recovered", "escalated", "notified"):
-            ledger_writer.poke()  # the dashboards' ETTR and lost work follow the incident
-
+    worker = MirrorWorker(mirror, run_dir)  # the database and Alertmanager never hold up the healing
     loop = SelfHealLoop(
         SelfHealLoop.Config(nodes=NODES, spares=SPARES, dp=cfg.parallel.dp, budgets=Budgets(max_restarts=8),
                             hang=Hang.Config(floor=timedelta(seconds=10))),
         sup, sidecars, table, token, history=NodeHistory(run_dir / "node-history.json"),
-        extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())], on_event=on_event)
+        extra_detectors=[Straggler(Straggler.Config()), NonFinite(NonFinite.Config())], on_event=worker.record)
     from rich.live import Live
 
     metrics = _serve_goodput(run_dir, sup.cfg.job, metrics_port)
@@ -133,7 +126,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
                 chaos.tick(min(steps))
             live.update(_view(lp, chaos))  # type: ignore[arg-type]
 
-        ledger_writer.start()
+        worker.start()
         try:
             if resume:
                 loop.take_over()
@@ -143,7 +136,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         finally:
             if metrics is not None:
                 metrics.stop()
-            ledger_writer.stop()
+            worker.stop()
             mirror.close()
     ledger = report(run_dir)
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")

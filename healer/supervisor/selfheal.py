@@ -40,7 +40,7 @@ from healer.remediation import (
     plan,
 )
 from healer.remediation_history import NodeEvent, NodeHistory
-from healer.supervisor.node_diagnosis import diagnose_nodes, to_verdict
+from healer.supervisor.node_diagnosis import NodeVerdict, diagnose_nodes, to_verdict
 from healer.supervisor.sidecars import NodeSidecars
 from healer.supervisor.supervisor import Supervisor, last_start
 from train.checkpoint.catalog import (
@@ -195,9 +195,8 @@ class SelfHealLoop:
             self._write(older, "superseded")
         if undecided:
             inc = undecided[-1]
-            verdict = (VerdictInput(status=inc.verdict, bad_nodes=tuple(d["node"] for d in inc.diagnosis
-                                                                        if d["status"] == "fail"))
-                       if inc.verdict is not None else self._diagnose(inc))
+            verdict = (to_verdict([NodeVerdict(**d) for d in inc.diagnosis]) if inc.verdict is not None
+                       else self._diagnose(inc))
             self._remediate(inc, verdict)
             return
         resume = "auto"

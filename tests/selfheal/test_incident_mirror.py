@@ -395,10 +395,10 @@ def test_the_dashboards_read_ettr_detection_lost_work_and_the_restart_from_the_w
 
 
 def test_the_ledger_writer_writes_when_poked_and_once_more_when_it_stops(tmp_path: Path) -> None:
-    from healer.supervisor.incident_mirror import LedgerWriter
+    from healer.supervisor.incident_mirror import MirrorWorker
 
     mirror = IncidentMirror.open(f"sqlite:///{tmp_path / 'h.db'}", JOB)
-    writer = LedgerWriter(mirror, tmp_path / "run", every=timedelta(hours=1))  # only pokes and the stop write
+    writer = MirrorWorker(mirror, tmp_path / "run", every=timedelta(hours=1))  # only pokes and the stop write
     try:
         run = tmp_path / "run"
         inc = _crashed_and_restarted(run, mirror)
@@ -411,4 +411,24 @@ def test_the_ledger_writer_writes_when_poked_and_once_more_when_it_stops(tmp_pat
         assert _restart_rows(mirror)[0]["outcome"] == "recovered" and mirror.lost == 0
     finally:
         writer.stop()
+        mirror.close()
+
+
+def test_events_given_to_the_worker_reach_the_database_in_order_off_the_caller_s_thread(tmp_path: Path) -> None:
+    from healer.supervisor.incident_mirror import MirrorWorker
+
+    mirror = IncidentMirror.open(f"sqlite:///{tmp_path / 'h.db'}", JOB)
+    worker = MirrorWorker(mirror, tmp_path / "run", every=timedelta(hours=1))
+    try:
+        inc = _crash()
+        for event in ("detected", "diagnosed", "decided", "restarted", "recovered"):
+            worker.record(_journalled(inc), event, 100.0)  # returns at once: nothing is written yet
+        assert mirror.store.list_incidents() == []
+        worker.start()
+        worker.stop()  # drains the queue first
+        incident = _only_incident(mirror)
+        assert incident["state"] == "resolved" and mirror.lost == 0
+        assert [to for _, to in _transitions(incident) if to] == ["open", "diagnosing", "remediating", "resolved"]
+    finally:
+        worker.stop()
         mirror.close()
