@@ -157,8 +157,8 @@ def histogram_quantile(q: float, before: list[tuple[float, float]], after: list[
 
 def exact_cycles(nodes: int, ranks_per_node: int, cycles: int = 200) -> dict[str, float]:
     """The detector alone on a full table, in this process: exact percentiles of one cycle."""
-    from healer.detectors.heartbeat_stale import HeartbeatStale
-    from healer.heartbeats import HeartbeatTable
+    from healer.core.detectors.heartbeat_stale import HeartbeatStale
+    from healer.core.heartbeats import HeartbeatTable
 
     table = HeartbeatTable()
     for n in range(nodes):

@@ -30,15 +30,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from healer.detectors.hang import Hang
-from healer.goodput import compute
-from healer.heartbeats import HeartbeatTable
-from healer.remediation import Budgets
-from healer.supervisor import procfs
-from healer.supervisor.launcher import LocalLauncher
-from healer.supervisor.selfheal import SelfHealLoop
-from healer.supervisor.sidecars import NodeSidecars
-from healer.supervisor.supervisor import Supervisor
+from healer.core.detectors.hang import Hang
+from healer.core.goodput import compute
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.remediation import Budgets
+from healer.launchers import procfs
+from healer.launchers.local import LocalLauncher
+from healer.runner.selfheal import SelfHealLoop
+from healer.launchers.sidecars import NodeSidecars
+from healer.launchers.supervisor import Supervisor
 
 TOKEN = "bench-token"
 SIGNALS = {"crash": (3, signal.SIGKILL), "hang": (1, signal.SIGSTOP)}

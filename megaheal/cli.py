@@ -15,7 +15,7 @@ def _register_subapps() -> None:
     from train.checkpoint.inspect import app as ckpt_app  # typer and the stdlib only: cheap to import
 
     app.add_typer(ckpt_app, name="ckpt")
-    from healer.cli import db_app  # typer only at import: cheap
+    from healer.service.cli import db_app  # typer only at import: cheap
 
     app.add_typer(db_app, name="db")
     from dashboards.cli import app as dashboards_app  # typer only at import; the SDK and grafana-client load lazily
@@ -138,7 +138,7 @@ def run(
     from pathlib import Path
 
     from healer.errors import DatabaseError
-    from healer.supervisor.run import run_job  # torch, rich: imported only here
+    from healer.runner.run import run_job  # torch, rich: imported only here
 
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
@@ -157,7 +157,7 @@ def report(
     """Print a supervised run's incidents and goodput ledger (ETTR); write them to RUN_DIR/report.json."""
     from pathlib import Path
 
-    from healer.goodput_report import report as make_report
+    from healer.runner.report import report as make_report
 
     try:
         make_report(Path(run_dir))
@@ -174,6 +174,6 @@ def healer(
     token_file: Annotated[Optional[str], typer.Option("--token-file", help="file with the API bearer token (MEGAHEAL_TOKEN wins)")] = None,
 ) -> None:
     """Run the healer: heartbeats and Alertmanager in, incidents out (API on 127.0.0.1:8470)."""
-    from healer.cli import healer as run_healer  # SQLAlchemy, Starlette, APScheduler: imported only here
+    from healer.service.cli import healer as run_healer  # SQLAlchemy, Starlette, APScheduler: imported only here
 
     run_healer(config, listen, db, token_file)

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from healer.config import load_config
-from healer.rules import load_rules
+from healer.service.config import load_config
+from healer.core.rules import load_rules
 from tests.deploy.configs import (ALERT_TESTS, ALERTMANAGER, ALERTS, COMPOSE, DEPLOY, OPERATIONS, PROMETHEUS_DIR,
                                   RECORDING, load_yaml, markdown_anchors, rules, tool)
 

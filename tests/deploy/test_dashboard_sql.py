@@ -15,8 +15,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from dashboards.build import load, queries
-from healer import db as dbmod
-from healer.models import GoodputInterval, Incident, IncidentEvent, Remediation, Restart
+from healer.core import db as dbmod
+from healer.core.models import GoodputInterval, Incident, IncidentEvent, Remediation, Restart
 from tests.healer.services import Postgres
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)

@@ -8,14 +8,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from healer import db
-from healer.diagnosis import Diagnoser
-from healer.engine import Healer
-from healer.heartbeats import HeartbeatTable
-from healer.metrics import HealerMetrics
-from healer.rules import load_rules
-from healer.sinks import Sink, Sinks
-from healer.store import IncidentStore
+from healer.core import db
+from healer.service.diagnosis import Diagnoser
+from healer.core.engine import Healer
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.metrics import HealerMetrics
+from healer.core.rules import load_rules
+from healer.oncall.sinks import Sink, Sinks
+from healer.core.store import IncidentStore
 
 RUNBOOKS = Path(__file__).resolve().parent / "runbooks"
 

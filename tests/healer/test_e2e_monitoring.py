@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from healer.alertmanager import AlertmanagerClient
+from healer.oncall.alertmanager import AlertmanagerClient
 from tests.healer.services import Alertmanager, HealerProcess, Prometheus, free_port, http, wait_for
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from healer.detectors.heartbeat_stale import HeartbeatStale
-from healer.diagnosis import LocalRunbookDiagnoser
+from healer.core.detectors.heartbeat_stale import HeartbeatStale
+from healer.service.diagnosis import LocalRunbookDiagnoser
 from healer.errors import BadRequest
-from healer.heartbeats import HeartbeatTable
-from healer.sinks import WebhookSink
-from healer.states import IncidentState
+from healer.core.heartbeats import HeartbeatTable
+from healer.oncall.sinks import WebhookSink
+from healer.core.states import IncidentState
 from tests.healer.helpers import RUNBOOKS, ManualClock, Receiver, batch, make_healer
 from tests.healer.services import webhook, wait_for
 

@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from healer import db
+from healer.core import db
 from healer.errors import DatabaseError, DatabaseNotAtHead
-from healer.models import Base
+from healer.core.models import Base
 from tests.healer.services import MEGAHEAL
 
 TABLES = {"jobs", "nodes", "incidents", "incident_events", "runbook_runs", "remediations", "restarts",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from healer.config import DEFAULT_RULES, HealerConfig, load_config
-from healer.rules import AlertCondition, DetectorCondition, PromqlCondition, load_rules
+from healer.service.config import DEFAULT_RULES, HealerConfig, load_config
+from healer.core.rules import AlertCondition, DetectorCondition, PromqlCondition, load_rules
 from megaheal.typedconfig import ConfigError
 
 GOOD = """\

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from healer import db
+from healer.core import db
 from tests.healer.services import (MEGAHEAL, TOKEN, HealerProcess, Postgres, free_port, http, post_oversized,
                                    wait_for, webhook)
 

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from healer.errors import SinkError
-from healer.models import Incident
-from healer.sinks import GrafanaSink, alertmanager_alerts
+from healer.core.models import Incident
+from healer.oncall.sinks import GrafanaSink, alertmanager_alerts
 
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from healer.decisions import Action, IncidentFacts, decide, page_now
+from healer.core.decisions import Action, IncidentFacts, decide, page_now
 from healer.errors import IllegalTransition
-from healer.rules import AlertCondition, Rule
-from healer.states import ACTIVE_STATES, TRANSITIONS, IncidentState, check_transition
+from healer.core.rules import AlertCondition, Rule
+from healer.core.states import ACTIVE_STATES, TRANSITIONS, IncidentState, check_transition
 
 S = IncidentState
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

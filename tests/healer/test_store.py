@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from healer import db
+from healer.core import db
 from healer.errors import IllegalTransition, NotFound
-from healer.models import IncidentEvent
-from healer.signals import Signal
-from healer.states import IncidentState
-from healer.store import IncidentStore
+from healer.core.models import IncidentEvent
+from healer.core.signals import Signal
+from healer.core.states import IncidentState
+from healer.core.store import IncidentStore
 
 S = IncidentState
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from healer.supervisor import procfs
-from healer.supervisor.chaos import (
+from healer.launchers import procfs
+from healer.runner.chaos import (
     Chaos,
     Fault,
     Schedule,

@@ -7,18 +7,18 @@ from datetime import timedelta
 
 import pytest
 
-from healer.detectors.collective_slowdown import CollectiveSlowdown
-from healer.detectors.crash import Crash
-from healer.detectors.gpu_fault import GpuFault
-from healer.detectors.hang import Hang
-from healer.detectors.logtail import classify
-from healer.detectors.loss_spike import LossSpike, robust_z
-from healer.detectors.nonfinite import NonFinite
-from healer.detectors.registry import default_registry
-from healer.detectors.straggler import Straggler
-from healer.heartbeats import HeartbeatTable
-from healer.rules import load_rules
-from healer.supervisor.view import ProcessExit, ProcessState
+from healer.core.detectors.collective_slowdown import CollectiveSlowdown
+from healer.core.detectors.crash import Crash
+from healer.core.detectors.gpu_fault import GpuFault
+from healer.core.detectors.hang import Hang
+from healer.core.detectors.logtail import classify
+from healer.core.detectors.loss_spike import LossSpike, robust_z
+from healer.core.detectors.nonfinite import NonFinite
+from healer.core.detectors.registry import default_registry
+from healer.core.detectors.straggler import Straggler
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.rules import load_rules
+from healer.core.processes import ProcessExit, ProcessState
 from tests.healer.helpers import ManualClock
 from tests.selfheal.streams import JobStream
 

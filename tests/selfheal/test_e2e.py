@@ -14,20 +14,20 @@ from typing import Any
 
 import pytest
 
-from healer.alertmanager import AlertmanagerClient
-from healer.detectors.base import Detector
-from healer.detectors.hang import Hang
-from healer.detectors.nonfinite import NonFinite
-from healer.goodput import compute
-from healer.heartbeats import HeartbeatTable
-from healer.remediation import Budgets
-from healer.remediation_history import NodeHistory
-from healer.supervisor.chaos import break_scratch
-from healer.supervisor.incident_mirror import IncidentMirror
-from healer.supervisor.launcher import LocalLauncher
-from healer.supervisor.selfheal import SelfHealLoop
-from healer.supervisor.sidecars import NodeSidecars
-from healer.supervisor.supervisor import Supervisor
+from healer.oncall.alertmanager import AlertmanagerClient
+from healer.core.detectors.base import Detector
+from healer.core.detectors.hang import Hang
+from healer.core.detectors.nonfinite import NonFinite
+from healer.core.goodput import compute
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.remediation import Budgets
+from healer.core.remediation_history import NodeHistory
+from healer.runner.chaos import break_scratch
+from healer.runner.incident_mirror import IncidentMirror
+from healer.launchers.local import LocalLauncher
+from healer.runner.selfheal import SelfHealLoop
+from healer.launchers.sidecars import NodeSidecars
+from healer.launchers.supervisor import Supervisor
 from tests.conftest import REPO
 from tests.healer.services import Alertmanager
 from tests.support import free_port, wait_for
@@ -158,7 +158,7 @@ def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) ->
     # n2 failed in two earlier jobs: with this crash it reaches the lemon threshold and must not come back.
     from datetime import datetime
 
-    from healer.remediation_history import NodeEvent
+    from healer.core.remediation_history import NodeEvent
 
     history = NodeHistory(tmp_path / "node-history.json")
     now = datetime.now(UTC)
@@ -227,8 +227,8 @@ def test_without_a_spare_the_job_comes_back_smaller_on_the_healthy_node_from_a_r
 def test_a_slowed_rank_is_named_a_straggler_from_its_phase_table_and_on_call_is_notified(tmp_path: Path) -> None:
     # Rank 2 spends 85% of each 200 ms stopped from step 3 on: its peers wait for it in the parameter
     # all-gather and the gradient reduce, so only its own compute grows.
-    from healer.detectors.straggler import Straggler
-    from healer.supervisor.chaos import duty_cycle
+    from healer.core.detectors.straggler import Straggler
+    from healer.runner.chaos import duty_cycle
 
     loop = make_loop(tmp_path, detectors=[Straggler(Straggler.Config(window=3, consecutive=2))])
     slowed: dict[str, float] = {}
@@ -276,7 +276,7 @@ def test_a_poisoned_batch_is_rolled_back_and_skipped_and_the_loss_stays_finite(t
 @pytest.mark.timeout(240)
 def test_a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_its_batches_are_skipped(tmp_path: Path) -> None:
     # The batch of step 13 (samples 208..223) multiplies every weight by 4: step 14's loss jumps, finite.
-    from healer.detectors.loss_spike import LossSpike
+    from healer.core.detectors.loss_spike import LossSpike
 
     loop = make_loop(tmp_path, overrides=("inject_spike_at_sample=208",), detectors=[LossSpike(LossSpike.Config())],
                      budgets=Budgets(skip_steps=2))

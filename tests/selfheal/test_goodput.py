@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from healer.goodput import CATEGORIES, KINDS, compute, intervals
-from healer.goodput_report import report
-from healer.restarts import RestartRecord, restarts
+from healer.core.goodput import CATEGORIES, KINDS, compute, intervals
+from healer.runner.report import report
+from healer.core.restarts import RestartRecord, restarts
 
 
 def write(path: Path, entries: list[dict[str, object]]) -> None:

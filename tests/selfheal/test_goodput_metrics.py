@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import DuplicateTimeseries
 
-from healer.goodput import CATEGORIES
-from healer.goodput_metrics import GoodputCollector, GoodputServer
+from healer.core.goodput import CATEGORIES
+from healer.runner.goodput_metrics import GoodputCollector, GoodputServer
 from healer.jsonl import append_jsonl
 from tests.selfheal.test_goodput import write, write_crash_run
 
@@ -126,7 +126,7 @@ def test_a_garbled_run_file_empties_the_page_and_warns_once(tmp_path: Path, cloc
     corrupt(tmp_path)  # type: ignore[operator]
     registry = CollectorRegistry()
     GoodputCollector(tmp_path, "j", clock=clock, registry=registry)
-    with caplog.at_level(logging.WARNING, logger="healer.goodput_metrics"):
+    with caplog.at_level(logging.WARNING, logger="healer.runner.goodput_metrics"):
         for _ in range(3):
             assert scrape(registry) == {}
             clock.now += 10  # past the cache: every scrape reads the files again
@@ -138,7 +138,7 @@ def test_a_repaired_file_exports_again_and_a_later_breakage_warns_again(tmp_path
     write_run(tmp_path)
     registry = CollectorRegistry()
     GoodputCollector(tmp_path, "j", clock=clock, registry=registry)
-    with caplog.at_level(logging.WARNING, logger="healer.goodput_metrics"):
+    with caplog.at_level(logging.WARNING, logger="healer.runner.goodput_metrics"):
         for _ in range(2):
             (tmp_path / "incidents.jsonl").write_bytes(b"\xff\n")
             assert scrape(registry) == {}

@@ -21,11 +21,11 @@ from sqlalchemy.orm import Session
 
 from dashboards.incidents import RESTARTS_SQL, TIMINGS_SQL
 from dashboards.training import GOODPUT_SQL
-from healer.alertmanager import AlertmanagerClient
+from healer.oncall.alertmanager import AlertmanagerClient
 from healer.jsonl import append_jsonl
-from healer.models import GoodputInterval, Remediation, Restart
-from healer.supervisor.incident_mirror import IncidentMirror, severity_of
-from healer.supervisor.selfheal import IncidentRecord
+from healer.core.models import GoodputInterval, Remediation, Restart
+from healer.runner.incident_mirror import IncidentMirror, severity_of
+from healer.runner.selfheal import IncidentRecord
 from tests.deploy.test_dashboard_sql import grafana_sql
 from tests.healer.services import Alertmanager
 from tests.support import free_port, wait_for
@@ -210,11 +210,11 @@ def test_an_alertmanager_that_does_not_answer_leaves_the_resolution_to_be_sent_a
 
 def test_a_database_that_cannot_be_reached_loses_events_without_raising(caplog: pytest.LogCaptureFixture) -> None:
     url = f"postgresql+psycopg://megaheal@127.0.0.1:{free_port()}/healer"
-    with caplog.at_level(logging.WARNING, logger="healer.supervisor.incident_mirror"):
+    with caplog.at_level(logging.WARNING, logger="healer.runner.incident_mirror"):
         mirror = IncidentMirror.open(url, JOB)
         _play(mirror, _crash(), "detected", "diagnosed", "decided")
     assert mirror.lost == 4  # the schema check at start, then each event
-    (warning,) = [r for r in caplog.records if r.name == "healer.supervisor.incident_mirror"]
+    (warning,) = [r for r in caplog.records if r.name == "healer.runner.incident_mirror"]
     assert "incidents.jsonl has it" in warning.getMessage() and "Connection refused" in warning.getMessage()
 
 
@@ -395,7 +395,7 @@ def test_the_dashboards_read_ettr_detection_lost_work_and_the_restart_from_the_w
 
 
 def test_the_ledger_writer_writes_when_poked_and_once_more_when_it_stops(tmp_path: Path) -> None:
-    from healer.supervisor.incident_mirror import MirrorWorker
+    from healer.runner.incident_mirror import MirrorWorker
 
     mirror = IncidentMirror.open(f"sqlite:///{tmp_path / 'h.db'}", JOB)
     writer = MirrorWorker(mirror, tmp_path / "run", every=timedelta(hours=1))  # only pokes and the stop write
@@ -415,7 +415,7 @@ def test_the_ledger_writer_writes_when_poked_and_once_more_when_it_stops(tmp_pat
 
 
 def test_events_given_to_the_worker_reach_the_database_in_order_off_the_caller_s_thread(tmp_path: Path) -> None:
-    from healer.supervisor.incident_mirror import MirrorWorker
+    from healer.runner.incident_mirror import MirrorWorker
 
     mirror = IncidentMirror.open(f"sqlite:///{tmp_path / 'h.db'}", JOB)
     worker = MirrorWorker(mirror, tmp_path / "run", every=timedelta(hours=1))

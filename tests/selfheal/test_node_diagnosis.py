@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from healer.remediation import VerdictInput
-from healer.supervisor.chaos import break_scratch
-from healer.supervisor.launcher import LocalLauncher
-from healer.supervisor.node_diagnosis import (
+from healer.core.remediation import VerdictInput
+from healer.runner.chaos import break_scratch
+from healer.launchers.local import LocalLauncher
+from healer.launchers.node_diagnosis import (
     NodeVerdict,
     diagnose_node,
     diagnose_nodes,

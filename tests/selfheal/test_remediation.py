@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from healer.remediation import (
+from healer.core.remediation import (
     Budgets,
     IncidentInput,
     JobFacts,
@@ -16,7 +16,7 @@ from healer.remediation import (
     VerdictInput,
     plan,
 )
-from healer.remediation_history import NodeEvent, NodeHistory
+from healer.core.remediation_history import NodeEvent, NodeHistory
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 

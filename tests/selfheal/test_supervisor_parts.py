@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from healer.supervisor import procfs
-from healer.supervisor.agent_log import parse_failures
-from healer.supervisor.launcher import LocalLauncher
-from healer.supervisor.supervisor import Supervisor, Unauthorized
-from healer.supervisor.view import ProcessView
+from healer.launchers import procfs
+from healer.launchers.agent_log import parse_failures
+from healer.launchers.local import LocalLauncher
+from healer.launchers.supervisor import Supervisor, Unauthorized
+from healer.core.processes import ProcessView
 
 REPORT = """[2026-11-30 03:14:02,118] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9)
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -88,8 +88,8 @@ def test_killing_or_restarting_needs_the_healer_token(tmp_path: Path) -> None:
 def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sampled_heartbeats(tmp_path: Path) -> None:
     import json
 
-    from healer.detectors.loss_spike import LossSpike
-    from healer.supervisor.selfheal import first_nonfinite_step, first_spike_step
+    from healer.core.detectors.loss_spike import LossSpike
+    from healer.runner.selfheal import first_nonfinite_step, first_spike_step
 
     losses = [5.0, 4.6, 4.3, 4.1, 3.9, 3.8, 3.7, 3.6, 3.55, 3.5, 3.45, 19.0, 18.0, float("nan")]
     (tmp_path / "ranks").mkdir()

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from healer.db import make_engine
-from healer.goodput import compute
-from healer.store import IncidentStore
-from healer.supervisor import procfs
+from healer.core.db import make_engine
+from healer.core.goodput import compute
+from healer.core.store import IncidentStore
+from healer.launchers import procfs
 from tests.conftest import REPO, descendants, job_env, kill_job
 from tests.support import wait_for
 

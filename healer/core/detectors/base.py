@@ -1,0 +1,52 @@
+"""The detector interface.
+
+A detector is built once per rule from its typed `Config` (the rule's `when:` parameters) and then
+called every detection cycle with the heartbeat table and the time. It returns what is faulty
+(`firing`, one `Finding` per thing, keyed) and what it positively saw healthy (`healthy` keys). The
+engine opens or joins an incident per firing key and resolves incidents whose key is healthy; a key
+that is neither (e.g. a node the healer stopped hearing of) keeps its incident as it is, because
+silence is not evidence of recovery.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from healer.core.heartbeats import HeartbeatTable
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One faulty thing: its key (stable across cycles), where it is and the evidence."""
+
+    key: str
+    job: str | None
+    node: str | None
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    firing: tuple[Finding, ...] = ()
+    healthy: frozenset[str] = frozenset()
+
+
+class Detector(ABC):
+    """Base class; subclasses set `name`, nest `@dataclass(kw_only=True, slots=True) class Config`."""
+
+    name: ClassVar[str]
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        pass
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    @abstractmethod
+    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+        """One detection cycle over the whole table. Must not block: it runs on the scheduler every second."""

@@ -1,0 +1,100 @@
+"""`collective_slowdown`: every rank slower at once, with the time going into the collectives rather than into
+compute, which points at the network (or the collective library), not at one rank. One finding per job.
+
+The transfer time of a window is the smallest `dp_reduce` median among the ranks (the time a rank that waits
+for nobody spends in the reduce). The job's baseline is the median of its first `baseline_windows` windows;
+a window fires when the transfer time is above `factor` x the baseline while compute stays within `ratio`
+of its own baseline and no single rank stands out (the straggler detector's case).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.detectors.history import RankHistory, median
+from healer.core.detectors.phases import phase_table
+from healer.core.heartbeats import HeartbeatTable
+
+
+@dataclass(slots=True)
+class _Job:
+    window_end: int
+    transfer: list[float] = field(default_factory=list)
+    compute: list[float] = field(default_factory=list)
+    slow_windows: int = 0
+    last: dict[str, object] = field(default_factory=dict)
+
+
+class CollectiveSlowdown(Detector):
+    name = "collective_slowdown"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        window: int = 5
+        """Job steps per window."""
+        baseline_windows: int = 3
+        """Windows that make the baseline before anything can fire."""
+        factor: float = 2.0
+        """Transfer time over the baseline that counts as a slowdown."""
+        ratio: float = 1.3
+        """Compute may grow by at most this much for the slowdown to be put on the network."""
+        consecutive: int = 2
+        """Slow windows in a row before firing."""
+
+        def __post_init__(self) -> None:
+            if self.window < 2:
+                raise ValueError(f"window must be >= 2, got {self.window}")
+            if self.baseline_windows < 1:
+                raise ValueError(f"baseline_windows must be >= 1, got {self.baseline_windows}")
+            if self.factor <= 1 or self.ratio <= 1:
+                raise ValueError(f"factor and ratio must be > 1, got {self.factor}, {self.ratio}")
+            if self.consecutive < 1:
+                raise ValueError(f"consecutive must be >= 1, got {self.consecutive}")
+
+    config: Config
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self._history = RankHistory(keep=64)
+        self._jobs: dict[str, _Job] = {}
+
+    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+        self._history.update(table)
+        firing, healthy = [], set()
+        for job, series in self._history.jobs().items():
+            if len(series) < 2 or not all(s.samples for s in series):
+                continue
+            low = min(s.samples[-1].step for s in series)
+            state = self._jobs.setdefault(job, _Job(window_end=low))
+            state.window_end = min(state.window_end, low)
+            if low - state.window_end < self.config.window:
+                continue
+            rows = phase_table(series, window=self.config.window * 2, since_step=state.window_end)
+            state.window_end = low
+            if len(rows) < 2:
+                continue
+            transfer = min(r.dp_reduce_s for r in rows)
+            compute = median([r.compute_s for r in rows])
+            if len(state.transfer) < self.config.baseline_windows:
+                state.transfer.append(transfer)
+                state.compute.append(compute)
+                continue
+            base_t, base_c = median(state.transfer), median(state.compute)
+            slow = base_t > 0 and transfer > self.config.factor * base_t and compute <= self.config.ratio * base_c \
+                and max(r.compute_s for r in rows) <= self.config.ratio * compute
+            state.slow_windows = state.slow_windows + 1 if slow else 0
+            state.last = {"transfer_s": round(transfer, 4), "baseline_transfer_s": round(base_t, 4),
+                          "compute_s": round(compute, 4), "baseline_compute_s": round(base_c, 4),
+                          "factor": round(transfer / base_t, 2) if base_t > 0 else None,
+                          "phase_table": [r.to_payload() for r in rows]}
+            if not slow:
+                healthy.add(job)
+        for job, state in self._jobs.items():
+            if state.slow_windows >= self.config.consecutive:
+                firing.append(Finding(
+                    key=job, job=job, node=None,
+                    summary=f"every rank slower in the data-parallel reduce: {state.last['transfer_s']} s against a "
+                            f"baseline of {state.last['baseline_transfer_s']} s, compute flat (network suspected)",
+                    evidence={**state.last, "windows": state.slow_windows, "window_steps": self.config.window}))
+        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))

@@ -1,0 +1,87 @@
+"""`crash`: ranks that ended with a failure, from the supervisor's view, one finding per (job, attempt).
+
+When one rank dies, the others fail after it (their peers closed the connection) and the torchrun agent
+stops the rest. The finding names the rank most likely to be the cause: the earliest failed exit whose
+log does not merely say that a peer went away, and classifies its log tail (out of memory, NCCL, gloo,
+segfault, Python exception). An attempt's incident is healthy once a later attempt of the job runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.detectors.logtail import classify, signal_name
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.processes import ProcessExit
+
+MAX_LISTED = 32
+
+
+class Crash(Detector):
+    name = "crash"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        settle: timedelta = timedelta(seconds=0)
+        """Wait this long after the first failed exit before firing, so that the other ranks' exits (the
+        evidence for which rank was first) are in. 0: fire on the first cycle that sees a failure."""
+        tail_lines: int = 20
+        """Log lines of the suspect rank kept as evidence."""
+
+        def __post_init__(self) -> None:
+            if self.settle < timedelta(0):
+                raise ValueError(f"settle must be >= 0, got {self.settle}")
+            if not 1 <= self.tail_lines <= 200:
+                raise ValueError(f"tail_lines must be in 1..200, got {self.tail_lines}")
+
+    config: Config
+
+    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+        view = table.processes
+        by_attempt: dict[tuple[str, int], list[ProcessExit]] = {}
+        for ex in view.exits():
+            by_attempt.setdefault((ex.job, ex.attempt), []).append(ex)
+        firing, healthy = [], set()
+        for (job, attempt), exits in by_attempt.items():
+            key = f"{job}/attempt-{attempt}"
+            current = view.attempt(job)
+            if current is not None and current > attempt:
+                healthy.add(key)  # a later attempt runs: this attempt's crash was dealt with
+                continue
+            finishing = {b.rank for b in table.ranks() if b.job == job and _finishing(b.data)}
+            # A rank that vanished after saying it was finishing ended normally (its agent reaped it first).
+            failed = sorted((e for e in exits if e.failed and not (e.vanished and e.rank in finishing)),
+                            key=lambda e: e.at)
+            if failed and now - failed[0].at >= self.config.settle.total_seconds():
+                firing.append(self._finding(key, job, attempt, failed))
+        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+
+    def _finding(self, key: str, job: str, attempt: int, failed: list[ProcessExit]) -> Finding:
+        classes = [(e, classify(e.exit_code, e.signal, e.log_tail)) for e in failed]
+        # The cause: the first exit that is not a peer's echo; failing that, simply the first one.
+        cause, cls = next(((e, c) for e, c in classes if not c.peer_failure and e.rank is not None), classes[0])
+        how = (signal_name(cause.signal) if cause.signal is not None else
+               "vanished, status unknown" if cause.vanished else f"exit code {cause.exit_code}")
+        who = f"rank {cause.rank}" if cause.rank is not None else "the agent"
+        return Finding(
+            key=key, job=job, node=cause.node,
+            summary=f"{who} on {cause.node} crashed ({how}; {cls.category}: {cls.detail}); "
+                    f"{len(failed)} process(es) failed in attempt {attempt}",
+            evidence={"attempt": attempt, "suspect_rank": cause.rank, "suspect_node": cause.node,
+                      "exit_code": cause.exit_code, "signal": signal_name(cause.signal) if cause.signal else None,
+                      "vanished": cause.vanished,
+                      "class": cls.to_payload(), "log_tail": list(cause.log_tail[-self.config.tail_lines:]),
+                      "failed": [{"rank": e.rank, "node": e.node, "exit_code": e.exit_code,
+                                  "signal": signal_name(e.signal) if e.signal else None, "at": e.at,
+                                  "category": c.category, "peer_failure": c.peer_failure}
+                                 for e, c in classes[:MAX_LISTED]]},
+            labels={"suspect_node": cause.node, "category": cls.category},
+        )
+
+
+def _finishing(data: dict[str, Any]) -> bool:
+    event = data.get("last_event")
+    return isinstance(event, dict) and event.get("name") == "finishing"

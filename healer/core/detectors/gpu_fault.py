@@ -1,0 +1,78 @@
+"""`gpu_fault`: GPUs that must leave the job, from the NVML data in the sidecars' heartbeats, one finding per
+(node, GPU).
+
+A GPU is faulty when any of these holds: a critical Xid was counted (79 fell off the bus, 48 double-bit ECC,
+94/95 contained/uncontained ECC, 63/64 row remapping, 74 NVLink, 92 high single-bit ECC rate, 119/120 GSP,
+by default); volatile double-bit ECC errors; a failed row remap; a pending remap (needs a GPU reset); or
+the driver asks for a recovery action (reset, reboot, drain). Healthy when the node's latest batch shows
+the GPU with none of them; a node without NVML ("absent") says nothing either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.heartbeats import HeartbeatTable
+
+CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+RECOVERY_ACTIONS = {1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset"}
+
+
+class GpuFault(Detector):
+    name = "gpu_fault"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        xids: tuple[int, ...] = CRITICAL_XIDS
+        """Xid codes that take a GPU out of the job."""
+        remap_pending: bool = True
+        """Whether a pending row remap (fixed by a GPU reset) counts as a fault."""
+
+        def __post_init__(self) -> None:
+            if not self.xids or any(x <= 0 for x in self.xids):
+                raise ValueError(f"xids must be positive Xid codes, got {list(self.xids)}")
+
+    config: Config
+
+    def faults(self, gpu: dict[str, Any]) -> list[str]:
+        """Pure: why this GPU entry is faulty (empty: healthy)."""
+        why = []
+        raw = gpu.get("xid_counts")
+        counts: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        for code in self.config.xids:
+            n = counts.get(str(code), 0)
+            if isinstance(n, int) and n > 0:
+                why.append(f"Xid {code} x{n}")
+        if _positive(gpu.get("ecc_dbe_volatile")):
+            why.append(f"{gpu['ecc_dbe_volatile']} uncorrectable (double-bit) ECC errors")
+        if _positive(gpu.get("row_remap_failure")):
+            why.append("row remapping failed")
+        if self.config.remap_pending and _positive(gpu.get("row_remap_pending")):
+            why.append("row remap pending (needs a GPU reset)")
+        action = gpu.get("recovery_action")
+        if isinstance(action, (int, float)) and _positive(action):
+            why.append(f"driver asks for recovery: {RECOVERY_ACTIONS.get(int(action), f'action {action}')}")
+        return why
+
+    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+        firing, healthy = [], set()
+        for node in table.nodes():
+            for gpu in node.gpus:
+                key = f"{node.node}/gpu{gpu['gpu']}"
+                why = self.faults(gpu)
+                if not why:
+                    healthy.add(key)
+                    continue
+                job = node.jobs[0] if len(node.jobs) == 1 else None
+                firing.append(Finding(
+                    key=key, job=job, node=node.node,
+                    summary=f"GPU {gpu['gpu']} on {node.node} is faulty: {'; '.join(why)}",
+                    evidence={"gpu": gpu, "reasons": why, "jobs": list(node.jobs)},
+                    labels={"gpu": str(gpu["gpu"]), "suspect_node": node.node}))
+        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

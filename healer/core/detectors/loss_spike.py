@@ -1,0 +1,119 @@
+"""`loss_spike`: a loss far above its recent level, by a robust z-score, one finding per job.
+
+z = (loss - median) / (1.4826 x MAD) over the previous `window` losses of the job (the lowest rank's
+reports: every rank logs the same, all-reduced loss). Median and MAD shrug off the spike itself and the
+odd outlier that a mean and a standard deviation would chase. A spike is a z above `threshold` with the
+loss above the median; only upward jumps count. The finding names the first spiking step, which the
+rollback remediation needs (restore a checkpoint before it, skip the batches that caused it). It stays
+firing until `clear_after` losses in a row past the spike are calm, or the job is rolled back before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.detectors.history import RankHistory, RankSeries, median
+from healer.core.heartbeats import HeartbeatTable
+
+MAD_TO_SIGMA = 1.4826
+
+
+def robust_z(value: float, window: list[float], min_mad: float) -> tuple[float, float, float]:
+    """(z, median, mad) of value against window; the MAD is floored at min_mad so a flat window cannot make
+    every wiggle a spike."""
+    med = median(window)
+    mad = max(median([abs(x - med) for x in window]), min_mad)
+    return (value - med) / (MAD_TO_SIGMA * mad), med, mad
+
+
+@dataclass(slots=True)
+class _Spike:
+    step: int
+    loss: float
+    z: float
+    median: float
+    mad: float
+    node: str
+    rank: int
+    calm: int = 0
+    """Losses past the spike in a row that were not spikes."""
+
+
+class LossSpike(Detector):
+    name = "loss_spike"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        window: int = 20
+        """Losses before the current one that make the baseline."""
+        min_samples: int = 8
+        """Losses needed before a spike can be called."""
+        threshold: float = 6.0
+        """Robust z-score above which a loss is a spike."""
+        min_mad: float = 0.01
+        """Floor of the MAD, in loss units."""
+        clear_after: int = 5
+        """Calm losses in a row past the spike before it counts as over (a spike that lasts is still one)."""
+
+        def __post_init__(self) -> None:
+            if self.window < 3:
+                raise ValueError(f"window must be >= 3, got {self.window}")
+            if not 3 <= self.min_samples <= self.window:
+                raise ValueError(f"min_samples must be in 3..window, got {self.min_samples}")
+            if self.clear_after < 1:
+                raise ValueError(f"clear_after must be >= 1, got {self.clear_after}")
+            if self.threshold <= 0 or self.min_mad <= 0:
+                raise ValueError(f"threshold and min_mad must be > 0, got {self.threshold}, {self.min_mad}")
+
+    config: Config
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self._history = RankHistory(keep=2 * config.window + config.clear_after + 1)
+        self._spikes: dict[str, _Spike] = {}
+
+    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+        firing, healthy = [], set()
+        new = {(s.job, s.rank): x for s, x in self._history.update(table)}
+        for job, series in self._history.jobs().items():
+            lead = series[0]  # the lowest rank
+            spike = self._spikes.get(job)
+            if (job, lead.rank) in new:
+                spike = self._observe(job, lead, spike)
+            if spike is None:
+                healthy.add(job)
+                continue
+            firing.append(Finding(
+                key=job, job=job, node=None,
+                summary=f"loss spike at step {spike.step}: {spike.loss:.4g} against a median of {spike.median:.4g} "
+                        f"(robust z {spike.z:.1f} > {self.config.threshold})",
+                evidence={"first_step": spike.step, "loss": spike.loss, "median": spike.median, "mad": spike.mad,
+                          "z": round(spike.z, 2), "threshold": self.config.threshold, "window": self.config.window,
+                          "rank": spike.rank},
+                labels={"first_step": str(spike.step)}))
+        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+
+    def _observe(self, job: str, lead: RankSeries, spike: _Spike | None) -> _Spike | None:
+        losses = [(x.step, x.loss) for x in lead.samples if x.loss is not None]
+        if len(losses) < self.config.min_samples + 1 or lead.samples[-1].loss is None:
+            return spike
+        step, loss = losses[-1]
+        if spike is not None and step < spike.step:
+            del self._spikes[job]  # rolled back to before the spike: the redone steps are judged afresh
+            spike = None
+        # NOTE: the baseline leaves out losses from the spike on, so that a long spike cannot become the norm.
+        base = [v for st, v in losses[:-1] if spike is None or st < spike.step][-self.config.window:]
+        if len(base) < self.config.min_samples:
+            return spike
+        z, med, mad = robust_z(loss, base, self.config.min_mad)
+        if z > self.config.threshold:
+            if spike is None or step <= spike.step:
+                spike = self._spikes[job] = _Spike(step, loss, z, med, mad, lead.node, lead.rank)
+            spike.calm = 0
+        elif spike is not None and step > spike.step:
+            spike.calm += 1
+            if spike.calm >= self.config.clear_after:
+                del self._spikes[job]
+                return None
+        return spike

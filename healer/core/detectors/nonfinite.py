@@ -1,0 +1,82 @@
+"""`nonfinite`: NaN or Inf in a rank's loss or grad norm, one finding per job, naming the first step and the
+ranks that saw it. The heartbeat carries a non-finite value as null with `nonfinite` saying which it was.
+Healthy once every rank of the job reports finite values at a step after the last bad one, or once the job
+was rolled back to before the first bad step (the redone steps are judged afresh).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.detectors.history import RankHistory
+from healer.core.heartbeats import HeartbeatTable
+
+
+@dataclass(slots=True)
+class _Bad:
+    first_step: int
+    last_step: int
+    ranks: dict[int, dict[str, str]] = field(default_factory=dict)
+    nodes: set[str] = field(default_factory=set)
+
+
+class NonFinite(Detector):
+    name = "nonfinite"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        fields: tuple[str, ...] = ("loss", "grad_norm")
+        """Which values are watched."""
+
+        def __post_init__(self) -> None:
+            unknown = set(self.fields) - {"loss", "grad_norm"}
+            if not self.fields or unknown:
+                raise ValueError(f"fields must be some of loss, grad_norm, got {list(self.fields)}")
+
+    config: Config
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self._history = RankHistory(keep=4)
+        self._bad: dict[str, _Bad] = {}
+
+    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+        for series, sample in self._history.update(table):
+            which = {k: v for k, v in sample.nonfinite.items() if k in self.config.fields}
+            bad = self._bad.get(series.job)
+            if which:
+                if bad is None:
+                    bad = self._bad[series.job] = _Bad(first_step=sample.step, last_step=sample.step)
+                bad.first_step = min(bad.first_step, sample.step)
+                bad.last_step = max(bad.last_step, sample.step)
+                bad.ranks[series.rank] = which
+                bad.nodes.add(series.node)
+            elif bad is not None and sample.step < bad.first_step:
+                # Rolled back to before the bad steps: what comes next is judged afresh (a NaN that comes back
+                # is a new finding, not this one still open).
+                del self._bad[series.job]
+        firing, healthy = [], set()
+        for job, ranks in self._history.jobs().items():
+            bad = self._bad.get(job)
+            if bad is None:
+                healthy.add(job)
+                continue
+            recovered = all(r.samples and r.samples[-1].step > bad.last_step and not r.samples[-1].nonfinite
+                            for r in ranks)
+            if recovered:
+                del self._bad[job]
+                healthy.add(job)
+                continue
+            bad_ranks = sorted(bad.ranks)
+            nodes = sorted(bad.nodes)
+            kinds = sorted({f"{name}={value}" for which in bad.ranks.values() for name, value in which.items()})
+            firing.append(Finding(
+                key=job, job=job, node=nodes[0] if len(nodes) == 1 else None,
+                summary=f"non-finite {', '.join(kinds)} from step {bad.first_step} on rank(s) "
+                        f"{', '.join(map(str, bad_ranks[:16]))}",
+                evidence={"first_step": bad.first_step, "last_step": bad.last_step, "suspect_ranks": bad_ranks,
+                          "suspect_nodes": nodes, "values": {str(r): v for r, v in bad.ranks.items()}},
+                labels={"first_step": str(bad.first_step)}))
+        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+

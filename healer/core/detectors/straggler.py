@@ -1,0 +1,166 @@
+"""`straggler`: one rank that holds the others up, found by elimination as in MegaScale, one finding per job.
+
+Every window of `window` job steps, over the phase table (per-rank medians of the window), within each
+pipeline stage (ranks of one stage do the same work; across stages compute differs, and waiting for another
+stage's activations is inside forward/backward):
+1. compute: is one rank's compute (forward/backward, clipping, optimizer) above `ratio` x the median
+   of the ranks? Then that rank is slow at computing (a slow GPU, a throttled CPU, a noisy neighbour).
+2. data: is one rank's data wait above the median by more than `share` of the median step? Its input
+   pipeline is the straggler.
+3. late into the reduce: compute and data are flat, and the other ranks wait in the data-parallel reduce for
+   one rank (its reduce is the shortest by more than `share` of the step, or its entry lag is largest):
+   it starts late.
+Otherwise nobody is named (a uniform slowdown is the collective_slowdown detector's). A rank is named
+only after `consecutive` windows in a row name it; the phase table of the last window is the evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.detectors.history import RankHistory, median
+from healer.core.detectors.phases import RankRow, phase_table
+from healer.core.heartbeats import HeartbeatTable
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """What one window says: the suspect rank (or None) and which test singled it out."""
+
+    rank: int | None
+    cause: str
+    """compute | data | late-reduce | none"""
+    detail: dict[str, float] = field(default_factory=dict)
+
+
+def attribute(rows: list[RankRow], ratio: float, share: float) -> Attribution:
+    """Pure: the elimination over one window's phase table."""
+    if len(rows) < 2:
+        return Attribution(None, "none", {"ranks": float(len(rows))})
+    step = median([r.step_s for r in rows])
+    top = max(rows, key=lambda r: r.compute_s)
+    # NOTE: against the median of the *other* ranks: with two ranks a median that includes the slow one is
+    # their mean, which would halve any slowdown.
+    compute_med = median([r.compute_s for r in rows if r is not top])
+    if compute_med > 0 and top.compute_s > ratio * compute_med:
+        return Attribution(top.rank, "compute", {"compute_s": top.compute_s, "median_compute_s": compute_med,
+                                                 "ratio": top.compute_s / compute_med})
+    top = max(rows, key=lambda r: r.data_wait_s)
+    data_med = median([r.data_wait_s for r in rows if r is not top])
+    if top.data_wait_s - data_med > share * step:
+        return Attribution(top.rank, "data", {"data_wait_s": top.data_wait_s, "median_data_wait_s": data_med,
+                                              "step_s": step})
+    reduce_med = median([r.dp_reduce_s for r in rows])
+    low = min(rows, key=lambda r: r.dp_reduce_s)
+    others = [r for r in rows if r.rank != low.rank]
+    # Everyone else waits (their reduce is long) while one rank's is short: that rank arrives last.
+    if reduce_med - low.dp_reduce_s > share * step and all(r.dp_reduce_s - low.dp_reduce_s > share * step
+                                                            for r in others):
+        return Attribution(low.rank, "late-reduce", {"dp_reduce_s": low.dp_reduce_s,
+                                                     "median_dp_reduce_s": reduce_med, "step_s": step})
+    lagged = [r for r in rows if r.reduce_lag_s is not None]
+    if lagged:
+        late = max(lagged, key=lambda r: r.reduce_lag_s or 0.0)
+        if (late.reduce_lag_s or 0.0) > share * step:
+            return Attribution(late.rank, "late-reduce", {"reduce_lag_s": late.reduce_lag_s or 0.0, "step_s": step})
+    return Attribution(None, "none", {"step_s": step, "median_compute_s": compute_med})
+
+
+def attribute_by_stage(rows: list[RankRow], ratio: float, share: float) -> Attribution:
+    """Pure: `attribute` within each pipeline stage (ranks of different stages do different work, and a rank
+    waiting for another stage's activations waits inside its forward/backward); the strongest finding wins."""
+    stages: dict[int, list[RankRow]] = {}
+    for row in rows:
+        stages.setdefault(row.stage, []).append(row)
+    found = [a for group in stages.values() if (a := attribute(group, ratio, share)).rank is not None]
+    if not found:
+        return Attribution(None, "none", {"stages": float(len(stages))})
+    return max(found, key=lambda a: max(a.detail.values(), default=0.0))
+
+
+@dataclass(slots=True)
+class _JobWindows:
+    window_end: int = -1
+    """The job step at which the last window closed."""
+    streak_rank: int | None = None
+    streak: int = 0
+    last: Attribution | None = None
+    rows: list[RankRow] = field(default_factory=list)
+
+
+class Straggler(Detector):
+    name = "straggler"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        window: int = 5
+        """Job steps per window."""
+        consecutive: int = 3
+        """Windows in a row that must name the same rank before it is reported (K)."""
+        ratio: float = 1.3
+        """Compute of the slowest rank over the median that counts as slow."""
+        share: float = 0.2
+        """Extra data wait, or waiting in the reduce, as a share of the median step, that counts."""
+
+        def __post_init__(self) -> None:
+            if self.window < 2:
+                raise ValueError(f"window must be >= 2, got {self.window}")
+            if self.consecutive < 1:
+                raise ValueError(f"consecutive must be >= 1, got {self.consecutive}")
+            if self.ratio <= 1:
+                raise ValueError(f"ratio must be > 1, got {self.ratio}")
+            if not 0 < self.share < 1:
+                raise ValueError(f"share must be in (0, 1), got {self.share}")
+
+    config: Config
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self._history = RankHistory(keep=64)
+        self._jobs: dict[str, _JobWindows] = {}
+
+    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+        self._history.update(table)
+        firing, healthy = [], set()
+        for job, series in self._history.jobs().items():
+            if not all(s.samples for s in series):
+                continue
+            low = min(s.samples[-1].step for s in series)
+            state = self._jobs.setdefault(job, _JobWindows(window_end=low))
+            if low < state.window_end:
+                # Restarted or rolled back: other processes now, so the streak starts again.
+                self._jobs[job] = state = _JobWindows(window_end=low)
+            if low - state.window_end >= self.config.window:
+                self._close_window(state, series, low)
+            if state.streak_rank is not None and state.streak >= self.config.consecutive:
+                firing.append(self._finding(job, state))
+            elif state.last is not None and state.last.rank is None:
+                healthy.add(job)
+        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+
+    def _close_window(self, state: _JobWindows, series: list, low: int) -> None:  # type: ignore[type-arg]
+        # NOTE: only samples of this window's steps: an older slowdown must not keep a rank named.
+        rows = phase_table(series, window=self.config.window * 2, since_step=state.window_end)
+        state.window_end = low
+        verdict = attribute_by_stage(rows, self.config.ratio, self.config.share)
+        state.last, state.rows = verdict, rows
+        if verdict.rank is not None and verdict.rank == state.streak_rank:
+            state.streak += 1
+        else:
+            state.streak_rank, state.streak = verdict.rank, 1 if verdict.rank is not None else 0
+
+    def _finding(self, job: str, state: _JobWindows) -> Finding:
+        assert state.last is not None and state.streak_rank is not None
+        row = next((r for r in state.rows if r.rank == state.streak_rank), None)
+        node = row.node if row is not None else None
+        return Finding(
+            key=job, job=job, node=node,
+            summary=f"rank {state.streak_rank} on {node} holds the job up ({state.last.cause}) "
+                    f"for {state.streak} windows of {self.config.window} steps",
+            evidence={"suspect_rank": state.streak_rank, "suspect_node": node, "cause": state.last.cause,
+                      "windows": state.streak, "window_steps": self.config.window,
+                      "detail": {k: round(v, 4) for k, v in state.last.detail.items()},
+                      "phase_table": [r.to_payload() for r in state.rows]},
+            labels={"suspect_node": node, "cause": state.last.cause} if node else {"cause": state.last.cause},
+        )

@@ -1,0 +1,72 @@
+"""Diagnosing suspect nodes before a restart: each node runs a runbook (node-health by default) *on that node*,
+through the launcher, while the job is stopped; the per-node verdicts become the policy's VerdictInput.
+
+A node whose runbook fails is named bad (the policy leaves it out and takes a spare). A runbook that could
+not run (timeout, crash, unreadable output) is an `error`: it names no node, because a healer that cannot
+diagnose must not take a healthy node out of the job on a guess; the incident keeps the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from healer.core.remediation import VerdictInput
+from healer.launchers.local import Launcher
+
+STATUS_ORDER = ("pass", "degraded", "error", "fail")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    node: str
+    status: str
+    """pass | degraded | fail | error"""
+    summary: str
+    seconds: float
+
+    def to_payload(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def diagnose_node(launcher: Launcher, run_dir: Path, node: str, runbook: str, timeout: timedelta) -> NodeVerdict:
+    t0 = time.monotonic()
+    try:
+        done = launcher.run_on(node, run_dir, ["diagnose", runbook, "--nodes", node, "--json"],
+                               timeout.total_seconds())
+    except (TimeoutError, OSError) as exc:
+        return NodeVerdict(node, "error", f"{runbook} could not run: {exc}", time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    try:
+        result = json.loads(done.stdout)
+        status, summary = str(result["verdict"]), str(result["summary"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return NodeVerdict(node, "error", f"{runbook} exited {done.returncode} without a result: "
+                                          f"{' | '.join(tail) or 'no output'}", seconds)
+    if status not in STATUS_ORDER:
+        return NodeVerdict(node, "error", f"{runbook} gave an unknown verdict {status!r}", seconds)
+    # The failing steps say what is wrong; the runbook's own summary only counts them.
+    failing = [f"{s['step']}: {s['summary']}" for s in result.get("steps", [])
+               if isinstance(s, dict) and s.get("status") in ("fail", "degraded", "error")]
+    return NodeVerdict(node, status, "; ".join(failing) or summary, seconds)
+
+
+def diagnose_nodes(launcher: Launcher, run_dir: Path, nodes: list[str], runbook: str,
+                   timeout: timedelta) -> list[NodeVerdict]:
+    """Every node at once (each is its own machine on a cluster), in `nodes` order."""
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="megaheal-diagnose") as pool:
+        return list(pool.map(lambda n: diagnose_node(launcher, run_dir, n, runbook, timeout), nodes))
+
+
+def to_verdict(verdicts: list[NodeVerdict]) -> VerdictInput:
+    """The worst status over the nodes, and the nodes that failed."""
+    worst = max((v.status for v in verdicts), key=STATUS_ORDER.index, default="pass")
+    return VerdictInput(status=worst, bad_nodes=tuple(v.node for v in verdicts if v.status == "fail"))

@@ -1,0 +1,2 @@
+"""On-call: where incidents go (Alertmanager, webhooks, Grafana annotations) and the Alertmanager webhook that
+brings alerts in."""

@@ -1,0 +1,115 @@
+"""Alertmanager in and out.
+
+In: the webhook receiver's payload, version 4. Only what the healer reads is checked; unknown fields are
+ignored (newer Alertmanagers add some). Out: incidents posted to `/api/v2/alerts` as alerts named
+`MegahealIncident`; an active incident is re-posted while it lasts with an `endsAt` a few intervals ahead
+(so an incident whose healer died resolves on its own), a resolved one once with `endsAt` = its resolution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from healer.core.decisions import page_now
+from healer.errors import BadRequest
+from healer.oncall.httpclient import request_json
+from healer.core.models import Incident
+from healer.core.states import IncidentState
+
+INCIDENT_ALERTNAME = "MegahealIncident"
+MAX_ALERTS = 10000
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookAlert:
+    status: str
+    """firing or resolved."""
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: str
+    fingerprint: str
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+
+def parse_webhook(body: Any) -> list[WebhookAlert]:
+    """The alerts of a version 4 webhook payload; BadRequest names the offending field."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", "expected a JSON object (an Alertmanager webhook payload)")
+    if body.get("version") != "4":
+        raise BadRequest("version", f"expected \"4\" (Alertmanager webhook payload version), got {body.get('version')!r}")
+    alerts = body.get("alerts")
+    if not isinstance(alerts, list):
+        raise BadRequest("alerts", "expected a list")
+    if len(alerts) > MAX_ALERTS:
+        raise BadRequest("alerts", f"at most {MAX_ALERTS} alerts, got {len(alerts)}")
+    return [_alert(a, f"alerts[{i}]") for i, a in enumerate(alerts)]
+
+
+def _alert(raw: Any, where: str) -> WebhookAlert:
+    if not isinstance(raw, dict):
+        raise BadRequest(where, "expected an object")
+    status = raw.get("status")
+    if status not in ("firing", "resolved"):
+        raise BadRequest(f"{where}.status", f"expected firing or resolved, got {status!r}")
+    labels = _strings(raw.get("labels"), f"{where}.labels")
+    if not labels.get("alertname"):
+        raise BadRequest(f"{where}.labels.alertname", "missing")
+    annotations = _strings(raw.get("annotations", {}), f"{where}.annotations")
+    starts_at = raw.get("startsAt", "")
+    if not isinstance(starts_at, str):
+        raise BadRequest(f"{where}.startsAt", "expected a string")
+    fingerprint = raw.get("fingerprint", "")
+    if not isinstance(fingerprint, str):
+        raise BadRequest(f"{where}.fingerprint", "expected a string")
+    return WebhookAlert(status=status, labels=labels, annotations=annotations, starts_at=starts_at,
+                        fingerprint=fingerprint)
+
+
+def _strings(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise BadRequest(where, "expected an object of strings")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise BadRequest(f"{where}.{key}", f"expected a string, got {item!r}")
+    return value
+
+
+def incident_alert(incident: Incident, now: datetime, hold: timedelta, base_url: str) -> dict[str, Any]:
+    """The Alertmanager alert (API v2) of one incident; `hold` is how far ahead an active one's endsAt lies."""
+    state = IncidentState(incident.state)
+    labels = {"alertname": INCIDENT_ALERTNAME, "incident": str(incident.id), "kind": incident.kind,
+              "severity": incident.severity, "job": incident.job or "", "node": incident.node or "",
+              "page": "true" if page_now(incident.page, state) else "false"}
+    ends = incident.resolved_at if state is IncidentState.RESOLVED and incident.resolved_at else now + hold
+    return {
+        "labels": {k: v for k, v in labels.items() if v},
+        "annotations": {"summary": incident.summary, "state": incident.state, "rule": incident.rule,
+                        "occurrences": str(incident.occurrences)},
+        "startsAt": incident.opened_at.isoformat(),
+        "endsAt": ends.isoformat(),
+        "generatorURL": f"{base_url.rstrip('/')}/v1/incidents/{incident.id}",
+    }
+
+
+class AlertmanagerClient:
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
+        """POST /api/v2/alerts; SinkError (permanent on a 4xx) when Alertmanager refuses or cannot be reached."""
+        if alerts:
+            request_json("POST", f"{self.url}/api/v2/alerts", alerts, timeout_s=self.timeout_s)
+
+    def alerts(self, filters: list[str] | None = None) -> list[dict[str, Any]]:
+        """GET /api/v2/alerts (filter matchers like 'alertname="MegahealIncident"')."""
+        from urllib.parse import urlencode
+
+        qs = urlencode([("filter", f) for f in filters or []])
+        found = request_json("GET", f"{self.url}/api/v2/alerts?{qs}", timeout_s=self.timeout_s)
+        return list(found or [])

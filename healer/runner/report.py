@@ -1,0 +1,54 @@
+"""`megaheal report RUN_DIR`: the incident table and the goodput ledger of a supervised run, printed with rich
+and written as JSON to `<run_dir>/report.json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from healer.core.goodput import CATEGORIES, Ledger, compute
+
+
+def _s(value: Any) -> str:
+    return f"{value:.1f} s" if isinstance(value, (int, float)) else "-"
+
+
+def render(ledger: Ledger) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.width = max(console.width, 140)  # the incident table is wide; a pipe or CI log has 80 columns
+    table = Table(title="incidents")
+    for col in ("#", "kind", "suspect", "detected in", "diagnosed in", "recovered in", "lost steps", "action",
+                "verdict", "state"):
+        table.add_column(col)
+    for inc in ledger.incidents:
+        suspect = ", ".join([*(f"rank {r}" for r in inc.get("suspect_ranks", [])), *inc.get("suspect_nodes", [])])
+        verdict = inc.get("verdict") or (inc.get("plan") or {}).get("decision_basis", {}).get("verdict")
+        bad = (inc.get("plan") or {}).get("decision_basis", {}).get("verdict_bad_nodes") or []
+        if verdict and bad:
+            verdict = f"{verdict} ({', '.join(bad)})"
+        table.add_row(str(inc["id"]), inc["kind"], suspect or "-", _s(inc.get("detected_in_s")),
+                      _s(inc.get("diagnosed_in_s")), _s(inc.get("recovered_in_s")),
+                      str(inc.get("lost_steps") if inc.get("lost_steps") is not None else "-"),
+                      inc.get("action") or "-", verdict or "-", inc.get("state", "-"))
+    console.print(table)
+    split = Table(title=f"goodput: wall {ledger.wall_s:.1f} s, {ledger.steps_done} steps, {ledger.attempts} attempt(s)")
+    split.add_column("where the time went")
+    split.add_column("seconds", justify="right")
+    split.add_column("share", justify="right")
+    for name in CATEGORIES:
+        value = ledger.seconds[name]
+        split.add_row(name, f"{value:.1f}", f"{100 * value / ledger.wall_s:.1f}%" if ledger.wall_s else "-")
+    console.print(split)
+    console.print(f"ETTR (productive / wall): [bold]{100 * ledger.ettr:.1f}%[/bold]")
+
+
+def report(run_dir: Path, quiet: bool = False) -> Ledger:
+    ledger = compute(run_dir)
+    (run_dir / "report.json").write_text(json.dumps(ledger.to_payload(), indent=2, default=str))
+    if not quiet:
+        render(ledger)
+    return ledger

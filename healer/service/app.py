@@ -1,0 +1,179 @@
+"""`megaheal healer`: wire the configuration, database, rules, sinks, scheduler and HTTP API together and serve.
+
+Start-up: the schema is checked first. An empty database is created through the migrations; one at an older
+revision is refused (exit 2, saying to run `megaheal db upgrade`); an unreachable one is not fatal: the API
+starts, /readyz says why it is not ready, and the probe retries until the database answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+
+from healer.service.api import create_app
+from healer.service.config import HealerConfig, read_token, split_listen
+from healer.core.db import default_db_url, ensure_schema, make_engine, safe_url
+from healer.service.diagnosis import LocalRunbookDiagnoser
+from healer.core.engine import Healer
+from healer.errors import DatabaseError, DatabaseNotAtHead, SinkError
+from healer.service.health import Readiness
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.metrics import HealerMetrics
+from healer.core.promql import PromqlEvaluator, PrometheusClient
+from healer.core.rules import load_rules
+from healer.oncall.sinks import AlertmanagerSink, GrafanaSink, Sink, Sinks, WebhookSink
+from healer.core.store import IncidentStore
+
+log = logging.getLogger(__name__)
+
+
+def build_sinks(cfg: HealerConfig) -> Sinks:
+    sinks: list[Sink] = [AlertmanagerSink(url, cfg.base_url, cfg.alertmanager_resend) for url in cfg.alertmanager_urls]
+    webhook_token = _read(cfg.webhook_token_file) if cfg.webhook_token_file else None
+    sinks += [WebhookSink(url, webhook_token) for url in cfg.webhook_urls]
+    if cfg.grafana_url:
+        if not cfg.grafana_token_file:
+            raise ValueError("grafana_url needs grafana_token_file (a service-account token)")
+        sinks.append(GrafanaSink(cfg.grafana_url, _read(cfg.grafana_token_file)))
+    return Sinks(sinks)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+class Service:
+    def __init__(self, cfg: HealerConfig) -> None:
+        self.cfg = cfg
+        self.token, self.token_source = read_token(cfg.token_file)
+        self.db_url = cfg.db or default_db_url()
+        self.engine = make_engine(self.db_url)
+        self.metrics = HealerMetrics()
+        self.table = HeartbeatTable()
+        actor = cfg.instance or f"{socket.gethostname()}:{os.getpid()}"
+        self.store = IncidentStore(self.engine, actor)
+        self.readiness = Readiness(lambda: ensure_schema(self.engine))
+        self.diagnoser = LocalRunbookDiagnoser(cfg.diagnosis_workers) if cfg.diagnosis == "local" else None
+        self.healer = Healer(
+            store=self.store, rules=load_rules(list(cfg.rules)), table=self.table, sinks=build_sinks(cfg),
+            metrics=self.metrics, diagnoser=self.diagnoser, resend=cfg.alertmanager_resend,
+            promql=PromqlEvaluator(PrometheusClient(cfg.prometheus_url)) if cfg.prometheus_url else None)
+        self.metrics.track(lambda: len(self.table), self.store.open_counts)
+        self.metrics.db_up.set_function(lambda: 1.0 if self.readiness.ready else 0.0)
+        self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
+                                             job_defaults={"coalesce": True, "max_instances": 1})
+        self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
+        self.app = create_app(self.healer, self.readiness, self.token, cfg.max_body_bytes)
+        self.app.router.lifespan_context = self._lifespan
+        self._started = False
+
+    def check_database(self) -> None:
+        """The start-up check: refuse an old schema (DatabaseNotAtHead); log an unreachable database and go on."""
+        try:
+            ensure_schema(self.engine)
+        except DatabaseNotAtHead:
+            raise
+        except DatabaseError as exc:
+            log.error("%s; serving anyway: /readyz reports it until the database answers", exc)
+        self.readiness.on_ready.append(self._on_ready)
+        self.readiness.probe()
+
+    def _on_ready(self) -> None:
+        self.healer.start()
+        self._started = True
+
+    def _guard(self, name: str, tick: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            if not (self.readiness.ready and self._started):
+                return
+            try:
+                tick()
+            except (SQLAlchemyError, DatabaseError) as exc:
+                self.metrics.tick_errors.labels(name).inc()
+                log.warning("%s tick: database error: %s", name, str(exc).splitlines()[0])
+                self.readiness.probe()
+        return run
+
+    def _job_failed(self, event: JobExecutionEvent) -> None:
+        self.metrics.tick_errors.labels(event.job_id).inc()
+
+    def schedule(self) -> None:
+        c, h = self.cfg, self.healer
+        jobs: list[tuple[str, Callable[[], Any], timedelta]] = [
+            ("respond", h.tick_respond, c.respond_interval),
+            ("notify", h.tick_notify, c.notify_interval),
+            ("housekeeping", lambda: h.tick_housekeeping(c.retention), timedelta(hours=1)),
+        ]
+        if h.promql is not None:
+            jobs.append(("promql", h.tick_promql, c.promql_interval))
+        for name, tick, every in jobs:
+            self.scheduler.add_job(self._guard(name, tick), "interval", seconds=every.total_seconds(), id=name,
+                                   name=name)
+        self.scheduler.add_job(self.readiness.probe, "interval", seconds=c.probe_interval.total_seconds(), id="probe")
+
+    async def _detect_forever(self) -> None:
+        """Detection on the event loop (see Healer.evaluate_detectors); database writes in a worker thread."""
+        every = self.cfg.detect_interval.total_seconds()
+        while True:
+            await asyncio.sleep(every)
+            if not (self.readiness.ready and self._started):
+                continue
+            try:
+                results = self.healer.evaluate_detectors()
+                await run_in_threadpool(self._guard("detect", lambda: self.healer.apply_detections(results)))
+            except Exception:  # noqa: BLE001 - NOTE: this loop must outlive a bad cycle; the error is logged and counted
+                self.metrics.tick_errors.labels("detect").inc()
+                log.error("detection cycle failed", exc_info=True)
+
+    @asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.schedule()
+        self.scheduler.start()
+        detect = asyncio.create_task(self._detect_forever(), name="megaheal-detect")
+        log.info("megaheal healer on http://%s (database %s, %d rules, token from %s)", self.cfg.listen,
+                 safe_url(self.db_url), len(self.healer.rules), self.token_source)
+        try:
+            yield
+        finally:
+            detect.cancel()
+            self.scheduler.shutdown(wait=False)
+            if self.diagnoser is not None:
+                self.diagnoser.shutdown()
+            self.engine.dispose()
+
+    def serve(self) -> None:
+        import uvicorn
+
+        host, port = split_listen(self.cfg.listen)
+        config = uvicorn.Config(self.app, host=host, port=port, access_log=False, log_config=None,
+                                timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run()
+
+
+def run(cfg: HealerConfig) -> int:
+    """Build and serve; returns the exit code. Errors in configuration or schema end it with 2."""
+    try:
+        service = Service(cfg)
+        service.check_database()
+    except DatabaseNotAtHead as exc:
+        log.error("%s", exc)
+        return 2
+    except (DatabaseError, ValueError, SinkError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    service.serve()
+    return 0

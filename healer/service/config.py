@@ -1,0 +1,142 @@
+"""The healer's own configuration (`megaheal healer --config FILE`), with defaults that run on a fresh machine:
+loopback on port 8470, SQLite under the state directory, the shipped rules in configs/rules/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlparse
+
+from megaheal.typedconfig import ConfigError, from_mapping, load_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_RULES = REPO / "configs" / "rules"
+_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})$")
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "megaheal"
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    match = _LISTEN.match(listen)
+    if not match or not 0 < int(match["port"]) < 65536:
+        raise ValueError(f"listen must be HOST:PORT (e.g. 127.0.0.1:8470), got {listen!r}")
+    return match["host"].strip("[]"), int(match["port"])
+
+
+def _http_url(value: str, name: str) -> None:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"{name} must be an http(s) URL, got {value!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class HealerConfig:
+    listen: str = "127.0.0.1:8470"
+    """HOST:PORT of the API. Loopback by default: put a TLS proxy in front to expose it."""
+    db: str | None = None
+    """Database URL: sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB. Default: SQLite in the state dir."""
+    token_file: str | None = None
+    """File holding the bearer token of mutating endpoints. MEGAHEAL_TOKEN wins; with neither, one is generated
+    into the state directory (mode 0600) and its path logged."""
+    rules: list[str] = field(default_factory=lambda: [str(DEFAULT_RULES)])
+    """Rule files or directories (*.yaml)."""
+    prometheus_url: str | None = None
+    """Prometheus for promql rules (required when any rule is a promql rule)."""
+    alertmanager_urls: list[str] = field(default_factory=list)
+    """Alertmanagers that get the incidents (all of an HA cluster, like Prometheus does)."""
+    webhook_urls: list[str] = field(default_factory=list)
+    """Generic webhooks that get every incident change as JSON."""
+    webhook_token_file: str | None = None
+    """Bearer token sent to the webhooks, if they need one."""
+    grafana_url: str | None = None
+    """Grafana for incident annotations (needs the optional extra megaheal[grafana])."""
+    grafana_token_file: str | None = None
+    """Service-account token for Grafana."""
+    public_url: str | None = None
+    """Base URL of this healer as people reach it (links in alerts). Default: http://LISTEN."""
+    instance: str | None = None
+    """Name of this healer in incident events (which replica acted). Default: HOSTNAME:PID."""
+    detect_interval: timedelta = timedelta(seconds=1)
+    """How often the detectors run over the heartbeat stream."""
+    promql_interval: timedelta = timedelta(seconds=15)
+    """How often promql rules are evaluated."""
+    respond_interval: timedelta = timedelta(seconds=1)
+    """How often due incidents are acted on (deadlines included)."""
+    notify_interval: timedelta = timedelta(seconds=1)
+    """How often queued notifications are delivered."""
+    alertmanager_resend: timedelta = timedelta(seconds=30)
+    """Active incidents are re-posted to Alertmanager this often."""
+    probe_interval: timedelta = timedelta(seconds=5)
+    """How often the database is checked (readiness; a database that comes back is picked up)."""
+    retention: timedelta = timedelta(days=90)
+    """Resolved incidents older than this are deleted (with their events)."""
+    diagnosis: str = "off"
+    """local: run rules' runbooks on this machine (one-machine deployments); off: skip diagnosis."""
+    diagnosis_workers: int = 2
+    """Runbooks run at the same time at most."""
+    max_body_bytes: int = 1 << 20
+    """Requests with a larger body are refused with 413."""
+
+    def __post_init__(self) -> None:
+        split_listen(self.listen)
+        for name in ("prometheus_url", "grafana_url", "public_url"):
+            if getattr(self, name) is not None:
+                _http_url(getattr(self, name), name)
+        for url in self.alertmanager_urls + self.webhook_urls:
+            _http_url(url, "alertmanager_urls/webhook_urls")
+        if self.diagnosis not in ("local", "off"):
+            raise ValueError(f"diagnosis must be local or off, got {self.diagnosis!r}")
+        if self.diagnosis_workers < 1:
+            raise ValueError(f"diagnosis_workers must be >= 1, got {self.diagnosis_workers}")
+        if not 1024 <= self.max_body_bytes <= 64 << 20:
+            raise ValueError(f"max_body_bytes must be in [1 KiB, 64 MiB], got {self.max_body_bytes}")
+        for name in ("detect_interval", "promql_interval", "respond_interval", "notify_interval",
+                     "alertmanager_resend", "probe_interval", "retention"):
+            if getattr(self, name) < timedelta(milliseconds=100):
+                raise ValueError(f"{name} must be at least 100ms, got {getattr(self, name)}")
+
+    @property
+    def base_url(self) -> str:
+        return self.public_url or f"http://{self.listen}"
+
+
+def load_config(path: str | None) -> HealerConfig:
+    if path is None:
+        return HealerConfig()
+    return from_mapping(HealerConfig, load_yaml(path), path)
+
+
+def read_token(token_file: str | None) -> tuple[str, str]:
+    """The API token and where it came from: MEGAHEAL_TOKEN, the token file, or a generated one."""
+    env = os.environ.get("MEGAHEAL_TOKEN", "").strip()
+    if env:
+        return env, "MEGAHEAL_TOKEN"
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{token_file}: cannot read the token file: {exc.strerror}") from exc
+        if len(token) < 16:
+            raise ConfigError(f"{token_file}: the token must be at least 16 characters")
+        return token, token_file
+    return _generated_token()
+
+
+def _generated_token() -> tuple[str, str]:
+    import secrets
+
+    path = _state_dir() / "token"
+    if path.is_file():
+        return path.read_text().strip(), str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    return token, str(path)
