@@ -1,0 +1,92 @@
+"""The fault catalogue: every kind of fault the healer knows, in one table, and the GPU Xid codes it acts on.
+
+For each kind: its severity, whether the job can go on without a restart, whether its suspect hosts run their
+diagnostics before the decision (and the job is stopped first, because it cannot go on and a diagnosis wants the
+host idle), whether it counts towards a host's lemon history, and the remedy the policy takes when a rule leaves
+`remediate:` unset. Detectors, rules, the policy, the Prometheus alert rules (deploy/prometheus/rules/alerts.yml)
+and the gpu_health runbook all read from here; a test checks that the alert rules and the runbook agree with it.
+
+Each fault has one owner. In-job faults (the kinds below with a detector) belong to the healer's detectors.
+Prometheus alerts routed to the healer are for what it cannot see itself: a host or its sidecar down, telemetry
+gone blind; they notify.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# ---- GPU Xid codes (NVIDIA's Xid catalogue and DCGM's health watches) ------------------------------------------
+
+CRITICAL_XIDS: tuple[int, ...] = (46, 48, 62, 64, 74, 79, 95, 119, 120, 140)
+"""The GPU must leave the job: 46 GPU stopped processing, 48 double-bit ECC, 62 internal micro-controller halt,
+64 row-remapper failure, 74 NVLink error, 79 fallen off the bus, 95 uncontained ECC, 119/120 GSP RPC timeout and
+GSP error, 140 unrecovered ECC. NVIDIA answers each with a GPU reset or a drain; DCGM's health watch fails on them."""
+DEGRADED_XIDS: tuple[int, ...] = (63, 92, 94)
+"""Worth a trend, not an eviction: 63 row remap recorded (a reset applies it), 92 high single-bit ECC rate,
+94 contained ECC error (only the application that touched the page died)."""
+
+
+class Remedy(str, enum.Enum):
+    """What the policy can do about an incident (rules name them in `remediate:`)."""
+
+    RESTART = "restart"
+    """Start the job again on the same hosts (hosts proven bad by a diagnosis or lemon history are left out)."""
+    EXCLUDE_AND_RESTART = "exclude-node-and-restart"
+    """Leave the suspect hosts out (a spare takes their place, or the job comes back smaller) and restart."""
+    ROLLBACK = "rollback-and-skip"
+    """Restart from the newest good checkpoint before the first bad step and skip the batches that caused it."""
+    NOTIFY = "notify"
+    """Tell on-call and wait for the condition to clear."""
+    ESCALATE = "escalate"
+    """Page a person at once."""
+
+    @property
+    def restarts(self) -> bool:
+        return self in (Remedy.RESTART, Remedy.EXCLUDE_AND_RESTART, Remedy.ROLLBACK)
+
+
+JOB_ACTIONS = frozenset(r for r in Remedy if r.restarts)
+"""Remedies that act on the job: they need a launcher (`megaheal run`); the service alone can only notify."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultKind:
+    name: str
+    severity: str
+    """info, warning or critical: the `severity` label on Alertmanager."""
+    remedy: Remedy
+    """The policy's choice when a rule leaves `remediate:` unset."""
+    stops_job: bool = False
+    """The job cannot go on (a rank is dead or hangs): its attempt is stopped as soon as the incident is acted on."""
+    diagnose_first: bool = False
+    """Suspect hosts run the rule's runbook before the decision (the attempt stopped first, see stops_job)."""
+    lemon: bool = False
+    """Counts towards a host's lemon history (only faults that point at the host itself, never ones the job may
+    cause, like a straggler without a failed diagnosis)."""
+    evicts_suspects: bool = False
+    """The suspect hosts leave the job even without a failed diagnosis (the fault is the host's by definition)."""
+    description: str = ""
+
+
+CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
+    FaultKind("crash", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
+              description="a rank or agent ended with a failure (signal, OOM, NCCL/gloo error, exception)"),
+    FaultKind("hang", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
+              description="no step progress past the learned timeout"),
+    FaultKind("gpu_fault", "critical", Remedy.EXCLUDE_AND_RESTART, lemon=True, evicts_suspects=True,
+              description="a critical Xid, an uncorrectable ECC error, a failed or pending row remap, or a recovery "
+                          "action asked for by the driver"),
+    FaultKind("nonfinite", "critical", Remedy.ROLLBACK, description="NaN or Inf in the loss or the gradient norm"),
+    FaultKind("loss_spike", "warning", Remedy.ROLLBACK, description="a loss far above its recent level"),
+    FaultKind("straggler", "warning", Remedy.NOTIFY, description="one rank holds the job up"),
+    FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
+              description="every rank slower in the collectives while compute stays flat"),
+    FaultKind("heartbeat_stale", "critical", Remedy.NOTIFY, description="ranks on a host stopped reporting"),
+)}
+
+
+def fault(kind: str) -> FaultKind:
+    """The catalogue entry of `kind`; a kind the catalogue does not know (an alert's, a PromQL rule's) is a
+    warning that notifies and changes nothing."""
+    return CATALOGUE.get(kind) or FaultKind(kind, "warning", Remedy.NOTIFY)
