@@ -130,10 +130,11 @@ def run(
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="serve the goodput ledger as Prometheus metrics on 127.0.0.1:PORT (0: any free port, -1: off)")] = 9472,
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="training config override KEY=VALUE (repeatable), e.g. steps=20")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="take over --run-dir from a healer that died: stop what it left running and finish its incidents")] = False,
-    db: Annotated[Optional[str], typer.Option("--db", help="healer database the incidents are mirrored to: sqlite:///PATH or postgresql+psycopg://... [default: RUN_DIR/healer.db]")] = None,
+    db: Annotated[Optional[str], typer.Option("--db", help="the healer's database (incidents, host history, restarts, goodput): sqlite:///PATH or postgresql+psycopg://... [default: RUN_DIR/healer.db]")] = None,
     alertmanager: Annotated[Optional[str], typer.Option("--alertmanager", help="Alertmanager URL; an escalated incident pages from there [default: none]")] = None,
+    rules: Annotated[Optional[list[str]], typer.Option("--rules", help="rule file or directory (repeatable) [default: configs/rules/, every detector]")] = None,
 ) -> None:
-    """Run a self-healing training job: sidecars, supervisor, detectors, remediation, live view, report."""
+    """Run a self-healing training job: sidecars, launcher, detectors, remediation, live view, report."""
     from datetime import timedelta
     from pathlib import Path
 
@@ -143,7 +144,7 @@ def run(
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
-                       resume=resume, db_url=db, alertmanager_url=alertmanager)
+                       resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()))
     except (ConfigError, ValueError, DatabaseError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -153,15 +154,18 @@ def run(
 @app.command()
 def report(
     run_dir: Annotated[str, typer.Argument(help="run directory of a supervised run")],
+    db: Annotated[Optional[str], typer.Option("--db", help="the healer's database the run used [default: RUN_DIR/healer.db]")] = None,
 ) -> None:
     """Print a supervised run's incidents and goodput ledger (ETTR); write them to RUN_DIR/report.json."""
     from pathlib import Path
 
+    from healer.errors import DatabaseError
+    from healer.runner.report import load_incidents
     from healer.runner.report import report as make_report
 
     try:
-        make_report(Path(run_dir))
-    except (FileNotFoundError, ValueError) as exc:
+        make_report(Path(run_dir), load_incidents(Path(run_dir), db))
+    except (FileNotFoundError, ValueError, DatabaseError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 

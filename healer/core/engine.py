@@ -1,7 +1,8 @@
-"""The healer's core: inputs (heartbeats, Alertmanager webhooks) and the scheduled ticks (detection, PromQL
-rules, responding to incidents, notifications, housekeeping). Each tick is a small method that the
-scheduler calls and a test can call directly; the decisions are in healer.core.decisions, the writes in
-healer.core.store.
+"""The healer: one engine for both front doors. Inputs (heartbeats, Alertmanager webhooks, the launcher's view of
+the processes), and the ticks (detection, PromQL rules, responding to incidents, recovery, notifications,
+housekeeping). Each tick is a small method that a scheduler (the service) or a loop (`megaheal run`) calls and a
+test can call directly; decisions are pure (healer.core.policy), writes go through the store, and acting on the
+job goes through a Remediator (healer.core.remediator) that carries orders out off the caller's thread.
 """
 
 from __future__ import annotations
@@ -10,52 +11,66 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
-from healer.oncall.alertmanager import INCIDENT_ALERTNAME, WebhookAlert, parse_webhook
-from healer.core.decisions import Action, IncidentFacts, decide
 from healer.core.detectors.base import Detector, Evaluation
 from healer.core.detectors.registry import DetectorRegistry, default_registry
-from healer.service.diagnosis import Diagnoser
 from healer.core.heartbeats import HeartbeatTable
+from healer.core.jobstore import JobStore
+from healer.core.jobview import TickView
 from healer.core.metrics import HealerMetrics
-from healer.core.models import Incident
 from healer.core.promql import PromqlEvaluator
-from healer.core.rules import AlertCondition, DetectorCondition, PromqlCondition, Rule
+from healer.core.remediator import Diagnoser, Remediator
+from healer.core.recovery import recover, take_over
+from healer.core.respond import Responder
+from healer.core.rules import AlertCondition, DetectorCondition, PromqlCondition, Rule, RuleSet
 from healer.core.signals import Signal, from_rule
-from healer.oncall.sinks import Change, Sinks
 from healer.core.states import IncidentState
 from healer.core.store import IncidentStore, incident_dict
+from healer.oncall.alertmanager import INCIDENT_ALERTNAME, WebhookAlert, parse_webhook
+from healer.oncall.sinks import Change, Sinks
 
 log = logging.getLogger(__name__)
 S = IncidentState
-RETRY_AFTER = timedelta(seconds=30)
 
 
 class Healer:
-    def __init__(self, *, store: IncidentStore, rules: list[Rule], table: HeartbeatTable, sinks: Sinks,
+    def __init__(self, *, store: IncidentStore, rules: list[Rule] | RuleSet, table: HeartbeatTable, sinks: Sinks,
                  metrics: HealerMetrics, promql: PromqlEvaluator | None = None, diagnoser: Diagnoser | None = None,
-                 detectors: DetectorRegistry | None = None, resend: timedelta = timedelta(seconds=30),
-                 clock: Callable[[], float] = time.time) -> None:
+                 remediator: Remediator | None = None, detectors: DetectorRegistry | None = None,
+                 resend: timedelta = timedelta(seconds=30), clock: Callable[[], float] = time.time) -> None:
         self.store, self.table, self.sinks, self.metrics = store, table, sinks, metrics
-        self.promql, self.diagnoser, self.clock = promql, diagnoser, clock
+        self.promql, self.clock = promql, clock
+        self.ruleset = rules if isinstance(rules, RuleSet) else RuleSet(list(rules))
         sinks.counter = metrics.sink_deliveries
-        self.rules = {r.name: r for r in rules}
-        if promql is None and any(isinstance(r.condition, PromqlCondition) for r in rules):
+        self.rules = {r.name: r for r in self.ruleset.rules}
+        if promql is None and any(isinstance(r.condition, PromqlCondition) for r in self.ruleset.rules):
             raise ValueError("promql rules need a Prometheus URL (prometheus_url in the healer config)")
         registry = detectors or default_registry()
         self.detectors: list[tuple[Rule, Detector]] = [
             (r, registry.resolve(r.condition.detector)(r.condition.params))
-            for r in rules if isinstance(r.condition, DetectorCondition)]
+            for r in self.ruleset.rules if isinstance(r.condition, DetectorCondition)]
+        self.jobs = JobStore(store.engine, store.clock)
+        self.responder = Responder(store=store, jobs=self.jobs, ruleset=self.ruleset, metrics=metrics,
+                                   remediator=remediator, diagnoser=diagnoser, changed=self.changed)
         self.resend = resend
         self._known: dict[str, int] = {}
+        self._fired: dict[tuple[str, str], str] = {}
+        """(rule, detector key) -> the fingerprint it fired with (the key's attempt is part of it)."""
         self._dirty = True
         self._next_sync = 0.0
 
+    @property
+    def remediator(self) -> Remediator | None:
+        return self.responder.remediator
+
     def start(self) -> None:
-        """Load the fingerprints of the incidents already open (a restarted healer goes on with them)."""
+        """Load the incidents already open (a restarted healer goes on with them)."""
         self._known = self.store.active_fingerprints()
+        for incident in self.store.active():
+            key = incident.evidence.get("key") if isinstance(incident.evidence, dict) else None
+            if isinstance(key, str) and incident.active_fingerprint:
+                self._fired[(incident.rule, key)] = incident.active_fingerprint
 
     # ---- inputs ----------------------------------------------------------------------------------------
 
@@ -87,34 +102,49 @@ class Healer:
 
     # ---- ticks -----------------------------------------------------------------------------------------
 
-    def evaluate_detectors(self) -> list[tuple[Rule, Evaluation]]:
-        """One detection cycle over the heartbeat table, in memory only (timed into the cycle histogram).
+    def evaluate_detectors(self) -> tuple[TickView, list[tuple[Rule, Evaluation]]]:
+        """One detection cycle over this tick's view of the jobs, in memory only (timed into the cycle histogram).
         NOTE: the service runs this on the event loop that also ingests heartbeats, so it never waits for the
         GIL behind a busy ingest thread; the database writes it leads to happen in `apply_detections`."""
         now = self.clock()
         started = time.perf_counter()
-        results = [(rule, detector.evaluate(self.table, now)) for rule, detector in self.detectors]
+        view = TickView.of(self.table)
+        reporting = {b.job for b in view.beats if b.step is not None}
+        results = []
+        for rule, detector in self.detectors:
+            result = detector.evaluate(view, now)  # type: ignore[arg-type]
+            if not detector.reads_processes:
+                # NOTE: until a restarted job's new attempt reports a step, a heartbeat detector only remembers the
+                # old attempt (its NaN, its slow phase table): it may not speak for the job then.
+                kept = tuple(f for f in result.firing
+                             if f.job is None or f.job in reporting or view.processes.attempt(f.job) is None)
+                result = Evaluation(firing=kept, healthy=result.healthy)
+            results.append((rule, result))
         self.metrics.detection_cycle.observe(time.perf_counter() - started)
-        return results
+        return view, results
 
-    def apply_detections(self, results: list[tuple[Rule, Evaluation]]) -> None:
+    def apply_detections(self, view: TickView, results: list[tuple[Rule, Evaluation]]) -> None:
         """Open or join incidents for what fires, resolve the ones whose thing is healthy again."""
         for rule, result in results:
             for f in result.firing:
-                self._fire(from_rule(rule, {"key": f.key}, f.summary, f.evidence,
-                                     labels={**f.labels, **{k: v for k, v in (("job", f.job), ("node", f.node)) if v}},
-                                     job=f.job, node=f.node))
+                # NOTE: under a launcher the attempt is part of the identity: the same fault in a later attempt
+                # (a second hang) is a new incident, not a reopened one.
+                attempt = view.processes.attempt(f.job) if f.job else None
+                signal = from_rule(rule, {"key": f.key}, f.summary, {**f.evidence, "key": f.key},
+                                   labels={**f.labels, **{k: v for k, v in (("job", f.job), ("node", f.node)) if v}},
+                                   job=f.job, node=f.node, attempt=attempt)
+                self._fired[(rule.name, f.key)] = signal.fingerprint
+                self._fire(signal)
             for key in result.healthy:
-                fingerprint = self._detector_fingerprint(rule, key)
-                if fingerprint in self._known:
+                fingerprint = self._fired.get((rule.name, key))
+                if fingerprint is not None and fingerprint in self._known:
                     self._clear(fingerprint, {"reason": f"{rule.name}: healthy again", "key": key})
             self.metrics.evaluations.labels(rule.name, "ok").inc()
 
-    def tick_detect(self) -> None:
-        self.apply_detections(self.evaluate_detectors())
-
-    def _detector_fingerprint(self, rule: Rule, key: str) -> str:
-        return from_rule(rule, {"key": key}, "").fingerprint
+    def tick_detect(self) -> TickView:
+        view, results = self.evaluate_detectors()
+        self.apply_detections(view, results)
+        return view
 
     def tick_promql(self) -> None:
         if self.promql is None:
@@ -135,15 +165,16 @@ class Healer:
     def tick_respond(self, limit: int = 50) -> bool:
         """Act on the incidents that are due; True when more were due than handled (more work)."""
         self._known = self.store.active_fingerprints()
-        due = self.store.due(limit)
-        for incident in due:
-            try:
-                self._respond(incident)
-            except Exception:
-                # NOTE: push the incident back before re-raising, so one bad incident cannot stall the others forever.
-                self.store.set_next_action(incident.id, _utc(self.clock()) + RETRY_AFTER)
-                raise
-        return len(due) == limit
+        return self.responder.respond_due(limit, _utc(self.clock()))
+
+    def tick_recovery(self, view: TickView) -> list[int]:
+        """Incidents whose restart trained again are resolved (with the step it resumed at and the work lost)."""
+        return recover(self.responder, view, _utc(self.clock()))
+
+    def take_over(self) -> list[int]:
+        """Go on with the incidents a healer that died left in flight (after the launcher stopped its processes)."""
+        self.start()
+        return take_over(self.responder, _utc(self.clock()))
 
     def tick_notify(self) -> None:
         self.sinks.flush()
@@ -167,7 +198,7 @@ class Healer:
         """A person acknowledges or resolves an incident (from whatever state it is in now)."""
         before = self.store.state_of(incident_id)
         done = self.store.act(incident_id, new, f"person:{by}", {"by": by, "note": note, "via": "api"})
-        self._changed(incident_id, "transition", before.value, new.value)
+        self.changed(incident_id, "transition", before.value, new.value)
         return done
 
     # ---- internals -------------------------------------------------------------------------------------
@@ -178,59 +209,25 @@ class Healer:
         incident_id, outcome = self.store.record(signal)
         self._known[signal.fingerprint] = incident_id
         self.metrics.signals.labels(signal.rule, outcome).inc()
-        log.info("incident %d %s: %s", incident_id, outcome, signal.summary)
-        self._changed(incident_id, outcome, None, S.OPEN.value if outcome != "joined" else None)
+        log.warning("incident %d %s: %s", incident_id, outcome, signal.summary)
+        if outcome != "joined":
+            self.responder.opened(incident_id, signal)
+        self.changed(incident_id, outcome, None, S.OPEN.value if outcome != "joined" else None)
 
     def _clear(self, fingerprint: str, evidence: dict[str, Any]) -> None:
-        if fingerprint not in self._known:
+        incident_id = self._known.get(fingerprint)
+        if incident_id is None:
             return
+        if self.responder.restart_pending(incident_id):
+            return  # its restart resolves it once the new attempt trains (tick_recovery), not the detector
         incident_id = self.store.resolve_fingerprint(fingerprint, evidence)
         self._known.pop(fingerprint, None)
         if incident_id is not None:
             log.info("incident %d resolved: %s", incident_id, evidence.get("reason"))
             self.metrics.transitions.labels("active", S.RESOLVED.value).inc()
-            self._changed(incident_id, "transition", None, S.RESOLVED.value)
+            self.changed(incident_id, "transition", None, S.RESOLVED.value)
 
-    def _respond(self, incident: Incident) -> None:
-        state = S(incident.state)
-        rule = self.rules.get(incident.rule)
-        facts = IncidentFacts(
-            incident_id=incident.id, state=state, state_since=incident.state_since, now=_utc(self.clock()), rule=rule,
-            verdict=self.store.latest_verdict(incident.id) if state is S.DIAGNOSING else None,
-            diagnosis_available=self.diagnoser is not None)
-        decision = decide(facts)
-        if decision.action is Action.WAIT or decision.to_state is None:
-            self.store.set_next_action(incident.id, decision.next_action_at)
-            return
-        payload = decision.to_payload()
-        if not self.store.transition(incident.id, state, decision.to_state, {"decision": payload},
-                                     next_action_at=decision.next_action_at):
-            self.metrics.claims_lost.inc()
-            return
-        self.metrics.transitions.labels(state.value, decision.to_state.value).inc()
-        log.info("incident %d: %s -> %s (%s)", incident.id, state.value, decision.to_state.value,
-                 decision.basis.get("reason"))
-        self._changed(incident.id, "transition", state.value, decision.to_state.value)
-        if decision.action is Action.DIAGNOSE and rule is not None and rule.runbook and self.diagnoser is not None:
-            self._diagnose(incident, rule.runbook)
-        elif decision.action in (Action.REMEDIATE, Action.ESCALATE):
-            action = rule.remediate if rule is not None and decision.action is Action.REMEDIATE else "escalate"
-            self.store.add_remediation(incident.id, action, payload, outcome="done")
-
-    def _diagnose(self, incident: Incident, runbook: str) -> None:
-        assert self.diagnoser is not None
-        nodes = [incident.node] if incident.node else []
-        # A runbook given as a file path is stored by its name (the column is short; the result holds the rest).
-        name = Path(runbook).stem if runbook.endswith((".yaml", ".yml")) else runbook
-        run_id = self.store.start_runbook_run(incident.id, name, nodes)
-
-        def done(verdict: str, summary: str, result: dict[str, Any] | None) -> None:
-            self.store.finish_runbook_run(run_id, incident.id, verdict, summary, result)
-            log.info("incident %d: runbook %s: %s", incident.id, runbook, summary)
-
-        self.diagnoser.submit(runbook, nodes, done)
-
-    def _changed(self, incident_id: int, event: str, from_state: str | None, to_state: str | None) -> None:
+    def changed(self, incident_id: int, event: str, from_state: str | None, to_state: str | None) -> None:
         self._dirty = True
         if self.sinks.wants_changes():
             snapshot = incident_dict(self.store.row(incident_id))
@@ -257,3 +254,4 @@ def _alert_signal(rule: Rule, alert: WebhookAlert) -> Signal:
                                                                      "startsAt": alert.starts_at,
                                                                      "fingerprint": alert.fingerprint}},
                      job=alert.labels.get("job"), node=node)
+

@@ -1,8 +1,9 @@
-"""The goodput ledger of a supervised run: where its wall time went, read back from what the run left on disk.
+"""The goodput ledger of a supervised run: where its wall time went, from what the run left on disk and the
+incidents the healer stored.
 
     <run_dir>/supervisor/attempts.jsonl   when each attempt started and ended (the supervisor)
-    <run_dir>/incidents.jsonl             each incident: detected, decided, restarted, recovered (the loop)
     <run_dir>/ranks/0.jsonl               rank 0's step records, every attempt appended (the trainer)
+    incidents (healer.core.timeline)      each incident's stage times: detected, decided, restarted, recovered
 
 Wall time (first start to the last thing the run wrote) is cut into intervals that do not overlap, of kinds:
 - productive: the steps that count (the last run of each step index), less their checkpoint stall;
@@ -79,32 +80,18 @@ class _Run:
     """records' end times, for bisect."""
 
 
-def incidents(run_dir: Path) -> list[dict[str, Any]]:
-    """The latest state of each incident, with its stage times."""
-    latest: dict[int, dict[str, Any]] = {}
-    decided: dict[int, float] = {}
-    for entry in read_jsonl(run_dir / "incidents.jsonl"):
-        inc = entry["incident"]
-        latest[inc["id"]] = inc
-        if entry["event"] == "decided":
-            decided[inc["id"]] = entry["at"]
-    out = []
-    for inc in latest.values():
-        inc["decided_at"] = decided.get(inc["id"])
-        out.append(inc)
-    return sorted(out, key=lambda i: i["id"])
-
-
-def intervals(run_dir: Path) -> list[Interval]:
-    """Pure over the files: the run's intervals in time order, from the first start to the end of the wall time,
-    neither overlapping nor leaving gaps, a stretch of one kind (and incident) in one; [] before the first start."""
-    run = _read(run_dir)
+def intervals(run_dir: Path, incidents: list[dict[str, Any]]) -> list[Interval]:
+    """Pure over the files and `incidents` (healer.core.timeline payloads): the run's intervals in time order, from
+    the first start to the end of the wall time, neither overlapping nor leaving gaps, a stretch of one kind (and
+    incident) in one; [] before the first start."""
+    run = _read(run_dir, incidents)
     return _split(run)[0] if run.starts else []
 
 
-def compute(run_dir: Path) -> Ledger:
-    """Pure over the files: the ledger of `run_dir`. ValueError when the run has no supervisor journal."""
-    run = _read(run_dir)
+def compute(run_dir: Path, incidents: list[dict[str, Any]]) -> Ledger:
+    """Pure over the files and `incidents`: the ledger of `run_dir`. ValueError when the run has no supervisor
+    journal."""
+    run = _read(run_dir, incidents)
     if not run.starts:
         raise ValueError(f"{run_dir}: no supervisor/attempts.jsonl: not a supervised run")
     spans, final, lost_steps = _split(run)
@@ -119,7 +106,7 @@ def compute(run_dir: Path) -> Ledger:
 
 # ---- reading and splitting -----------------------------------------------------------------------------------
 
-def _read(run_dir: Path) -> _Run:
+def _read(run_dir: Path, incidents: list[dict[str, Any]]) -> _Run:
     attempts = read_jsonl(run_dir / "supervisor" / "attempts.jsonl")
     starts = {a["attempt"]: a["at"] for a in attempts if a["event"] == "start"}
     ends = {a["attempt"]: a["at"] for a in attempts if a["event"] == "end"}
@@ -129,7 +116,8 @@ def _read(run_dir: Path) -> _Run:
     for r in records:  # each record's attempt: the last one started when its step began (else the first)
         i = bisect.bisect_right(order, r["time"] - r["step_seconds"], key=lambda kv: kv[1])
         r["_attempt"] = order[max(i - 1, 0)][0] if order else 0
-    return _Run(starts, ends, records, incidents(run_dir), [r["time"] for r in records])
+    return _Run(starts, ends, records, [dict(i) for i in sorted(incidents, key=lambda i: i["id"])],
+                [r["time"] for r in records])
 
 
 def _split(run: _Run) -> tuple[list[Interval], int, int]:

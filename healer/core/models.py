@@ -61,7 +61,9 @@ class Job(Base):
 
 
 class Node(Base):
-    """A machine that ran ranks; kept across jobs so a node's incident history follows it."""
+    """A machine that ran ranks; kept across jobs so a node's incident history follows it. `excluded_*` is the
+    newest time a healer left it out of a job and why (an incident's decision); a later job may still use it
+    unless its lemon history (NodeIncident) says otherwise."""
 
     __tablename__ = "nodes"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -72,6 +74,25 @@ class Node(Base):
     ranks: Mapped[int] = mapped_column(Integer, default=0)
     excluded_at: Mapped[datetime | None]
     excluded_reason: Mapped[str | None] = mapped_column(Text)
+    excluded_by: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    """The incident whose remediation left the node out."""
+
+
+class NodeIncident(Base):
+    """A node named by an incident of a kind that points at the node itself (the catalogue's `lemon` kinds):
+    the history that makes a node a lemon, shared by every job on the same database."""
+
+    __tablename__ = "node_incidents"
+    __table_args__ = (UniqueConstraint("node", "job", "incident_ref"), Index("ix_node_incidents_node_at", "node", "at"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node: Mapped[str] = mapped_column(String(253))
+    job: Mapped[str] = mapped_column(String(200))
+    incident_ref: Mapped[str] = mapped_column(String(64))
+    """Which incident of that job (its id in the database that recorded it; a label, not a key: history may be
+    imported from elsewhere)."""
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    kind: Mapped[str] = mapped_column(String(100))
+    at: Mapped[datetime]
 
 
 class Incident(Base):
@@ -102,6 +123,8 @@ class Incident(Base):
     owner: Mapped[str | None] = mapped_column(String(200))
     acknowledged_by: Mapped[str | None] = mapped_column(String(200))
     notified_resolved: Mapped[bool] = mapped_column(default=False)
+    attempt: Mapped[int | None]
+    """The job's attempt the fault happened in, when a launcher runs the job (None for the service alone)."""
     events: Mapped[list[IncidentEvent]] = relationship(back_populates="incident", order_by="IncidentEvent.id",
                                                        cascade="all, delete-orphan", passive_deletes=True)
 
@@ -151,7 +174,10 @@ class Remediation(Base):
 
 
 class Restart(Base):
-    """A restart of a job: when, from which checkpoint step, on which nodes, leaving out which."""
+    """A restart of a job: when it was decided and started, from which checkpoint step, on which nodes, leaving
+    out which, and how it ended (recovered: its attempt trained again; superseded: another attempt started first;
+    failed: it could not be started). `cause` is `remediation` (spends the restart budget) or `take-over` (a healer
+    that came back restarted what the dead one had started: the job's budget is not charged twice)."""
 
     __tablename__ = "restarts"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -164,6 +190,17 @@ class Restart(Base):
     nodes: Mapped[list[Any]]
     excluded: Mapped[list[Any]]
     outcome: Mapped[str | None] = mapped_column(String(20))
+    cause: Mapped[str] = mapped_column(String(20), default="remediation")
+    attempt: Mapped[int | None]
+    """The attempt this restart started (None until it started)."""
+    started_at: Mapped[datetime | None]
+    dp: Mapped[int | None]
+    resume: Mapped[str | None] = mapped_column(Text)
+    """What the ranks were told to resume from: auto (the newest good checkpoint) or a checkpoint path."""
+    skip_steps: Mapped[list[Any]]
+    """Steps whose batches every later attempt passes over (a rollback's, accumulated)."""
+    highest_step: Mapped[int | None]
+    """The highest step the failed attempt finished (the work this restart puts at risk)."""
 
 
 class GoodputInterval(Base):

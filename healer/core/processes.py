@@ -1,8 +1,9 @@
-"""The supervisor's view of the job's processes, as the detectors read it: how each rank exited (code, signal,
-the tail of its log) and the kernel state of the ranks still running (a SIGSTOPped rank is 'T').
+"""The launcher's view of the job's processes, as the detectors read it: how each rank exited (code, signal,
+the tail of its log), the kernel state of the ranks still running (a SIGSTOPped rank is 'T'), which processes
+belong to the current attempt, and whether the healer is stopping it.
 
 Heartbeats cannot tell a rank that died from one that is silent, nor a stopped rank from one waiting in a
-collective: the supervisor, which owns the processes, can. It writes here; the crash and hang detectors read.
+collective: the launcher, which owns the processes, can. It writes here; the crash and hang detectors read.
 """
 
 from __future__ import annotations
@@ -68,10 +69,18 @@ class ProcessView:
     _exits: deque[ProcessExit] = field(default_factory=deque)
     _states: dict[tuple[str, int], ProcessState] = field(default_factory=dict)
     _attempts: dict[str, int] = field(default_factory=dict)
+    _pids: dict[str, frozenset[int]] = field(default_factory=dict)
+    _stopping: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_exit(self, ex: ProcessExit) -> None:
+        """Add an exit; one that says how a rank recorded as vanished died replaces that record."""
         with self._lock:
+            if ex.rank is not None and not ex.vanished:
+                for i, old in enumerate(self._exits):
+                    if old.vanished and (old.job, old.attempt, old.rank) == (ex.job, ex.attempt, ex.rank):
+                        del self._exits[i]
+                        break
             self._exits.append(ex)
             while len(self._exits) > self.max_exits:
                 self._exits.popleft()
@@ -82,8 +91,29 @@ class ProcessView:
         """The supervisor started `attempt` of `job`: process states of older attempts no longer apply."""
         with self._lock:
             self._attempts[job] = attempt
+            self._pids[job] = frozenset()
+            self._stopping.discard(job)
             for key in [k for k, s in self._states.items() if s.job == job and s.attempt != attempt]:
                 del self._states[key]
+
+    def found(self, job: str, pids: frozenset[int]) -> None:
+        """The rank processes of the job's current attempt, as the launcher found them (alive or not)."""
+        with self._lock:
+            self._pids[job] = pids
+
+    def stopping(self, job: str) -> None:
+        """The healer stopped (or is stopping) the job's current attempt: its exits are expected and its silence
+        is no fault."""
+        with self._lock:
+            self._stopping.add(job)
+
+    def is_stopping(self, job: str) -> bool:
+        with self._lock:
+            return job in self._stopping
+
+    def pids(self, job: str) -> frozenset[int]:
+        with self._lock:
+            return self._pids.get(job, frozenset())
 
     def update_states(self, states: list[ProcessState]) -> None:
         with self._lock:

@@ -2,14 +2,20 @@
 
     - name: node-heartbeat-stale
       when: {detector: heartbeat_stale, after: 30s}       # or {promql: EXPR, for: 2m} or {alert: NAME, labels: {...}}
-      severity: critical                                   # info | warning | critical
+      severity: critical                                   # info | warning | critical [default: the catalogue's]
       runbook: node-health                                 # optional: a shipped runbook or a runbook .yaml
-      remediate: notify                                    # notify | escalate
+      remediate: restart                                   # restart | exclude-node-and-restart | rollback-and-skip
+                                                           # | notify | escalate [default: the catalogue's]
+      budget: {max_restarts: 5, window: 1h, backoff: 10s}  # optional: this rule's restart budget
       page: on-escalation                                  # always | never | on-escalation
       cooldown: 15m
 
-A file holds a list of rules (or a mapping with `rules:`). An unknown key or a bad value anywhere is a
-ConfigError naming the file, the key and its line.
+A file holds a list of rules, or a mapping with `rules:` and, in at most one file, `remediation:` (the policy's
+limits for the job: the default restart budget, lemon hosts, min_nodes, skip_steps; see healer.core.plans.Limits).
+An unknown key or a bad value anywhere is a ConfigError naming the file, the key and its line.
+
+Remedies that act on the job (restart, exclude-node-and-restart, rollback-and-skip) need a launcher: `megaheal run`
+carries them out; the service alone refuses a rule that names one (see `job_actions`).
 """
 
 from __future__ import annotations
@@ -20,15 +26,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from healer.core.catalogue import Remedy, fault
 from healer.core.detectors.registry import DetectorRegistry, default_registry
+from healer.core.plans import Limits, RestartBudget
 from megaheal.typedconfig import ConfigError, LineDict, from_mapping, line_of, parse_duration, read_yaml
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
 SEVERITIES = ("info", "warning", "critical")
 PAGE_POLICIES = ("always", "never", "on-escalation")
-# NOTE: remediations that act on the job (restart in place, exclude a node, roll back) need the supervisor and
-# come with self-healing; until then a rule can notify (and wait for recovery) or escalate to a person at once.
-REMEDIATIONS = ("notify", "escalate")
+REMEDIATIONS = tuple(r.value for r in Remedy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +72,17 @@ class Rule:
     """The condition (see the module docstring); typed into a Condition by the loader."""
     kind: str | None = None
     """Incident kind in labels and metrics; default: the detector's name, the alert's name, or the rule's name."""
-    severity: str = "warning"
-    """info, warning or critical; sent to Alertmanager as the `severity` label."""
+    severity: str | None = None
+    """info, warning or critical; sent to Alertmanager as the `severity` label. Default: the catalogue's for the
+    incident's kind (warning for a kind it does not know)."""
     runbook: str | None = None
-    """Diagnostic runbook to run before remediating (a shipped runbook's name or a .yaml path)."""
-    remediate: str = "notify"
-    """notify (tell the sinks, wait for the condition to clear) or escalate (page a person at once)."""
+    """Diagnostic runbook to run before remediating (a shipped runbook's name or a .yaml path). For kinds whose
+    suspect hosts are diagnosed first (crash, hang), it runs on each suspect host."""
+    remediate: str | None = None
+    """restart, exclude-node-and-restart, rollback-and-skip, notify (tell the sinks, wait for the condition to
+    clear) or escalate (page a person at once). Default: the fault catalogue's remedy for the kind."""
+    budget: RestartBudget | None = None
+    """This rule's restart budget (max_restarts, window, backoff, max_backoff); default: the rule set's."""
     page: str = "on-escalation"
     """always, never, or on-escalation: when the incident carries page="true" for Alertmanager's routing."""
     cooldown: timedelta = timedelta(minutes=15)
@@ -88,9 +99,11 @@ class Rule:
     def __post_init__(self) -> None:
         if not NAME.match(self.name):
             raise ValueError(f"name {self.name!r} must be lower-case letters, digits, '.', '_' or '-' (at most 100)")
-        _one_of("severity", self.severity, SEVERITIES)
+        if self.severity is not None:
+            _one_of("severity", self.severity, SEVERITIES)
         _one_of("page", self.page, PAGE_POLICIES)
-        _one_of("remediate", self.remediate, REMEDIATIONS)
+        if self.remediate is not None:
+            _one_of("remediate", self.remediate, REMEDIATIONS)
         if self.kind is not None and not NAME.match(self.kind):
             raise ValueError(f"kind {self.kind!r} must be lower-case letters, digits, '.', '_' or '-'")
         for name in ("cooldown", "diagnosis_deadline", "recovery_deadline"):
@@ -101,6 +114,15 @@ class Rule:
     def condition(self) -> Condition:
         assert isinstance(self.when, (DetectorCondition, PromqlCondition, AlertCondition))
         return self.when
+
+    @property
+    def remedy(self) -> Remedy | None:
+        """The remedy the rule asks for; None: the catalogue's default for its kind."""
+        return Remedy(self.remediate) if self.remediate is not None else None
+
+    @property
+    def incident_severity(self) -> str:
+        return self.severity or fault(self.incident_kind).severity
 
     @property
     def incident_kind(self) -> str:
@@ -119,18 +141,43 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
+@dataclass(slots=True)
+class RuleSet:
+    rules: list[Rule]
+    limits: Limits = field(default_factory=Limits)
+    """The `remediation:` section (the policy's limits), or the defaults."""
+
+    def job_actions(self) -> list[Rule]:
+        """Rules that name a remedy acting on the job (they need a launcher)."""
+        return [r for r in self.rules if r.remedy is not None and r.remedy.restarts]
+
+    def budget(self, rule: Rule | None) -> RestartBudget:
+        return rule.budget if rule is not None and rule.budget is not None else self.limits.budget
+
+
 def load_rules(paths: list[str | Path], detectors: DetectorRegistry | None = None) -> list[Rule]:
     """Every rule of the given files and directories (*.yaml in name order), validated; ConfigError otherwise."""
+    return load_rule_set(paths, detectors).rules
+
+
+def load_rule_set(paths: list[str | Path], detectors: DetectorRegistry | None = None) -> RuleSet:
+    """The rules and the `remediation:` limits of the given files and directories (*.yaml in name order)."""
     detectors = detectors or default_registry()
     rules: list[Rule] = []
     seen: dict[str, str] = {}
+    limits: tuple[Limits, Path] | None = None
     for path in _files(paths):
-        for rule in load_rule_file(path, detectors):
+        file_rules, file_limits = load_rule_file(path, detectors)
+        if file_limits is not None:
+            if limits is not None:
+                raise ConfigError(f"{path}: `remediation:` is already set in {limits[1]}; set it in one file")
+            limits = (file_limits, path)
+        for rule in file_rules:
             if rule.name in seen:
                 raise ConfigError(f"{rule.source}: rule name {rule.name!r} is already used at {seen[rule.name]}")
             seen[rule.name] = rule.source
             rules.append(rule)
-    return rules
+    return RuleSet(rules, limits[0] if limits else Limits())
 
 
 def _files(paths: list[str | Path]) -> list[Path]:
@@ -146,19 +193,22 @@ def _files(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def load_rule_file(path: Path, detectors: DetectorRegistry) -> list[Rule]:
+def load_rule_file(path: Path, detectors: DetectorRegistry) -> tuple[list[Rule], Limits | None]:
     data = read_yaml(path)
     if data is None:
-        return []
+        return [], None
+    limits = None
     if isinstance(data, dict):
-        unknown = sorted(set(data) - {"rules"}, key=str)
+        unknown = sorted(set(data) - {"rules", "remediation"}, key=str)
         if unknown:
             raise ConfigError(f"{path}: unknown key(s) {', '.join(map(repr, unknown))}; a rule file is a list of "
-                              f"rules or a mapping with `rules:`{line_of(data, unknown[0])}")
+                              f"rules or a mapping with `rules:` and `remediation:`{line_of(data, unknown[0])}")
+        if "remediation" in data:
+            limits = from_mapping(Limits, data["remediation"] or {}, f"{path}: remediation")
         data = data.get("rules") or []
     if not isinstance(data, list):
         raise ConfigError(f"{path}: expected a list of rules, got {type(data).__name__}")
-    return [_load_rule(item, f"{path}: rules[{i}]", path, detectors) for i, item in enumerate(data)]
+    return [_load_rule(item, f"{path}: rules[{i}]", path, detectors) for i, item in enumerate(data)], limits
 
 
 def _load_rule(item: Any, where: str, path: Path, detectors: DetectorRegistry) -> Rule:

@@ -30,6 +30,9 @@ class Signal:
     summary: str
     evidence: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    attempt: int | None = None
+    """The job's attempt the fault happened in (part of the identity: the same fault in a later attempt is a new
+    incident); None without a launcher."""
 
     @property
     def fingerprint(self) -> str:
@@ -38,14 +41,17 @@ class Signal:
 
 
 def from_rule(rule: Rule, identity: dict[str, str], summary: str, evidence: dict[str, Any] | None = None,
-              labels: dict[str, str] | None = None, job: str | None = None, node: str | None = None) -> Signal:
+              labels: dict[str, str] | None = None, job: str | None = None, node: str | None = None,
+              attempt: int | None = None) -> Signal:
     """A signal of `rule`; job and node default to the identity's `job` and `node` labels."""
+    if attempt is not None:
+        identity = {**identity, "attempt": str(attempt)}
     labels = {k: _clip(v) for k, v in (labels or identity).items()}
-    return Signal(rule=rule.name, kind=rule.incident_kind, severity=rule.severity, page=rule.page,
+    return Signal(rule=rule.name, kind=rule.incident_kind, severity=rule.incident_severity, page=rule.page,
                   cooldown=rule.cooldown, identity=tuple(sorted((k, _clip(v)) for k, v in identity.items())),
                   job=job if job is not None else identity.get("job"),
                   node=node if node is not None else identity.get("node"),
-                  summary=_clip(summary, 2000), evidence=evidence or {}, labels=labels)
+                  summary=_clip(summary, 2000), evidence=evidence or {}, labels=labels, attempt=attempt)
 
 
 def _clip(value: str, limit: int = MAX_LABEL) -> str:

@@ -94,7 +94,7 @@ class IncidentStore:
                 kind=signal.kind, severity=signal.severity, page=signal.page, state=S.OPEN.value, job=signal.job,
                 node=signal.node, summary=signal.summary, labels=signal.labels, evidence=signal.evidence,
                 occurrences=1, opened_at=now, last_seen_at=now, state_since=now, next_action_at=now,
-                notified_resolved=False).returning(Incident.id)).scalar_one()
+                notified_resolved=False, attempt=signal.attempt).returning(Incident.id)).scalar_one()
             conn.execute(insert(IncidentEvent).values(
                 incident_id=new_id, at=now, kind="transition", from_state=None, to_state=S.OPEN.value,
                 actor=self.actor, evidence={"summary": signal.summary, **signal.evidence}))
@@ -180,16 +180,42 @@ class IncidentStore:
                          .values(next_action_at=now))
 
     def latest_verdict(self, incident_id: int) -> str | None:
-        with Session(self.engine) as session:
-            return session.execute(select(RunbookRun.verdict).where(RunbookRun.incident_id == incident_id,
-                                                                    RunbookRun.finished_at.is_not(None))
+        run = self.latest_run(incident_id)
+        return run.verdict if run is not None else None
+
+    def latest_run(self, incident_id: int) -> RunbookRun | None:
+        """The incident's newest finished runbook run (detached), or None."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            return session.execute(select(RunbookRun).where(RunbookRun.incident_id == incident_id,
+                                                            RunbookRun.finished_at.is_not(None))
                                    .order_by(RunbookRun.id.desc()).limit(1)).scalar()
 
-    def add_remediation(self, incident_id: int, action: str, basis: dict[str, Any], outcome: str) -> None:
+    def add_remediation(self, incident_id: int, action: str, basis: dict[str, Any], outcome: str,
+                        finished: bool = True) -> int:
         now = self.clock()
         with self.engine.begin() as conn:
-            conn.execute(insert(Remediation).values(incident_id=incident_id, action=action, decided_at=now,
-                                                    finished_at=now, outcome=outcome, basis=basis))
+            return int(conn.execute(insert(Remediation).values(
+                incident_id=incident_id, action=action, decided_at=now, finished_at=now if finished else None,
+                outcome=outcome, basis=basis).returning(Remediation.id)).scalar_one())
+
+    def finish_remediation(self, remediation_id: int, outcome: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(Remediation).where(Remediation.id == remediation_id)
+                         .values(finished_at=self.clock(), outcome=outcome))
+
+    def update_evidence(self, incident_id: int, evidence: dict[str, Any], summary: str | None = None) -> None:
+        """Merge `evidence` into the incident's (a finding made more precise after detection, e.g. the crash's
+        exit status once the agent reported it); the change is an event too."""
+        with Session(self.engine) as session, session.begin():
+            incident = session.get(Incident, incident_id)
+            if incident is None:
+                raise NotFound(f"no incident {incident_id}")
+            incident.evidence = {**incident.evidence, **evidence}
+            if summary is not None:
+                incident.summary = summary
+            session.add(IncidentEvent(incident_id=incident_id, at=self.clock(), kind="evidence", from_state=None,
+                                      to_state=None, actor=self.actor,
+                                      evidence={"summary": summary, **evidence} if summary else evidence))
 
     # ---- reads ----------------------------------------------------------------------------------------------
 
@@ -236,6 +262,14 @@ class IncidentStore:
                 select(Incident).where(Incident.state.in_([s.value for s in HEALER_OWNED]),
                                        Incident.next_action_at <= self.clock())
                 .order_by(Incident.next_action_at).limit(limit)).scalars())
+
+    def of_job(self, job: str, states: frozenset[IncidentState] | None = None) -> list[Incident]:
+        """The job's incidents (detached), oldest first; only those in `states` when given."""
+        query = select(Incident).where(Incident.job == job).order_by(Incident.id)
+        if states is not None:
+            query = query.where(Incident.state.in_([s.value for s in states]))
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.execute(query).scalars())
 
     def active(self) -> list[Incident]:
         with Session(self.engine, expire_on_commit=False) as session:

@@ -110,6 +110,8 @@ class LocalLauncher(Launcher):
     """Where the agents run (the repository, so `-m train` imports)."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """Added to every rank's environment (e.g. GLOO_SOCKET_IFNAME=lo)."""
+    shutdown_timeout_s: int = 1
+    """torchrun's SIGTERM-to-SIGKILL grace for the surviving ranks when one fails."""
 
     @staticmethod
     def scratch_dir(run_dir: Path, node: str) -> Path:
@@ -150,6 +152,10 @@ class LocalLauncher(Launcher):
                 "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'},join_timeout=120",
                 # NOTE: no restarts inside torchrun: the supervisor decides (and may change the node set).
                 "--max-restarts", "0", "--monitor-interval", "0.2",
+                # NOTE: when a rank dies the agent stops the others (they are stuck in a collective with the dead
+                # one) and only then reports every rank's exit status: a short grace makes that report, which says
+                # how the rank died, arrive within a second or two.
+                "--shutdown-timeout", str(self.shutdown_timeout_s),
                 "--log-dir", str(rank_log_dir), "--redirects", "3", "--tee", "3",
                 "-m", "train", "--config", spec.config, "--run-dir", str(spec.run_dir)]
         if spec.resume:

@@ -1,5 +1,5 @@
-"""Diagnosing suspect nodes before a restart: each node runs a runbook (node-health by default) *on that node*,
-through the launcher, while the job is stopped; the per-node verdicts become the policy's VerdictInput.
+"""Diagnosing suspect hosts before a restart: each host runs a runbook (node-health by default) *on that host*,
+through the launcher, while the job is stopped; the per-host verdicts become the policy's Verdict.
 
 A node whose runbook fails is named bad (the policy leaves it out and takes a spare). A runbook that could
 not run (timeout, crash, unreadable output) is an `error`: it names no node, because a healer that cannot
@@ -11,62 +11,42 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from healer.core.remediation import VerdictInput
+from healer.core.remediator import STATUS_ORDER, HostVerdict
 from healer.launchers.local import Launcher
 
-STATUS_ORDER = ("pass", "degraded", "error", "fail")
 
 
-@dataclass(frozen=True, slots=True)
-class NodeVerdict:
-    node: str
-    status: str
-    """pass | degraded | fail | error"""
-    summary: str
-    seconds: float
-
-    def to_payload(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def diagnose_node(launcher: Launcher, run_dir: Path, node: str, runbook: str, timeout: timedelta) -> NodeVerdict:
+def diagnose_node(launcher: Launcher, run_dir: Path, node: str, runbook: str, timeout: timedelta) -> HostVerdict:
     t0 = time.monotonic()
     try:
         done = launcher.run_on(node, run_dir, ["diagnose", runbook, "--nodes", node, "--json"],
                                timeout.total_seconds())
     except (TimeoutError, OSError) as exc:
-        return NodeVerdict(node, "error", f"{runbook} could not run: {exc}", time.monotonic() - t0)
+        return HostVerdict(node, "error", f"{runbook} could not run: {exc}", time.monotonic() - t0)
     seconds = time.monotonic() - t0
     try:
         result = json.loads(done.stdout)
         status, summary = str(result["verdict"]), str(result["summary"])
     except (json.JSONDecodeError, KeyError, TypeError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return NodeVerdict(node, "error", f"{runbook} exited {done.returncode} without a result: "
+        return HostVerdict(node, "error", f"{runbook} exited {done.returncode} without a result: "
                                           f"{' | '.join(tail) or 'no output'}", seconds)
     if status not in STATUS_ORDER:
-        return NodeVerdict(node, "error", f"{runbook} gave an unknown verdict {status!r}", seconds)
+        return HostVerdict(node, "error", f"{runbook} gave an unknown verdict {status!r}", seconds)
     # The failing steps say what is wrong; the runbook's own summary only counts them.
     failing = [f"{s['step']}: {s['summary']}" for s in result.get("steps", [])
                if isinstance(s, dict) and s.get("status") in ("fail", "degraded", "error")]
-    return NodeVerdict(node, status, "; ".join(failing) or summary, seconds)
+    return HostVerdict(node, status, "; ".join(failing) or summary, seconds)
 
 
 def diagnose_nodes(launcher: Launcher, run_dir: Path, nodes: list[str], runbook: str,
-                   timeout: timedelta) -> list[NodeVerdict]:
+                   timeout: timedelta) -> list[HostVerdict]:
     """Every node at once (each is its own machine on a cluster), in `nodes` order."""
     if not nodes:
         return []
     with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="megaheal-diagnose") as pool:
         return list(pool.map(lambda n: diagnose_node(launcher, run_dir, n, runbook, timeout), nodes))
 
-
-def to_verdict(verdicts: list[NodeVerdict]) -> VerdictInput:
-    """The worst status over the nodes, and the nodes that failed."""
-    worst = max((v.status for v in verdicts), key=STATUS_ORDER.index, default="pass")
-    return VerdictInput(status=worst, bad_nodes=tuple(v.node for v in verdicts if v.status == "fail"))

@@ -67,6 +67,9 @@ class Attempt:
     stopping: bool = False
     recorded: set[int] = field(default_factory=set)
     """Ranks whose exit is already in the view."""
+    vanished: dict[int, bool] = field(default_factory=dict)
+    """Ranks recorded as vanished (reaped by their agent before their status was read), with whether their exit
+    was expected: the agent's failure report, when it comes, says how they died."""
 
     @property
     def done(self) -> bool:
@@ -138,7 +141,8 @@ class Supervisor:
             handles = self.launcher.start(spec)
             self.attempt = Attempt(number=number, spec=spec, handles=handles, started_at=self.clock())
             self.history.append(self.attempt)
-            self._journal({"event": "start", "attempt": number, "at": self.attempt.started_at, "nodes": list(nodes),
+            self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": self.attempt.started_at,
+                           "nodes": list(nodes),
                            "dp": dp, "resume": resume, "agents": {h.node: h.process.pid for h in handles}})
             log.info("attempt %d of %s started on %s (resume %s)", number, self.cfg.job, ", ".join(nodes), resume)
             return self.attempt
@@ -177,6 +181,7 @@ class Supervisor:
                 if code is not None:
                     self._agent_ended(a, h, code, now)
             if len(a.ranks) > found:
+                self.view.found(self.cfg.job, frozenset(a.ranks))
                 # A healer that comes back after dying must find (and stop) the processes it left behind.
                 self._journal({"event": "ranks", "attempt": a.number, "at": now,
                                "ranks": {str(pid): r.rank for pid, r in a.ranks.items()}})
@@ -190,14 +195,15 @@ class Supervisor:
         failures = {f.rank: f for f in parse_failures(lines)}
         ranks = [r for r in a.ranks.values() if r.node == h.node]
         for r in ranks:
-            if r.rank in a.recorded:
+            f = failures.get(r.rank)
+            if r.rank in a.recorded and not (f is not None and r.rank in a.vanished):
                 continue
             a.recorded.add(r.rank)
-            f = failures.get(r.rank)
+            expected = a.vanished.pop(r.rank) if r.rank in a.vanished else a.stopping
             self.view.record_exit(ProcessExit(
                 job=self.cfg.job, attempt=a.number, node=h.node, rank=r.rank, pid=r.pid, at=now,
                 exit_code=(f.exit_code if f else 0), signal=f.signal if f else None,
-                log_tail=tuple(self.rank_log_tail(h, r.local_rank)), expected=a.stopping))
+                log_tail=tuple(self.rank_log_tail(h, r.local_rank)), expected=expected))
         if code != 0 and not failures:
             # The agent itself failed (e.g. the rendezvous): its own log is the evidence.
             self.view.record_exit(ProcessExit(job=self.cfg.job, attempt=a.number, node=h.node, rank=None,
@@ -217,6 +223,8 @@ class Supervisor:
     def _rank_ended(self, a: Attempt, h: NodeHandle, r: _Rank, st: procfs.Stat | None, now: float) -> None:
         a.recorded.add(r.rank)
         known = st is not None and st.wait_status is not None
+        if not known:
+            a.vanished[r.rank] = a.stopping
         self.view.record_exit(ProcessExit(
             job=self.cfg.job, attempt=a.number, node=h.node, rank=r.rank, pid=r.pid, at=now,
             exit_code=st.exit_code if known and st is not None else None,
@@ -273,6 +281,7 @@ class Supervisor:
             a = self.attempt
             if a is None:
                 return
+            self.view.stopping(self.cfg.job)
             done = a.done
             a.stopping = a.stopping or not done
         if done:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from healer.core.decisions import page_now
+from healer.core.policy import page_now
 from healer.errors import BadRequest
 from healer.oncall.httpclient import request_json
 from healer.core.models import Incident

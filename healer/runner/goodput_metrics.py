@@ -14,9 +14,10 @@ Series (all labelled `job`):
     megaheal_goodput_attempts_total          counter: attempts the supervisor started
     megaheal_incidents{kind,state}           gauge: incidents of this run by kind and latest state
 
-The ledger is recomputed from the files at scrape time, at most once per `cache` interval. Before the
-supervisor has written its journal the page is empty; an unreadable or malformed file empties it too (with a
-warning, once per distinct error) instead of failing the scrape.
+The ledger is recomputed from the files and the incidents in the healer's store at scrape time, at most once
+per `cache` interval. Before the supervisor has written its journal the page is empty; an unreadable or malformed
+file, or a database that cannot be read, empties it too (with a warning, once per distinct error) instead of
+failing the scrape.
 """
 
 from __future__ import annotations
@@ -34,26 +35,32 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from healer.core.goodput import CATEGORIES, Ledger, compute
+from healer.errors import DatabaseError
 
 log = logging.getLogger(__name__)
+Incidents = Callable[[], list[dict[str, Any]]]
+"""The run's incidents as healer.core.timeline payloads (read from the healer's store)."""
 
 # NOTE: what a torn or hand-edited file makes `compute` raise (a missing key, a value of the wrong type, bytes
-# that are not UTF-8, a path that cannot be read). Anything else is a bug in this code and should surface.
-_UNREADABLE = (OSError, UnicodeDecodeError, KeyError, TypeError, AttributeError)
+# that are not UTF-8, a path that cannot be read), and a store that cannot be read. Anything else is a bug in
+# this code and should surface.
+_UNREADABLE = (OSError, UnicodeDecodeError, KeyError, TypeError, AttributeError, SQLAlchemyError, DatabaseError)
 _MAX_REMEMBERED_ERRORS = 32
 
 
 class GoodputCollector(Collector):
     """The goodput ledger of one run directory, recomputed at scrape time (cached for `cache`)."""
 
-    def __init__(self, run_dir: Path, job: str, *, cache: timedelta = timedelta(seconds=2),
+    def __init__(self, run_dir: Path, job: str, incidents: Incidents, *, cache: timedelta = timedelta(seconds=2),
                  clock: Callable[[], float] = time.monotonic, registry: CollectorRegistry | None = None) -> None:
         if not job or not job.isprintable():
             raise ValueError(f"job must be a non-empty printable name, got {job!r}")
         if cache < timedelta(0):
             raise ValueError(f"cache must be >= 0, got {cache}")
-        self._run_dir, self._job = Path(run_dir), job
+        self._run_dir, self._job, self._incidents = Path(run_dir), job, incidents
         self._cache_s, self._clock = cache.total_seconds(), clock
         self._lock = threading.Lock()  # NOTE: the HTTP server scrapes from one thread per request
         self._cached: tuple[float, Ledger | None] | None = None
@@ -71,7 +78,7 @@ class GoodputCollector(Collector):
 
     def _compute(self) -> Ledger | None:
         try:
-            ledger = compute(self._run_dir)
+            ledger = compute(self._run_dir, self._incidents())
         except _UNREADABLE as exc:  # before ValueError: UnicodeDecodeError is one
             self._warn_once(exc)
             return None
@@ -134,16 +141,16 @@ def _by_kind_and_state(incidents: list[dict[str, Any]]) -> Counter[tuple[str, st
 class GoodputServer:
     """/metrics of one run's goodput on its own registry and HTTP server (loopback unless told otherwise).
 
-        server = GoodputServer(run_dir, job, port=9472); port = server.start(); ...; server.stop()
+        server = GoodputServer(run_dir, job, incidents, port=9472); port = server.start(); ...; server.stop()
     """
 
-    def __init__(self, run_dir: Path, job: str, *, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, run_dir: Path, job: str, incidents: Incidents, *, host: str = "127.0.0.1", port: int = 0,
                  cache: timedelta = timedelta(seconds=2)) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be 0 (any free port) to 65535, got {port}")
         self.host, self._port = host, port
         self.registry = CollectorRegistry()
-        self.collector = GoodputCollector(run_dir, job, cache=cache, registry=self.registry)
+        self.collector = GoodputCollector(run_dir, job, incidents, cache=cache, registry=self.registry)
         self._httpd: Any = None
         self._thread: threading.Thread | None = None
 

@@ -1,5 +1,6 @@
 """`megaheal report RUN_DIR`: the incident table and the goodput ledger of a supervised run, printed with rich
-and written as JSON to `<run_dir>/report.json`."""
+and written as JSON to `<run_dir>/report.json`. The incidents come from the healer's store (by default the SQLite
+database `megaheal run` keeps in the run directory), the times from the run's journals."""
 
 from __future__ import annotations
 
@@ -7,7 +8,32 @@ import json
 from pathlib import Path
 from typing import Any
 
+from healer.core.db import ensure_schema, make_engine
 from healer.core.goodput import CATEGORIES, Ledger, compute
+from healer.core.timeline import job_timelines
+from healer.jsonl import read_jsonl
+
+
+def run_job_name(run_dir: Path) -> str:
+    """The job a supervised run ran (its supervisor journal says); ValueError when it has none."""
+    for entry in read_jsonl(run_dir / "supervisor" / "attempts.jsonl"):
+        if entry.get("event") == "start" and isinstance(entry.get("job"), str):
+            return str(entry["job"])
+    raise ValueError(f"{run_dir}: no supervisor/attempts.jsonl: not a supervised run")
+
+
+def default_db_url(run_dir: Path) -> str:
+    return f"sqlite:///{(run_dir / 'healer.db').absolute()}"
+
+
+def load_incidents(run_dir: Path, db_url: str | None = None) -> list[dict[str, Any]]:
+    """The run's incidents as timeline payloads, from `db_url` (default: the run directory's database)."""
+    engine = make_engine(db_url or default_db_url(run_dir))
+    try:
+        ensure_schema(engine, create_if_empty=False)
+        return [t.to_payload() for t in job_timelines(engine, run_job_name(run_dir))]
+    finally:
+        engine.dispose()
 
 
 def _s(value: Any) -> str:
@@ -19,11 +45,11 @@ def render(ledger: Ledger) -> None:
     from rich.table import Table
 
     console = Console()
-    console.width = max(console.width, 140)  # the incident table is wide; a pipe or CI log has 80 columns
+    console.width = max(console.width, 180)  # the incident table is wide; a pipe or CI log has 80 columns
     table = Table(title="incidents")
     for col in ("#", "kind", "suspect", "detected in", "diagnosed in", "recovered in", "lost steps", "action",
-                "verdict", "state"):
-        table.add_column(col)
+                "verdict", "state", "what happened"):
+        table.add_column(col, overflow="fold")
     for inc in ledger.incidents:
         suspect = ", ".join([*(f"rank {r}" for r in inc.get("suspect_ranks", [])), *inc.get("suspect_nodes", [])])
         verdict = inc.get("verdict") or (inc.get("plan") or {}).get("decision_basis", {}).get("verdict")
@@ -33,7 +59,7 @@ def render(ledger: Ledger) -> None:
         table.add_row(str(inc["id"]), inc["kind"], suspect or "-", _s(inc.get("detected_in_s")),
                       _s(inc.get("diagnosed_in_s")), _s(inc.get("recovered_in_s")),
                       str(inc.get("lost_steps") if inc.get("lost_steps") is not None else "-"),
-                      inc.get("action") or "-", verdict or "-", inc.get("state", "-"))
+                      inc.get("action") or "-", verdict or "-", inc.get("state", "-"), str(inc.get("summary", ""))[:90])
     console.print(table)
     split = Table(title=f"goodput: wall {ledger.wall_s:.1f} s, {ledger.steps_done} steps, {ledger.attempts} attempt(s)")
     split.add_column("where the time went")
@@ -46,8 +72,8 @@ def render(ledger: Ledger) -> None:
     console.print(f"ETTR (productive / wall): [bold]{100 * ledger.ettr:.1f}%[/bold]")
 
 
-def report(run_dir: Path, quiet: bool = False) -> Ledger:
-    ledger = compute(run_dir)
+def report(run_dir: Path, incidents: list[dict[str, Any]], quiet: bool = False) -> Ledger:
+    ledger = compute(run_dir, incidents)
     (run_dir / "report.json").write_text(json.dumps(ledger.to_payload(), indent=2, default=str))
     if not quiet:
         render(ledger)

@@ -29,11 +29,13 @@ from healer.core.db import default_db_url, ensure_schema, make_engine, safe_url
 from healer.service.diagnosis import LocalRunbookDiagnoser
 from healer.core.engine import Healer
 from healer.errors import DatabaseError, DatabaseNotAtHead, SinkError
+from megaheal.typedconfig import ConfigError
 from healer.service.health import Readiness
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.metrics import HealerMetrics
 from healer.core.promql import PromqlEvaluator, PrometheusClient
-from healer.core.rules import load_rules
+from healer.core.catalogue import fault
+from healer.core.rules import RuleSet, load_rule_set
 from healer.oncall.sinks import AlertmanagerSink, GrafanaSink, Sink, Sinks, WebhookSink
 from healer.core.store import IncidentStore
 
@@ -56,6 +58,21 @@ def _read(path: str) -> str:
         return f.read().strip()
 
 
+def notify_only(rules: RuleSet) -> RuleSet:
+    """The service alone has no launcher: it refuses a rule that names a remedy acting on the job (only `megaheal
+    run`, which starts the job, can restart it), and says which rules' faults it can only notify about."""
+    acting = rules.job_actions()
+    if acting:
+        listed = "; ".join(f"{r.name} ({r.source}): remediate: {r.remediate}" for r in acting)
+        raise ConfigError(f"this healer has no launcher, so it can only notify or escalate; these rules act on the "
+                          f"job: {listed}. Use `megaheal run` for a job it should heal, or remediate: notify")
+    defaulted = [r.name for r in rules.rules if r.remedy is None and fault(r.incident_kind).remedy.restarts]
+    if defaulted:
+        log.warning("no launcher: rules %s would restart the job under `megaheal run`; this healer notifies only",
+                    ", ".join(defaulted))
+    return rules
+
+
 class Service:
     def __init__(self, cfg: HealerConfig) -> None:
         self.cfg = cfg
@@ -69,7 +86,7 @@ class Service:
         self.readiness = Readiness(lambda: ensure_schema(self.engine))
         self.diagnoser = LocalRunbookDiagnoser(cfg.diagnosis_workers) if cfg.diagnosis == "local" else None
         self.healer = Healer(
-            store=self.store, rules=load_rules(list(cfg.rules)), table=self.table, sinks=build_sinks(cfg),
+            store=self.store, rules=notify_only(load_rule_set(list(cfg.rules))), table=self.table, sinks=build_sinks(cfg),
             metrics=self.metrics, diagnoser=self.diagnoser, resend=cfg.alertmanager_resend,
             promql=PromqlEvaluator(PrometheusClient(cfg.prometheus_url)) if cfg.prometheus_url else None)
         self.metrics.track(lambda: len(self.table), self.store.open_counts)

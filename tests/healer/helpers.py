@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from healer.core import db
-from healer.service.diagnosis import Diagnoser
+from healer.core.remediator import Diagnoser
 from healer.core.engine import Healer
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.metrics import HealerMetrics
-from healer.core.rules import load_rules
+from healer.core.remediator import Remediator
+from healer.core.rules import load_rule_set
 from healer.oncall.sinks import Sink, Sinks
 from healer.core.store import IncidentStore
 
@@ -29,7 +30,8 @@ class ManualClock:
 
 
 def make_healer(tmp_path: Path, rules: str, clock: ManualClock | None = None, diagnoser: Diagnoser | None = None,
-                sinks: list[Sink] | None = None, db_url: str | None = None) -> Healer:
+                sinks: list[Sink] | None = None, db_url: str | None = None, remediator: Remediator | None = None
+                ) -> Healer:
     from datetime import datetime, timezone
 
     clock = clock or ManualClock()
@@ -39,8 +41,8 @@ def make_healer(tmp_path: Path, rules: str, clock: ManualClock | None = None, di
     store = IncidentStore(engine, "test-healer", clock=lambda: datetime.fromtimestamp(clock.now, timezone.utc))
     metrics = HealerMetrics()
     table = HeartbeatTable(clock=clock)
-    healer = Healer(store=store, rules=load_rules([tmp_path / "rules.yaml"]), table=table, sinks=Sinks(sinks or []),
-                    metrics=metrics, diagnoser=diagnoser, clock=clock)
+    healer = Healer(store=store, rules=load_rule_set([tmp_path / "rules.yaml"]), table=table,
+                    sinks=Sinks(sinks or []), metrics=metrics, diagnoser=diagnoser, remediator=remediator, clock=clock)
     metrics.track(lambda: len(table), store.open_counts)
     healer.start()
     return healer

@@ -16,7 +16,7 @@ from healer.errors import DatabaseError, DatabaseNotAtHead
 from healer.core.models import Base
 from tests.healer.services import MEGAHEAL
 
-TABLES = {"jobs", "nodes", "incidents", "incident_events", "runbook_runs", "remediations", "restarts",
+TABLES = {"jobs", "nodes", "node_incidents", "incidents", "incident_events", "runbook_runs", "remediations", "restarts",
           "goodput_intervals"}
 
 

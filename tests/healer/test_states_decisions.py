@@ -1,4 +1,4 @@
-"""The incident state machine (one table, illegal transitions raise) and the pure decision function."""
+"""The incident state machine (one table, illegal transitions raise) and the pure policy (healer.core.policy)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from healer.core.decisions import Action, IncidentFacts, decide, page_now
-from healer.errors import IllegalTransition
+from healer.core.catalogue import Remedy, fault
+from healer.core.plans import JobFacts, Verdict
+from healer.core.policy import Action, IncidentFacts, JobNow, decide, page_now
 from healer.core.rules import AlertCondition, Rule
 from healer.core.states import ACTIVE_STATES, TRANSITIONS, IncidentState, check_transition
+from healer.errors import IllegalTransition
 
 S = IncidentState
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -22,8 +24,14 @@ def _rule(**kw: object) -> Rule:
     return rule
 
 
-def _facts(state: S, rule: Rule | None, now: datetime = T0, **kw: object) -> IncidentFacts:
-    return IncidentFacts(incident_id=1, state=state, state_since=T0, now=now, rule=rule, **kw)  # type: ignore[arg-type]
+def _facts(state: S, rule: Rule | None, now: datetime = T0, kind: str = "x", **kw: object) -> IncidentFacts:
+    return IncidentFacts(incident_id=1, kind=fault(kind), state=state, state_since=T0, now=now, rule=rule,
+                         **kw)  # type: ignore[arg-type]
+
+
+def _job(attempt: int = 1, busy_with: int | None = None) -> JobNow:
+    return JobNow(facts=JobFacts(nodes=("n1", "n2"), spares=("n3",), dp=2, checkpoint_steps=(4,)), attempt=attempt,
+                  busy_with=busy_with)
 
 
 @pytest.mark.parametrize("old", list(S))
@@ -56,10 +64,35 @@ def test_an_open_incident_with_a_runbook_is_diagnosed_until_its_deadline() -> No
 
 
 def test_a_verdict_moves_diagnosis_on_to_the_rules_remediation() -> None:
-    notify = decide(_facts(S.DIAGNOSING, _rule(runbook="x"), verdict="fail"))
+    notify = decide(_facts(S.DIAGNOSING, _rule(runbook="x"), verdict=Verdict("fail")))
     assert (notify.action, notify.to_state, notify.basis["verdict"]) == (Action.REMEDIATE, S.REMEDIATING, "fail")
-    escalate = decide(_facts(S.DIAGNOSING, _rule(runbook="x", remediate="escalate"), verdict="pass"))
+    assert notify.plan is not None and notify.plan.remedy is Remedy.NOTIFY
+    escalate = decide(_facts(S.DIAGNOSING, _rule(runbook="x", remediate="escalate"), verdict=Verdict("pass")))
     assert (escalate.action, escalate.to_state) == (Action.ESCALATE, S.ESCALATED)
+
+
+def test_without_a_launcher_a_remedy_that_restarts_only_notifies_and_says_why() -> None:
+    d = decide(_facts(S.OPEN, _rule(), kind="crash"))
+    assert d.plan is not None and d.plan.remedy is Remedy.NOTIFY and d.basis["launcher"] == "none: notify only"
+    with_launcher = decide(_facts(S.OPEN, _rule(), kind="crash", job=_job()))
+    assert with_launcher.plan is not None and with_launcher.plan.remedy is Remedy.RESTART
+
+
+def test_one_remediation_at_a_time_and_a_fault_of_an_older_attempt_is_superseded() -> None:
+    busy = decide(_facts(S.OPEN, _rule(), kind="hang", attempt=1, job=_job(busy_with=7)))
+    assert (busy.action, busy.next_action_at) == (Action.WAIT, T0 + timedelta(seconds=1))
+    assert "incident 7" in busy.basis["reason"]
+    old = decide(_facts(S.OPEN, _rule(), kind="hang", attempt=1, job=_job(attempt=2)))
+    assert (old.action, old.to_state) == (Action.RESOLVE, S.RESOLVED) and "superseded" in old.basis["reason"]
+
+
+def test_a_spent_budget_escalates_and_stops_a_job_that_cannot_go_on() -> None:
+    from healer.core.plans import RestartBudget
+
+    d = decide(_facts(S.OPEN, _rule(), kind="crash", job=_job(), budget=RestartBudget(max_restarts=0)))
+    assert (d.action, d.to_state, d.stop_job) == (Action.ESCALATE, S.ESCALATED, True)
+    straggler = decide(_facts(S.OPEN, _rule(remediate="escalate"), kind="straggler", job=_job()))
+    assert straggler.to_state is S.ESCALATED and not straggler.stop_job  # it still trains: page, do not stop it
 
 
 def test_without_a_diagnoser_it_says_diagnosis_was_skipped_and_remediates() -> None:

@@ -1,4 +1,5 @@
-"""The goodput ledger over a run directory written the way the supervisor, the loop and the trainer write it."""
+"""The goodput ledger over a run directory written the way the supervisor and the trainer write it, and incidents
+as the healer's store gives them back (healer.core.timeline payloads)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import pytest
 
 from healer.core.goodput import CATEGORIES, KINDS, compute, intervals
 from healer.runner.report import report
-from healer.core.restarts import RestartRecord, restarts
 
 
 def write(path: Path, entries: list[dict[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+
+
+CRASH = {"id": 1, "kind": "crash", "attempt": 0, "detected_at": 19.0, "decided_at": 19.5, "remediated_at": 21.0,
+         "recovered_at": 27.0, "suspect_ranks": [3], "suspect_nodes": ["n2"], "lost_steps": 2, "state": "resolved",
+         "action": "restart", "plan": {"decision_basis": {"verdict": None}}, "summary": "rank 3 on n2 killed by SIGKILL"}
 
 
 def write_crash_run(run_dir: Path) -> None:
@@ -29,17 +34,11 @@ def write_crash_run(run_dir: Path) -> None:
             for s in range(6)]
     recs += [{"step": s, "time": 27.0 + (s - 4), "step_seconds": 1.0, "phases": {}} for s in range(4, 10)]
     write(run_dir / "ranks" / "0.jsonl", recs)
-    inc = {"id": 1, "kind": "crash", "attempt": 0, "detected_at": 19.0, "remediated_at": 21.0, "recovered_at": 27.0,
-           "suspect_ranks": [3], "suspect_nodes": ["n2"], "lost_steps": 2, "state": "resolved", "action": "restart-in-place",
-           "plan": {"decision_basis": {"verdict": None}}}
-    write(run_dir / "incidents.jsonl", [{"event": "detected", "at": 19.0, "incident": inc},
-                                        {"event": "decided", "at": 19.5, "incident": inc},
-                                        {"event": "recovered", "at": 27.0, "incident": inc}])
 
 
 def test_it_splits_wall_time_into_productive_checkpoint_lost_detection_restart_and_startup(tmp_path: Path) -> None:
     write_crash_run(tmp_path)
-    ledger = compute(tmp_path)
+    ledger = compute(tmp_path, [CRASH])
     assert ledger.wall_s == 33.0 and ledger.attempts == 2 and ledger.steps_done == 10 and ledger.lost_steps == 2
     s = ledger.seconds
     assert s["productive"] == pytest.approx(10 - 0.5) and s["checkpointing"] == pytest.approx(0.5)
@@ -49,33 +48,33 @@ def test_it_splits_wall_time_into_productive_checkpoint_lost_detection_restart_a
     assert sum(s.values()) == pytest.approx(33.0) and ledger.ettr == pytest.approx(9.5 / 33, abs=1e-4)
     (row,) = ledger.incidents
     assert row["detected_in_s"] == pytest.approx(3.0) and row["recovered_in_s"] == pytest.approx(11.0)
-    report(tmp_path, quiet=True)
+    report(tmp_path, [CRASH], quiet=True)
     assert json.loads((tmp_path / "report.json").read_text())["ettr"] == ledger.ettr
 
 
 def test_an_unsupervised_run_has_no_ledger(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a supervised run"):
-        compute(tmp_path)
-    assert intervals(tmp_path) == []
+        compute(tmp_path, [])
+    assert intervals(tmp_path, []) == []
 
 
 # ---- intervals -----------------------------------------------------------------------------------------------
 
 def test_its_intervals_tile_the_wall_time_in_order_and_sum_to_the_totals(tmp_path: Path) -> None:
     write_crash_run(tmp_path)
-    spans = intervals(tmp_path)
+    spans = intervals(tmp_path, [CRASH])
     assert (spans[0].start, spans[-1].end) == (0.0, 33.0)
     assert all(a.end == b.start for a, b in pairwise(spans)), "an overlap or a gap"
     assert all(s.end > s.start for s in spans)
     assert all((a.kind, a.incident) != (b.kind, b.incident) for a, b in pairwise(spans)), "not merged"
-    totals = compute(tmp_path).seconds
+    totals = compute(tmp_path, [CRASH]).seconds
     for kind, category in zip(KINDS, CATEGORIES):
         assert sum(s.seconds for s in spans if s.kind == kind) == pytest.approx(totals[category]), kind
 
 
 def test_a_crash_is_told_as_detection_diagnosis_restart_and_lost_work_of_its_incident(tmp_path: Path) -> None:
     write_crash_run(tmp_path)
-    assert [(s.kind, s.start, s.end, s.incident, s.steps) for s in intervals(tmp_path)] == [
+    assert [(s.kind, s.start, s.end, s.incident, s.steps) for s in intervals(tmp_path, [CRASH])] == [
         ("startup", 0.0, 10.0, None, None), ("productive", 10.0, 13.5, None, 4),
         ("checkpointing", 13.5, 14.0, None, None), ("lost", 14.0, 16.0, 1, 2), ("detection", 16.0, 19.0, 1, None),
         ("diagnosis", 19.0, 19.5, 1, None), ("restart", 19.5, 21.0, 1, None), ("startup", 21.0, 26.0, None, None),
@@ -94,12 +93,12 @@ def test_a_stretch_of_steps_is_one_interval_split_only_by_a_real_save_or_a_long_
     write(tmp_path / "supervisor" / "attempts.jsonl", [{"event": "start", "attempt": 0, "at": 0.0},
                                                        {"event": "end", "attempt": 0, "at": t + 0.5}])
     write(tmp_path / "ranks" / "0.jsonl", recs)
-    spans = intervals(tmp_path)
+    spans = intervals(tmp_path, [])
     assert [(s.kind, s.steps) for s in spans] == [("startup", None), ("productive", 10), ("checkpointing", None),
                                                   ("productive", 10), ("other", None), ("productive", 10),
                                                   ("other", None)]
     assert spans[4].seconds == pytest.approx(2.001)
-    seconds = compute(tmp_path).seconds
+    seconds = compute(tmp_path, []).seconds
     # NOTE: the bookkeeping between steps (28 gaps of 1 ms) and the checks that saved nothing count as productive.
     assert seconds["checkpointing"] == pytest.approx(0.1)
     assert seconds["productive"] == pytest.approx(30 * 0.2 - 0.1 + 28 * 0.001)
@@ -110,55 +109,9 @@ def test_time_claimed_twice_goes_to_the_steps_that_ran_in_it(tmp_path: Path) -> 
     write(tmp_path / "supervisor" / "attempts.jsonl", [{"event": "start", "attempt": 0, "at": 0.0},
                                                        {"event": "end", "attempt": 0, "at": 11.5}])
     write(tmp_path / "ranks" / "0.jsonl", [{"step": s, "time": 2.0 + s, "step_seconds": 1.0} for s in range(10)])
-    inc = {"id": 1, "kind": "straggler", "attempt": 0, "detected_at": 5.5, "state": "resolved"}
-    write(tmp_path / "incidents.jsonl", [{"event": "detected", "at": 5.5, "incident": inc},
-                                         {"event": "decided", "at": 5.6, "incident": inc},
-                                         {"event": "notified", "at": 5.6, "incident": inc}])
-    assert [s.kind for s in intervals(tmp_path)] == ["startup", "productive", "other"]
-    ledger = compute(tmp_path)
+    inc = {"id": 1, "kind": "straggler", "attempt": 0, "detected_at": 5.5, "decided_at": 5.6, "state": "resolved"}
+    assert [s.kind for s in intervals(tmp_path, [inc])] == ["startup", "productive", "other"]
+    ledger = compute(tmp_path, [inc])
     assert ledger.seconds["productive"] == 10.0 and ledger.seconds["detection"] == ledger.seconds["diagnosis"] == 0
     assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s)
     assert ledger.incidents[0]["detected_in_s"] == pytest.approx(0.5)
-
-
-# ---- restarts ------------------------------------------------------------------------------------------------
-
-def journal(run_dir: Path, starts: list[float], events: list[tuple[str, float, dict[str, object]]]) -> None:
-    write(run_dir / "supervisor" / "attempts.jsonl",
-          [{"event": "start", "attempt": n, "at": at} for n, at in enumerate(starts)])
-    write(run_dir / "incidents.jsonl", [{"event": e, "at": at, "incident": inc} for e, at, inc in events])
-
-
-def _inc(id: int, attempt: int, **kw: object) -> dict[str, object]:
-    return {"id": id, "kind": "crash", "attempt": attempt, "detected_at": 0.0, **kw}
-
-
-def test_a_restart_records_its_request_checkpoint_nodes_and_recovery(tmp_path: Path) -> None:
-    plan = {"nodes": ["n1", "n3"], "exclude": ["n2"]}
-    journal(tmp_path, [0.0, 21.0], [
-        ("detected", 19.0, _inc(1, 0)), ("decided", 19.5, _inc(1, 0, plan=plan)),
-        ("restarted", 21.0, _inc(1, 0, plan=plan, resume_step=4, remediated_at=21.0)),
-        ("recovered", 27.0, _inc(1, 0, plan=plan, resume_step=4, recovered_at=27.0, first_step_after=4))])
-    assert restarts(tmp_path) == [RestartRecord(incident=1, requested_at=19.5, restarted_at=21.0, from_step=4,
-                                                nodes=["n1", "n3"], excluded=["n2"], resumed_at=27.0, resumed_step=4,
-                                                outcome="recovered")]
-
-
-def test_a_restart_whose_attempt_fails_before_a_step_is_superseded_and_the_last_one_escalated(tmp_path: Path) -> None:
-    # Incident 1 restarts into attempt 1, which crashes before a step (incident 2, restarted into attempt 2), which
-    # crashes too (incident 3): the budget is spent and the job escalated.
-    journal(tmp_path, [0.0, 11.0, 21.0], [
-        ("decided", 10.0, _inc(1, 0)), ("restarted", 11.0, _inc(1, 0, resume_step=5)),
-        ("decided", 20.0, _inc(2, 1)), ("restarted", 21.0, _inc(2, 1, resume_step=5)),
-        ("decided", 30.0, _inc(3, 2)), ("escalated", 30.0, _inc(3, 2, state="escalated"))])
-    assert [(r.incident, r.requested_at, r.outcome, r.resumed_at) for r in restarts(tmp_path)] == [
-        (1, 10.0, "superseded", None), (2, 20.0, "escalated", None)]
-
-
-def test_a_healer_that_takes_the_run_over_restarts_again_and_the_first_restart_is_superseded(tmp_path: Path) -> None:
-    journal(tmp_path, [0.0, 11.0, 50.0], [
-        ("decided", 10.0, _inc(1, 0)), ("restarted", 11.0, _inc(1, 0, resume_step=5)),
-        ("taken-over", 50.0, _inc(1, 0, resume_step=5)), ("restarted", 50.1, _inc(1, 0, resume_step=5)),
-        ("recovered", 55.0, _inc(1, 0, resume_step=5, recovered_at=55.0, first_step_after=5))])
-    assert [(r.requested_at, r.outcome, r.resumed_at, r.resumed_step) for r in restarts(tmp_path)] == [
-        (10.0, "superseded", None, None), (50.1, "recovered", 55.0, 5)]

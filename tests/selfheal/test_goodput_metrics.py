@@ -1,9 +1,9 @@
-"""The goodput ledger as Prometheus metrics: over a run directory written the way test_goodput.py writes one,
-scraped through a fresh registry and through the real HTTP server."""
+"""The goodput ledger as Prometheus metrics: over a run directory written the way test_goodput.py writes one and
+incidents as the healer's store gives them back, scraped through a fresh registry and through the real HTTP
+server."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import urllib.request
@@ -16,16 +16,32 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import DuplicateTimeseries
 
 from healer.core.goodput import CATEGORIES
+from healer.errors import DatabaseError
 from healer.runner.goodput_metrics import GoodputCollector, GoodputServer
-from healer.jsonl import append_jsonl
-from tests.selfheal.test_goodput import write, write_crash_run
+from tests.selfheal.test_goodput import CRASH, write_crash_run
+
+HANG = {"id": 2, "kind": "hang", "attempt": 1, "detected_at": 32.0, "state": "open"}
 
 
-def write_run(run_dir: Path) -> None:
+class Store:
+    """The run's incidents as the collector reads them from the healer's store; `down` makes the read fail."""
+
+    def __init__(self) -> None:
+        self.incidents: list[dict[str, object]] = []
+        self.down = False
+
+    def __call__(self) -> list[dict[str, object]]:
+        if self.down:
+            raise DatabaseError("cannot reach the database sqlite:///x: disk I/O error")
+        return list(self.incidents)
+
+
+def write_run(run_dir: Path, store: Store | None = None) -> Store:
     """test_goodput's crash run (two attempts over 33 s, 10 steps count, 2 were lost) and a hang still open."""
     write_crash_run(run_dir)
-    hang = {"id": 2, "kind": "hang", "attempt": 1, "detected_at": 32.0, "state": "open"}
-    append_jsonl(run_dir / "incidents.jsonl", {"event": "detected", "at": 32.0, "incident": hang})
+    store = store or Store()
+    store.incidents = [CRASH, HANG]
+    return store
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -52,9 +68,9 @@ def clock() -> Clock:
 
 
 def test_it_exports_the_wall_split_ettr_steps_attempts_and_incidents(tmp_path: Path) -> None:
-    write_run(tmp_path)
+    store = write_run(tmp_path)
     registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "llama-8b", registry=registry)
+    GoodputCollector(tmp_path, "llama-8b", store, registry=registry)
     got = scrape(registry)
     job = (("job", "llama-8b"),)
     per_category = {c: got[("megaheal_goodput_seconds", (("category", c), *job))] for c in CATEGORIES}
@@ -71,21 +87,18 @@ def test_it_exports_the_wall_split_ettr_steps_attempts_and_incidents(tmp_path: P
 
 
 def test_it_counts_incidents_of_one_kind_and_state_together(tmp_path: Path) -> None:
-    write_run(tmp_path)
-    more = [{"event": "detected", "at": 30.0 + i, "incident": {"id": 3 + i, "kind": "crash", "attempt": 1,
-                                                                "detected_at": 30.0 + i, "state": "resolved"}}
-            for i in range(2)]
-    with (tmp_path / "incidents.jsonl").open("a") as f:
-        f.writelines(json.dumps(e) + "\n" for e in more)
+    store = write_run(tmp_path)
+    store.incidents += [{"id": 3 + i, "kind": "crash", "attempt": 1, "detected_at": 30.0 + i, "state": "resolved"}
+                        for i in range(2)]
     registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "j", registry=registry)
+    GoodputCollector(tmp_path, "j", store, registry=registry)
     assert scrape(registry)[("megaheal_incidents", (("job", "j"), ("kind", "crash"), ("state", "resolved")))] == 3
 
 
 def test_it_serves_an_empty_valid_page_before_the_supervisor_journal_exists(tmp_path: Path,
                                                                              caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "j", registry=registry)
+    GoodputCollector(tmp_path, "j", Store(), registry=registry)
     with caplog.at_level(logging.WARNING):
         assert scrape(registry) == {}
     assert not caplog.records  # not a fault: the run has not started yet
@@ -93,39 +106,30 @@ def test_it_serves_an_empty_valid_page_before_the_supervisor_journal_exists(tmp_
 
 def test_it_rereads_the_run_only_after_the_cache_interval(tmp_path: Path, clock: Clock) -> None:
     registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "j", cache=timedelta(seconds=2), clock=clock, registry=registry)
+    store = Store()
+    GoodputCollector(tmp_path, "j", store, cache=timedelta(seconds=2), clock=clock, registry=registry)
     assert scrape(registry) == {}
-    write_run(tmp_path)
+    write_run(tmp_path, store)
     clock.now += 1.9
     assert scrape(registry) == {}  # still the cached answer
     clock.now += 0.1
     assert scrape(registry)[("megaheal_goodput_attempts_total", (("job", "j"),))] == 2
 
 
-def test_a_truncated_last_ledger_line_still_scrapes_the_lines_before_it(tmp_path: Path) -> None:
-    write_run(tmp_path)
-    with (tmp_path / "incidents.jsonl").open("a") as f:
-        f.write('{"event": "detected", "at": 33.0, "incident": {"id": 3, "ki')  # the loop died mid-write
-    registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "j", registry=registry)
-    got = scrape(registry)
-    assert sum(v for k, v in got.items() if k[0] == "megaheal_incidents") == 2
-    assert got[("megaheal_goodput_steps", (("job", "j"),))] == 10
-
-
 @pytest.mark.parametrize("corrupt", [
-    pytest.param(lambda d: (d / "incidents.jsonl").write_bytes(b'{"event": "det\xff\xfe\n'), id="not-utf8"),
-    pytest.param(lambda d: write(d / "incidents.jsonl", [{"event": "detected", "at": 1.0}]), id="missing-key"),
-    pytest.param(lambda d: (d / "ranks" / "0.jsonl").write_text('{"step": 1, "time": "x", "step_seconds": 1}\n'),
+    pytest.param(lambda d, s: (d / "ranks" / "0.jsonl").write_bytes(b'{"step": 1, "ti\xff\xfe\n'), id="not-utf8"),
+    pytest.param(lambda d, s: (d / "ranks" / "0.jsonl").write_text('{"step": 1, "time": "x", "step_seconds": 1}\n'),
                  id="wrong-type"),
-    pytest.param(lambda d: ((d / "ranks" / "0.jsonl").unlink(), (d / "ranks" / "0.jsonl").mkdir()), id="unreadable"),
+    pytest.param(lambda d, s: ((d / "ranks" / "0.jsonl").unlink(), (d / "ranks" / "0.jsonl").mkdir()),
+                 id="unreadable"),
+    pytest.param(lambda d, s: setattr(s, "down", True), id="database-down"),
 ])
-def test_a_garbled_run_file_empties_the_page_and_warns_once(tmp_path: Path, clock: Clock, corrupt: object,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
-    write_run(tmp_path)
-    corrupt(tmp_path)  # type: ignore[operator]
+def test_a_garbled_run_file_or_a_database_that_is_down_empties_the_page_and_warns_once(
+        tmp_path: Path, clock: Clock, corrupt: object, caplog: pytest.LogCaptureFixture) -> None:
+    store = write_run(tmp_path)
+    corrupt(tmp_path, store)  # type: ignore[operator]
     registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "j", clock=clock, registry=registry)
+    GoodputCollector(tmp_path, "j", store, clock=clock, registry=registry)
     with caplog.at_level(logging.WARNING, logger="healer.runner.goodput_metrics"):
         for _ in range(3):
             assert scrape(registry) == {}
@@ -135,14 +139,14 @@ def test_a_garbled_run_file_empties_the_page_and_warns_once(tmp_path: Path, cloc
 
 def test_a_repaired_file_exports_again_and_a_later_breakage_warns_again(tmp_path: Path, clock: Clock,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
-    write_run(tmp_path)
+    store = write_run(tmp_path)
     registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "j", clock=clock, registry=registry)
+    GoodputCollector(tmp_path, "j", store, clock=clock, registry=registry)
     with caplog.at_level(logging.WARNING, logger="healer.runner.goodput_metrics"):
         for _ in range(2):
-            (tmp_path / "incidents.jsonl").write_bytes(b"\xff\n")
+            store.down = True
             assert scrape(registry) == {}
-            write_run(tmp_path)
+            store.down = False
             clock.now += 10
             assert scrape(registry)[("megaheal_goodput_attempts_total", (("job", "j"),))] == 2
             clock.now += 10
@@ -151,15 +155,15 @@ def test_a_repaired_file_exports_again_and_a_later_breakage_warns_again(tmp_path
 
 def test_a_second_collector_of_the_same_names_is_rejected(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    GoodputCollector(tmp_path, "a", registry=registry)
+    GoodputCollector(tmp_path, "a", Store(), registry=registry)
     with pytest.raises(DuplicateTimeseries):
-        GoodputCollector(tmp_path, "b", registry=registry)
+        GoodputCollector(tmp_path, "b", Store(), registry=registry)
 
 
 @pytest.mark.parametrize("kwargs", [{"job": ""}, {"job": "a\nb"}, {"job": "j", "cache": timedelta(seconds=-1)}])
 def test_it_refuses_a_bad_job_name_or_negative_cache(tmp_path: Path, kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        GoodputCollector(tmp_path, **kwargs)  # type: ignore[arg-type]
+        GoodputCollector(tmp_path, incidents=Store(), **kwargs)  # type: ignore[arg-type]
 
 
 def fetch(url: str) -> str:
@@ -169,9 +173,9 @@ def fetch(url: str) -> str:
 
 
 def test_the_server_serves_the_ledger_on_a_free_loopback_port_and_stops_cleanly(tmp_path: Path) -> None:
-    write_run(tmp_path)
+    store = write_run(tmp_path)
     threads_before = set(threading.enumerate())
-    server = GoodputServer(tmp_path, "llama-8b")
+    server = GoodputServer(tmp_path, "llama-8b", store)
     port = server.start()
     try:
         assert port > 0 and server.url == f"http://127.0.0.1:{port}/metrics"
@@ -187,7 +191,7 @@ def test_the_server_serves_the_ledger_on_a_free_loopback_port_and_stops_cleanly(
 
 
 def test_the_server_serves_an_empty_page_for_a_run_without_a_journal(tmp_path: Path) -> None:
-    server = GoodputServer(tmp_path, "j")
+    server = GoodputServer(tmp_path, "j", Store())
     server.start()
     try:
         assert samples(fetch(server.url)) == {}
@@ -197,4 +201,4 @@ def test_the_server_serves_an_empty_page_for_a_run_without_a_journal(tmp_path: P
 
 def test_the_server_refuses_a_port_out_of_range(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="port"):
-        GoodputServer(tmp_path, "j", port=70000)
+        GoodputServer(tmp_path, "j", Store(), port=70000)

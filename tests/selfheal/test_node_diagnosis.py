@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.remediation import VerdictInput
+from healer.core.plans import Verdict
+from healer.core.remediator import HostVerdict, to_verdict
 from healer.runner.chaos import break_scratch
 from healer.launchers.local import LocalLauncher
 from healer.launchers.node_diagnosis import (
-    NodeVerdict,
     diagnose_node,
     diagnose_nodes,
-    to_verdict,
 )
 from tests.conftest import REPO
 
@@ -33,14 +32,14 @@ def test_a_node_whose_local_disk_broke_fails_node_health_and_its_healthy_peer_pa
     ok, bad = verdicts
     assert ok.status == "pass", ok.summary
     assert bad.status == "fail" and f"host: scratch directory {broken.absolute()} is not a directory" in bad.summary
-    assert to_verdict(verdicts) == VerdictInput(status="fail", bad_nodes=("n2",))
+    assert to_verdict(verdicts) == Verdict(status="fail", bad_nodes=("n2",))
 
 
 def test_a_runbook_that_cannot_finish_in_time_is_an_error_that_blames_no_node(tmp_path: Path) -> None:
     # 50 ms is far less than the interpreter needs to start: the command is killed, not waited for.
     v = diagnose_node(LocalLauncher(cwd=REPO), tmp_path, "n1", "node-health", timedelta(milliseconds=50))
     assert v.status == "error" and "ran past 0.05 s" in v.summary
-    assert to_verdict([v]) == VerdictInput(status="error", bad_nodes=())
+    assert to_verdict([v]) == Verdict(status="error", bad_nodes=())
 
 
 def test_an_unknown_runbook_is_an_error_with_the_reason(tmp_path: Path) -> None:
@@ -49,9 +48,9 @@ def test_an_unknown_runbook_is_an_error_with_the_reason(tmp_path: Path) -> None:
 
 
 def test_the_worst_node_sets_the_verdict_and_only_failed_nodes_are_named() -> None:
-    def v(node: str, status: str) -> NodeVerdict:
-        return NodeVerdict(node, status, "", 0.1)
+    def v(node: str, status: str) -> HostVerdict:
+        return HostVerdict(node, status, "", 0.1)
 
-    assert to_verdict([]) == VerdictInput(status="pass")
-    assert to_verdict([v("a", "pass"), v("b", "degraded")]) == VerdictInput(status="degraded")
-    assert to_verdict([v("a", "error"), v("b", "fail"), v("c", "fail")]) == VerdictInput("fail", ("b", "c"))
+    assert to_verdict([]) == Verdict(status="pass")
+    assert to_verdict([v("a", "pass"), v("b", "degraded")]) == Verdict(status="degraded")
+    assert to_verdict([v("a", "error"), v("b", "fail"), v("c", "fail")]) == Verdict("fail", ("b", "c"))

@@ -89,7 +89,7 @@ def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sam
     import json
 
     from healer.core.detectors.loss_spike import LossSpike
-    from healer.runner.selfheal import first_nonfinite_step, first_spike_step
+    from healer.launchers.rank_records import first_nonfinite_step, first_spike_step
 
     losses = [5.0, 4.6, 4.3, 4.1, 3.9, 3.8, 3.7, 3.6, 3.55, 3.5, 3.45, 19.0, 18.0, float("nan")]
     (tmp_path / "ranks").mkdir()
@@ -102,6 +102,25 @@ def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sam
     assert first_spike_step(tmp_path, since=108.5, config=config) is None
     calm = LossSpike.Config(threshold=1000.0)
     assert first_spike_step(tmp_path, since=0.0, config=calm) is None
+
+
+def test_an_attempts_first_and_highest_step_are_read_from_rank_0s_records_within_its_window(tmp_path: Path) -> None:
+    import json
+
+    from healer.launchers.rank_records import first_step, highest_step
+
+    journal = [{"event": "start", "job": "j", "attempt": 0, "at": 100.0}, {"event": "start", "job": "j", "attempt": 1,
+                                                                           "at": 200.0}]
+    (tmp_path / "supervisor").mkdir()
+    (tmp_path / "supervisor" / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in journal))
+    steps = [(s, 110.0 + s) for s in range(10)] + [(s, 210.0 + s) for s in range(8, 12)]
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "0.jsonl").write_text("".join(
+        json.dumps({"step": s, "time": at, "loss": 2.0}) + "\n" for s, at in steps))
+    # Attempt 1 resumed from the checkpoint of step 8: its first step is 8, whatever a heartbeat happened to sample.
+    assert (first_step(tmp_path, 0), highest_step(tmp_path, 0)) == (0, 9)
+    assert (first_step(tmp_path, 1), highest_step(tmp_path, 1)) == (8, 11)
+    assert first_step(tmp_path, 2) is None
 
 
 def test_taking_over_kills_only_the_processes_of_the_journalled_attempt_and_numbers_the_next_one(tmp_path: Path) -> None:

@@ -39,6 +39,10 @@ class Detector(ABC):
     """Base class; subclasses set `name`, nest `@dataclass(kw_only=True, slots=True) class Config`."""
 
     name: ClassVar[str]
+    reads_processes: ClassVar[bool] = False
+    """Whether its findings come from the launcher's view of the processes (exits) rather than from heartbeats: a
+    job whose current attempt has not reported yet (it is starting) can only be faulted by such a detector, since
+    what the others remember is the previous attempt's."""
 
     @dataclass(kw_only=True, slots=True)
     class Config:

@@ -22,18 +22,23 @@ MAX_LISTED = 32
 
 class Crash(Detector):
     name = "crash"
+    reads_processes = True
 
     @dataclass(kw_only=True, slots=True)
     class Config:
         settle: timedelta = timedelta(seconds=0)
         """Wait this long after the first failed exit before firing, so that the other ranks' exits (the
         evidence for which rank was first) are in. 0: fire on the first cycle that sees a failure."""
+        report_wait: timedelta = timedelta(seconds=3)
+        """When the first rank's exit status could not be read (its agent reaped it first), wait at most this long
+        for the agent's failure report, which says how it died (the launcher gives the agent a short grace so the
+        report comes within a second or two)."""
         tail_lines: int = 20
         """Log lines of the suspect rank kept as evidence."""
 
         def __post_init__(self) -> None:
-            if self.settle < timedelta(0):
-                raise ValueError(f"settle must be >= 0, got {self.settle}")
+            if self.settle < timedelta(0) or self.report_wait < timedelta(0):
+                raise ValueError(f"settle and report_wait must be >= 0, got {self.settle}, {self.report_wait}")
             if not 1 <= self.tail_lines <= 200:
                 raise ValueError(f"tail_lines must be in 1..200, got {self.tail_lines}")
 
@@ -55,21 +60,26 @@ class Crash(Detector):
             # A rank that vanished after saying it was finishing ended normally (its agent reaped it first).
             failed = sorted((e for e in exits if e.failed and not (e.vanished and e.rank in finishing)),
                             key=lambda e: e.at)
-            if failed and now - failed[0].at >= self.config.settle.total_seconds():
-                firing.append(self._finding(key, job, attempt, failed))
+            if not failed or now - failed[0].at < self.config.settle.total_seconds():
+                continue
+            if failed[0].vanished and now - failed[0].at < self.config.report_wait.total_seconds():
+                continue  # how it died is on its way (the agent's report)
+            firing.append(self._finding(key, job, attempt, failed))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
     def _finding(self, key: str, job: str, attempt: int, failed: list[ProcessExit]) -> Finding:
         classes = [(e, classify(e.exit_code, e.signal, e.log_tail)) for e in failed]
         # The cause: the first exit that is not a peer's echo; failing that, simply the first one.
         cause, cls = next(((e, c) for e, c in classes if not c.peer_failure and e.rank is not None), classes[0])
-        how = (signal_name(cause.signal) if cause.signal is not None else
-               "vanished, status unknown" if cause.vanished else f"exit code {cause.exit_code}")
+        how = (f"killed by {signal_name(cause.signal)}" if cause.signal is not None else
+               "vanished (exit status unknown)" if cause.vanished else f"exited with code {cause.exit_code}")
+        why = "" if cls.category in ("signal", "exit-code", "unknown") else f" ({cls.category}: {cls.detail})"
         who = f"rank {cause.rank}" if cause.rank is not None else "the agent"
+        others = len(failed) - 1
         return Finding(
             key=key, job=job, node=cause.node,
-            summary=f"{who} on {cause.node} crashed ({how}; {cls.category}: {cls.detail}); "
-                    f"{len(failed)} process(es) failed in attempt {attempt}",
+            summary=f"{who} on {cause.node} {how}{why}" + (f"; {others} more process(es) failed after it"
+                                                              if others else ""),
             evidence={"attempt": attempt, "suspect_rank": cause.rank, "suspect_node": cause.node,
                       "exit_code": cause.exit_code, "signal": signal_name(cause.signal) if cause.signal else None,
                       "vanished": cause.vanished,

@@ -1,0 +1,148 @@
+"""How the healer acts: the interface between its core, which decides, and its hands (a launcher and the agents
+on the hosts), which carry orders out. The core never touches a process itself.
+
+Every order returns at once: the work (stopping an attempt, a 90 s diagnosis, starting the next attempt) runs off
+the healer's loop, in order, and reports back through a callback; the loop goes on ingesting heartbeats and
+acting on other incidents meanwhile. The service alone has no remediator (it can only notify); a
+`Diagnoser` may still run rules' runbooks for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from healer.core.plans import Verdict
+
+STATUS_ORDER = ("pass", "degraded", "error", "fail")
+
+
+@dataclass(frozen=True, slots=True)
+class HostVerdict:
+    """One host's diagnosis."""
+
+    node: str
+    status: str
+    """pass | degraded | fail | error (error: the runbook could not run; it blames no host)."""
+    summary: str
+    seconds: float
+
+    def to_payload(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def to_verdict(verdicts: list[HostVerdict]) -> Verdict:
+    """The worst status over the hosts, and the hosts that failed."""
+    worst = max((v.status for v in verdicts), key=STATUS_ORDER.index, default="pass")
+    return Verdict(status=worst, bad_nodes=tuple(v.node for v in verdicts if v.status == "fail"))
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """The job as its launcher sees it."""
+
+    job: str
+    nodes: tuple[str, ...]
+    """Hosts of the current (or next) attempt, in node-rank order."""
+    spares: tuple[str, ...]
+    dp: int
+    valid_dp: tuple[int, ...]
+    """Data-parallel degrees the training layout accepts for this job."""
+    attempt: int | None
+    """The current attempt's number (None before the first start)."""
+    attempt_started_at: datetime | None = None
+    running: bool = False
+    """The current attempt runs and the healer is not stopping it."""
+    succeeded: bool = False
+    """The current attempt finished every step."""
+    busy: bool = False
+    """An order is still being carried out."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartOrder:
+    incident_id: int
+    restart_id: int
+    nodes: tuple[str, ...]
+    dp: int
+    resume_step: int | None = None
+    """Resume from this checkpoint step; None: the newest good checkpoint."""
+    skip_steps: tuple[int, ...] = ()
+    """Steps whose batches this and every later attempt pass over (added to those of earlier rollbacks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A restart that was carried out."""
+
+    attempt: int
+    at: datetime
+    from_step: int | None
+    """The checkpoint step the new attempt resumes from (0: from scratch)."""
+    resume: str | None
+    """What its ranks were told: auto or a checkpoint path."""
+    nodes: tuple[str, ...]
+    dp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An order that could not be carried out; `permanent`: trying again cannot help."""
+
+    reason: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TakenOver:
+    """What a launcher found when a healer took its job over from one that died."""
+
+    killed: tuple[int, ...]
+    """Processes of the dead healer's last attempt that were still running, now stopped."""
+    nodes: tuple[str, ...]
+    dp: int
+    attempt: int | None
+    """The last attempt the dead healer started."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Remediator(Protocol):
+    """The hands of one job's healer."""
+
+    job: str
+
+    def state(self) -> JobState: ...
+
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        """Steps of the job's good (verified) checkpoints."""
+
+    def stop(self, reason: str, grace: timedelta) -> None:
+        """Stop the current attempt (SIGTERM, SIGKILL after `grace`); the job stays down until `restart`."""
+
+    def diagnose(self, nodes: list[str], runbook: str, stop_first: bool,
+                 done: Callable[[list[HostVerdict]], None]) -> None:
+        """Run `runbook` on each host (stopping the attempt first when `stop_first`) and hand the verdicts on."""
+
+    def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
+        """Stop what is left of the current attempt and start the next one as ordered."""
+
+    def first_step(self, attempt: int) -> int | None:
+        """The first step the attempt finished (from every step the ranks recorded), or None yet."""
+
+    def highest_step(self, attempt: int) -> int | None:
+        """The highest step the attempt finished, or None."""
+
+    def first_bad_step(self, kind: str, attempt: int, detector_config: Any) -> int | None:
+        """For nonfinite and loss_spike: the first bad step among every step the attempt recorded (heartbeats only
+        sample steps, and a rollback one step late skips the wrong batches); None if it cannot tell."""
+
+
+class Diagnoser(Protocol):
+    """Runs a rule's runbook for an incident without a launcher (the service's `diagnosis: local`)."""
+
+    def submit(self, runbook: str, nodes: list[str],
+               done: Callable[[str, str, dict[str, Any] | None], None]) -> None: ...
+
+    def shutdown(self) -> None: ...

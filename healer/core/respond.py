@@ -1,0 +1,256 @@
+"""Responding to incidents: gather the facts, let the policy decide (healer.core.policy, pure), claim the
+transition in the store (a conditional UPDATE: of several healers on one database, one acts), then carry the
+decision out through the remediator, off the loop: a diagnosis or a restart reports back through a callback that
+writes the store and makes the incident due again.
+
+What each incident goes through, as events in the store (healer.core.timeline reads them back):
+detected (opened) -> [diagnosing -> diagnosed] -> decided (remediating: notified or restart ordered; escalated;
+or resolved as superseded) -> restarted (the new attempt started) -> recovered (it trained: resolved).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from healer.core.catalogue import Remedy, fault
+from healer.core.jobstore import JobStore
+from healer.core.metrics import HealerMetrics
+from healer.core.models import Incident
+from healer.core.plans import JobFacts, Verdict
+from healer.core.policy import Action, Decision, IncidentFacts, JobNow, decide
+from healer.core.remediator import Diagnoser, Failed, HostVerdict, Remediator, RestartOrder, Started, to_verdict
+from healer.core.rules import DetectorCondition, Rule, RuleSet
+from healer.core.signals import Signal
+from healer.core.states import IncidentState
+from healer.core.store import IncidentStore
+
+log = logging.getLogger(__name__)
+S = IncidentState
+RETRY_AFTER = timedelta(seconds=30)
+FAULT_GRACE = timedelta(seconds=0.5)
+"""SIGTERM to SIGKILL when the healer stops a job that cannot go on: its ranks are stuck in a collective that will
+never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
+Changed = Callable[[int, str, str | None, str | None], None]
+
+
+def suspects_of(incident: Incident) -> tuple[str, ...]:
+    ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+    named = [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), incident.node]
+    return tuple(sorted({n for n in named if isinstance(n, str) and n}))
+
+
+class Responder:
+    def __init__(self, *, store: IncidentStore, jobs: JobStore, ruleset: RuleSet, metrics: HealerMetrics,
+                 remediator: Remediator | None, diagnoser: Diagnoser | None, changed: Changed) -> None:
+        self.store, self.jobs, self.ruleset, self.metrics = store, jobs, ruleset, metrics
+        self.remediator, self.diagnoser, self._changed = remediator, diagnoser, changed
+        self.rules = {r.name: r for r in ruleset.rules}
+        self.halted: str | None = None
+        """Why the healer stopped its job for good (an escalation of a fault the job cannot go on with)."""
+
+    # ---- new incidents -----------------------------------------------------------------------------------
+
+    def opened(self, incident_id: int, signal: Signal) -> None:
+        """A new (or reopened) incident: the job is known, and a lemon kind counts towards its hosts' history."""
+        if signal.job:
+            self.jobs.touch_job(signal.job)
+        kind = fault(signal.kind)
+        if kind.lemon and signal.job:
+            ev = signal.evidence
+            hosts = {n for n in [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), signal.node] if n}
+            self.jobs.record_node_incidents(sorted(hosts), signal.job, str(incident_id), kind.name,
+                                            incident_id=incident_id)
+
+    # ---- due incidents -----------------------------------------------------------------------------------
+
+    def respond_due(self, limit: int, now: datetime) -> bool:
+        due = self.store.due(limit)
+        for incident in due:
+            try:
+                self.respond(incident, now)
+            except Exception:
+                # NOTE: push the incident back before re-raising, so one bad incident cannot stall the others forever.
+                self.store.set_next_action(incident.id, now + RETRY_AFTER)
+                raise
+        return len(due) == limit
+
+    def respond(self, incident: Incident, now: datetime) -> None:
+        state = S(incident.state)
+        rule = self.rules.get(incident.rule)
+        if state is S.OPEN and fault(incident.kind).remedy is Remedy.ROLLBACK:
+            incident = self._refine_first_bad_step(incident, rule)
+        facts = self.facts(incident, rule, now)
+        decision = decide(facts)
+        if decision.action is Action.WAIT or decision.to_state is None:
+            self.store.set_next_action(incident.id, decision.next_action_at)
+            return
+        payload = decision.to_payload()
+        if not self.store.transition(incident.id, state, decision.to_state, {"decision": payload},
+                                     next_action_at=decision.next_action_at):
+            self.metrics.claims_lost.inc()
+            return
+        self.metrics.transitions.labels(state.value, decision.to_state.value).inc()
+        log.warning("incident %d: %s -> %s (%s)", incident.id, state.value, decision.to_state.value,
+                    decision.basis.get("reason"))
+        self._changed(incident.id, "transition", state.value, decision.to_state.value)
+        if decision.action is Action.DIAGNOSE and rule is not None and rule.runbook:
+            self._diagnose(incident, rule.runbook, facts)
+        elif decision.action is Action.REMEDIATE:
+            self._remediate(incident, decision, facts)
+        elif decision.action is Action.ESCALATE:
+            self._escalate(incident, decision)
+
+    def facts(self, incident: Incident, rule: Rule | None, now: datetime) -> IncidentFacts:
+        kind = fault(incident.kind)
+        state = S(incident.state)
+        ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+        suspects = suspects_of(incident)
+        job = self._job_now(incident, rule, now)
+        verdict = self._verdict(incident.id) if state is S.DIAGNOSING else None
+        if self.remediator is not None and job is not None:
+            diagnosable = kind.diagnose_first and bool(set(suspects) & set(job.facts.nodes))
+        else:
+            diagnosable = self.diagnoser is not None
+        first = ev.get("first_step")
+        return IncidentFacts(
+            incident_id=incident.id, kind=kind, state=state, state_since=incident.state_since, now=now, rule=rule,
+            limits=self.ruleset.limits, budget=self.ruleset.budget(rule), suspects=suspects, attempt=incident.attempt,
+            first_bad_step=first if isinstance(first, int) else None, verdict=verdict,
+            diagnosis_available=diagnosable, job=job)
+
+    def _job_now(self, incident: Incident, rule: Rule | None, now: datetime) -> JobNow | None:
+        r = self.remediator
+        if r is None or incident.job != r.job:
+            return None
+        st = r.state()
+        budget = self.ruleset.budget(rule)
+        facts = JobFacts(nodes=st.nodes, spares=st.spares, dp=st.dp, valid_dp=st.valid_dp,
+                         checkpoint_steps=r.checkpoint_steps(), restarts=self.jobs.restart_times(r.job, now - budget.window),
+                         node_incidents=self.jobs.node_incident_counts(now - self.ruleset.limits.lemon_window))
+        return JobNow(facts=facts, attempt=st.attempt, busy_with=self._busy_with(r.job, incident.id))
+
+    def _busy_with(self, job: str, incident_id: int) -> int | None:
+        """Another incident of the job whose diagnosis, or whose restart not yet started, is in flight."""
+        for other in self.store.of_job(job, frozenset({S.DIAGNOSING, S.REMEDIATING})):
+            if other.id == incident_id:
+                continue
+            if other.state == S.DIAGNOSING.value:
+                return other.id
+            pending = self.jobs.pending_restart(other.id)
+            if pending is not None and pending.attempt is None:
+                return other.id
+        return None
+
+    def _verdict(self, incident_id: int) -> Verdict | None:
+        run = self.store.latest_run(incident_id)
+        if run is None or run.verdict is None:
+            return None
+        hosts = (run.result or {}).get("diagnosis") or []
+        bad = tuple(h["node"] for h in hosts if isinstance(h, dict) and h.get("status") == "fail")
+        return Verdict(status=run.verdict, bad_nodes=bad)
+
+    def _refine_first_bad_step(self, incident: Incident, rule: Rule | None) -> Incident:
+        """The heartbeats sample steps; the ranks' own records have every step: take the true first bad one (the
+        rollback skips the batches just before it, so one step late would skip the wrong ones)."""
+        r = self.remediator
+        if r is None or incident.job != r.job or incident.attempt is None:
+            return incident
+        params = rule.condition.params if rule is not None and isinstance(rule.condition, DetectorCondition) else None
+        first = r.first_bad_step(incident.kind, incident.attempt, params)
+        seen = incident.evidence.get("first_step")
+        if first is None or (isinstance(seen, int) and first >= seen):
+            return incident
+        self.store.update_evidence(incident.id, {"first_step": first, "first_step_from": "ranks/0.jsonl"})
+        return self.store.row(incident.id)
+
+    def restart_pending(self, incident_id: int) -> bool:
+        return self.jobs.pending_restart(incident_id) is not None
+
+    # ---- carrying decisions out --------------------------------------------------------------------------
+
+    def _diagnose(self, incident: Incident, runbook: str, facts: IncidentFacts) -> None:
+        job = facts.job
+        nodes = [n for n in facts.suspects if job is None or n in job.facts.nodes]
+        # A runbook given as a file path is stored by its name (the column is short; the result holds the rest).
+        name = runbook.rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
+        run_id = self.store.start_runbook_run(incident.id, name, nodes)
+        if self.remediator is not None and job is not None:
+            self.remediator.diagnose(nodes, runbook, facts.kind.stops_job,
+                                     lambda verdicts: self._diagnosed(incident.id, run_id, name, verdicts))
+            return
+        assert self.diagnoser is not None
+
+        def done(verdict: str, summary: str, result: dict[str, Any] | None) -> None:
+            self.store.finish_runbook_run(run_id, incident.id, verdict, summary, result)
+            self.store.note(incident.id, {"runbook": name, "verdict": verdict, "summary": summary}, kind="diagnosed")
+            log.info("incident %d: runbook %s: %s", incident.id, runbook, summary)
+
+        self.diagnoser.submit(runbook, nodes, done)
+
+    def _diagnosed(self, incident_id: int, run_id: int, runbook: str, verdicts: list[HostVerdict]) -> None:
+        verdict = to_verdict(verdicts)
+        summary = "; ".join(f"{v.node}: {v.status}: {v.summary}" for v in verdicts) or "no host to diagnose"
+        hosts = [v.to_payload() for v in verdicts]
+        for v in verdicts:
+            if v.status != "pass":
+                log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status, v.summary)
+        self.store.finish_runbook_run(run_id, incident_id, verdict.status, summary[:4000], {"diagnosis": hosts})
+        self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status, "diagnosis": hosts},
+                        kind="diagnosed")
+
+    def _remediate(self, incident: Incident, decision: Decision, facts: IncidentFacts) -> None:
+        plan = decision.plan
+        assert plan is not None
+        payload = plan.to_payload()
+        if not plan.remedy.restarts:
+            self.store.add_remediation(incident.id, plan.remedy.value, payload, "notified")
+            return
+        r = self.remediator
+        assert r is not None and incident.job == r.job, "the policy restarts only a job with a launcher"
+        if plan.exclude:
+            self.jobs.exclude_nodes(plan.exclude, r.job, incident.id,
+                                    f"incident {incident.id} ({incident.kind}): {plan.basis.get('reason')}")
+        earlier = {s for row in self.jobs.restarts(r.job) for s in (row.skip_steps or [])}
+        skip = tuple(sorted(earlier | set(plan.skip_steps)))
+        highest = r.highest_step(incident.attempt) if incident.attempt is not None else None
+        remediation_id = self.store.add_remediation(incident.id, plan.remedy.value, payload, "ordered", finished=False)
+        restart_id = self.jobs.add_restart(job=r.job, incident_id=incident.id, nodes=list(plan.nodes),
+                                           excluded=list(plan.exclude), dp=plan.dp, skip_steps=list(skip),
+                                           resume_step=plan.resume_step, highest_step=highest)
+        order = RestartOrder(incident_id=incident.id, restart_id=restart_id, nodes=plan.nodes,
+                             dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
+                             skip_steps=skip)
+        r.restart(order, lambda result: self._restarted(incident.id, remediation_id, restart_id, result))
+
+    def _restarted(self, incident_id: int, remediation_id: int | None, restart_id: int,
+                   result: Started | Failed) -> None:
+        if isinstance(result, Started):
+            self.jobs.restart_started(restart_id, result.attempt, result.at, result.from_step, result.resume)
+            if remediation_id is not None:
+                self.store.finish_remediation(remediation_id, "started")
+            self.store.note(incident_id, {"attempt": result.attempt, "resume_step": result.from_step,
+                                          "resume": result.resume, "nodes": list(result.nodes), "dp": result.dp},
+                            kind="restarted")
+            return
+        self.jobs.restart_ended(restart_id, "failed")
+        if remediation_id is not None:
+            self.store.finish_remediation(remediation_id, "failed")
+        self.store.note(incident_id, {"reason": result.reason, "permanent": result.permanent}, kind="restart-failed")
+        log.error("incident %d: the restart could not be started: %s", incident_id, result.reason)
+        if self.store.transition(incident_id, S.REMEDIATING, S.ESCALATED,
+                                 {"reason": f"the restart could not be started: {result.reason}"}, next_action_at=None):
+            self._halt(f"incident {incident_id}: the restart could not be started")
+            self._changed(incident_id, "transition", S.REMEDIATING.value, S.ESCALATED.value)
+
+    def _escalate(self, incident: Incident, decision: Decision) -> None:
+        self.store.add_remediation(incident.id, Remedy.ESCALATE.value, decision.to_payload(), "paged")
+        if decision.stop_job and self.remediator is not None and incident.job == self.remediator.job:
+            self._halt(f"incident {incident.id} escalated: {decision.basis.get('reason')}")
+
+    def _halt(self, reason: str) -> None:
+        self.halted = reason
+        if self.remediator is not None:
+            self.remediator.stop(reason, FAULT_GRACE)

@@ -1,0 +1,66 @@
+"""Reading the ranks' own record of every step (`<run_dir>/ranks/0.jsonl`, line-buffered by the trainer before it
+sends the heartbeat record) and the supervisor's journal of attempts (`<run_dir>/supervisor/attempts.jsonl`).
+
+Heartbeats sample steps: a fast job may do two steps between two batches. Where one step matters (the step an
+attempt resumed at, the first step of a NaN or a loss spike), it is read here, from every step rank 0 recorded.
+Every rank logs the same all-reduced loss, and rank 0 exists at every data-parallel degree.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from healer.core.detectors.loss_spike import LossSpike, robust_z
+from healer.jsonl import read_jsonl
+
+
+def attempt_window(run_dir: Path, attempt: int) -> tuple[float, float | None] | None:
+    """(start, start of the next attempt or None) of `attempt`, from the journal; None when it never started."""
+    starts = sorted((e["at"], e["attempt"]) for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl")
+                    if e.get("event") == "start" and isinstance(e.get("attempt"), int))
+    for i, (at, number) in enumerate(starts):
+        if number == attempt:
+            return at, starts[i + 1][0] if i + 1 < len(starts) else None
+    return None
+
+
+def rank0_steps(run_dir: Path, since: float, until: float | None = None) -> list[dict[str, Any]]:
+    """Rank 0's step records that ended within [since, until). Python's json reads NaN and Infinity, as the
+    trainer writes them."""
+    return [r for r in read_jsonl(run_dir / "ranks" / "0.jsonl")
+            if isinstance(r.get("time"), (int, float)) and r["time"] >= since and (until is None or r["time"] < until)
+            and isinstance(r.get("step"), int) and isinstance(r.get("loss"), float)]
+
+
+def first_step(run_dir: Path, attempt: int) -> int | None:
+    window = attempt_window(run_dir, attempt)
+    records = rank0_steps(run_dir, *window) if window else []
+    return int(records[0]["step"]) if records else None
+
+
+def highest_step(run_dir: Path, attempt: int) -> int | None:
+    window = attempt_window(run_dir, attempt)
+    records = rank0_steps(run_dir, *window) if window else []
+    return max(int(r["step"]) for r in records) if records else None
+
+
+def first_nonfinite_step(run_dir: Path, since: float) -> int | None:
+    """The first step after `since` whose loss or grad norm rank 0 recorded as NaN or infinite."""
+    for rec in rank0_steps(run_dir, since):
+        if not all(math.isfinite(rec.get(k, 0.0)) for k in ("loss", "grad_norm")):
+            return int(rec["step"])
+    return None
+
+
+def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config) -> int | None:
+    """The first step after `since` whose loss is a spike by the loss_spike detector's own test, over every
+    step rank 0 recorded (the detector itself sees only the steps the heartbeats sampled)."""
+    window: list[float] = []
+    for rec in rank0_steps(run_dir, since):
+        loss = rec["loss"]
+        if len(window) >= config.min_samples and robust_z(loss, window, config.min_mad)[0] > config.threshold:
+            return int(rec["step"])
+        window = (window + [loss])[-config.window:]
+    return None

@@ -1,0 +1,210 @@
+"""The local launcher's hands for one job: the core's Remediator over a Supervisor on this machine.
+
+Orders (stop, diagnose, restart) run one after the other on a worker thread of their own, so the healer's loop
+never waits for a 90 s diagnosis or an attempt that takes its time to die; each reports back through its callback.
+What the detectors must stop seeing changes at once, on the caller's thread: an attempt the healer is about to
+stop is marked stopping in the process view before the order is queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
+from healer.launchers import rank_records
+from healer.launchers.node_diagnosis import diagnose_nodes
+from healer.launchers.supervisor import Supervisor, last_start
+from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
+
+log = logging.getLogger(__name__)
+
+
+class LocalRemediator:
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        nodes: tuple[str, ...]
+        """The hosts the job starts on."""
+        spares: tuple[str, ...] = ()
+        """Idle hosts that can replace one left out."""
+        dp: int = 1
+        """The job's data-parallel degree on `nodes`."""
+        valid_dp: tuple[int, ...] = ()
+        """Data-parallel degrees the training layout accepts (see train/layout.py); empty: any."""
+        fault_grace: timedelta = timedelta(seconds=0.5)
+        """SIGTERM to SIGKILL when stopping an attempt after a fault: its ranks are stuck in a collective that will
+        never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
+        diagnosis_timeout: timedelta = timedelta(seconds=90)
+        """A host's runbook past this is an `error` verdict (no host is blamed on a guess)."""
+
+        def __post_init__(self) -> None:
+            if not self.nodes or set(self.nodes) & set(self.spares):
+                raise ValueError("nodes must be non-empty and not overlap spares")
+            if self.dp < 1:
+                raise ValueError(f"dp must be >= 1, got {self.dp}")
+            if self.fault_grace < timedelta(0) or self.diagnosis_timeout <= timedelta(0):
+                raise ValueError("fault_grace must be >= 0 and diagnosis_timeout > 0")
+
+    def __init__(self, cfg: Config, supervisor: Supervisor, token: str) -> None:
+        self.cfg, self.sup, self._token = cfg, supervisor, token
+        self.job = supervisor.cfg.job
+        self.nodes, self.spares, self.dp = tuple(cfg.nodes), tuple(cfg.spares), cfg.dp
+        self.skip_steps: set[int] = set()
+        """Steps whose batches every later attempt passes over (rollbacks accumulate)."""
+        self._orders: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._work, name="megaheal-remediator", daemon=True)
+        self._thread.start()
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The job's first attempt."""
+        self.sup.start(self._token, self.nodes, dp=self.dp)
+
+    def start_next(self, resume: str = "auto") -> None:
+        """The next attempt on the current hosts, outside any incident (a take-over found nothing to finish)."""
+        self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+
+    def take_over(self, excluded: set[str], skip_steps: set[int]) -> TakenOver:
+        """After the job's previous healer died: stop what its last attempt left running, and go on with its hosts,
+        dp degree and skipped batches (a host it left out stays out)."""
+        killed = self.sup.take_over(self._token)
+        last = last_start(self.sup.cfg.run_dir)
+        if last is not None:
+            self.nodes, self.dp = tuple(last["nodes"]), int(last["dp"] or self.dp)
+        self.spares = tuple(n for n in self.cfg.spares if n not in self.nodes and n not in excluded)
+        self.skip_steps = set(skip_steps)
+        return TakenOver(killed=tuple(killed), nodes=self.nodes, dp=self.dp,
+                         attempt=last["attempt"] if last is not None else None)
+
+    def close(self) -> None:
+        """Stop the worker once the orders queued so far are carried out (the job itself is left as it is)."""
+        self._orders.put(None)
+        self._thread.join(timeout=300)
+
+    def signal_rank(self, rank: int, sig: int) -> int:
+        """Send `sig` to one rank of the current attempt (fault injection); returns its pid."""
+        return self.sup.kill_rank(self._token, rank, sig)
+
+    def poll(self) -> None:
+        self.sup.poll()
+
+    # ---- what the core reads ----------------------------------------------------------------------------
+
+    def state(self) -> JobState:
+        a = self.sup.attempt
+        return JobState(job=self.job, nodes=self.nodes, spares=self.spares, dp=self.dp, valid_dp=self.cfg.valid_dp,
+                        attempt=a.number if a is not None else None,
+                        attempt_started_at=datetime.fromtimestamp(a.started_at, UTC) if a is not None else None,
+                        running=a is not None and not a.done and not a.stopping,
+                        succeeded=a is not None and a.succeeded, busy=self.busy)
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return self._pending > 0
+
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        return tuple(c.step for c in list_checkpoints(self.sup.cfg.run_dir / "checkpoints") if not verify(c))
+
+    def first_step(self, attempt: int) -> int | None:
+        return rank_records.first_step(self.sup.cfg.run_dir, attempt)
+
+    def highest_step(self, attempt: int) -> int | None:
+        return rank_records.highest_step(self.sup.cfg.run_dir, attempt)
+
+    def first_bad_step(self, kind: str, attempt: int, detector_config: Any) -> int | None:
+        window = rank_records.attempt_window(self.sup.cfg.run_dir, attempt)
+        if window is None:
+            return None
+        if kind == "nonfinite":
+            return rank_records.first_nonfinite_step(self.sup.cfg.run_dir, window[0])
+        if kind == "loss_spike":
+            return rank_records.first_spike_step(self.sup.cfg.run_dir, window[0], detector_config)
+        return None
+
+    # ---- orders -----------------------------------------------------------------------------------------
+
+    def stop(self, reason: str, grace: timedelta) -> None:
+        log.warning("stopping %s: %s", self.job, reason)
+        self.sup.view.stopping(self.job)
+        self._submit(lambda: self.sup.stop(self._token, grace))
+
+    def diagnose(self, nodes: list[str], runbook: str, stop_first: bool,
+                 done: Callable[[list[HostVerdict]], None]) -> None:
+        if stop_first:
+            self.sup.view.stopping(self.job)
+
+        def run() -> None:
+            if stop_first:
+                # NOTE: node-health wants the host idle (a process still holding a device fails it), and a job that
+                # crashed or hangs cannot go on anyway.
+                self.sup.stop(self._token, self.cfg.fault_grace)
+            done(diagnose_nodes(self.sup.launcher, self.sup.cfg.run_dir, nodes, runbook, self.cfg.diagnosis_timeout))
+
+        self._submit(run)
+
+    def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
+        self.sup.view.stopping(self.job)
+
+        def run() -> None:
+            try:
+                done(self._restart(order))
+            except (RuntimeError, OSError, ValueError, StopIteration) as exc:
+                done(Failed(f"{type(exc).__name__}: {exc}"))
+
+        self._submit(run)
+
+    def _restart(self, order: RestartOrder) -> Started:
+        self.sup.stop(self._token, self.cfg.fault_grace)
+        run_dir = self.sup.cfg.run_dir
+        if order.resume_step is not None:
+            chosen = next(c for c in list_checkpoints(run_dir / "checkpoints")
+                          if c.step == order.resume_step and not verify(c))
+            resume, from_step = str(chosen.path), chosen.step
+        else:
+            # What --resume auto will pick: the same choice the ranks make.
+            choice = choose_resume(run_dir / "checkpoints")
+            resume, from_step = "auto", choice.checkpoint.step if choice.checkpoint is not None else 0
+        self.spares = tuple(s for s in self.spares if s not in order.nodes)
+        self.nodes, self.dp = tuple(order.nodes), order.dp
+        self.skip_steps |= set(order.skip_steps)
+        attempt = self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+        return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC), from_step=from_step,
+                       resume=resume, nodes=self.nodes, dp=self.dp)
+
+    def _skip_override(self) -> tuple[str, ...]:
+        return (f"skip_steps=[{','.join(map(str, sorted(self.skip_steps)))}]",) if self.skip_steps else ()
+
+    def _submit(self, order: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending += 1
+        self._orders.put(order)
+
+    def _work(self) -> None:
+        while (order := self._orders.get()) is not None:
+            try:
+                order()
+            except Exception:  # noqa: BLE001 - NOTE: the worker must outlive a failed order; the order's own callback
+                # reports what it can, this logs the rest
+                log.error("a remediation order failed", exc_info=True)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+
+def wait_idle(remediator: LocalRemediator, timeout_s: float) -> bool:
+    """Wait until every queued order is carried out (tests, shutdown); False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while remediator.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not remediator.busy
+

@@ -1,0 +1,102 @@
+"""Putting `megaheal run` together: the store, the rules, the sinks, the local launcher and its supervisor, the
+remediator, the healer and its loop. One place, so the command and the tests build the same thing.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+
+from healer.core.db import ensure_schema, make_engine
+from healer.core.engine import Healer
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.metrics import HealerMetrics
+from healer.core.rules import RuleSet, load_rule_set
+from healer.core.store import IncidentStore
+from healer.launchers.local import LocalLauncher
+from healer.launchers.remediator import LocalRemediator
+from healer.launchers.sidecars import NodeSidecars
+from healer.launchers.supervisor import Supervisor
+from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
+from healer.runner.ledger import LedgerWriter
+from healer.runner.loop import LoopConfig, SelfHealingJob
+from healer.service.config import DEFAULT_RULES
+from train.config import TrainConfig, load_config
+from train.layout import LayoutError, validate_layout
+
+
+@dataclass(kw_only=True, slots=True)
+class JobSpec:
+    """One self-healing job on this machine."""
+
+    job: str
+    """Its name (its ranks report it; incidents, restarts and the ledger are filed under it)."""
+    config: str
+    """Training config path."""
+    run_dir: Path
+    nodes: tuple[str, ...] = ("n1", "n2")
+    """The hosts it starts on (local torchrun agents)."""
+    spares: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    """`--set` items for every attempt."""
+    rules: RuleSet | None = None
+    """Default: the shipped rule set (configs/rules/), which enables every detector."""
+    db_url: str | None = None
+    """The healer's database; default: SQLite in the run directory."""
+    alertmanager_url: str | None = None
+    """Where incidents page from; none by default."""
+    public_url: str = "http://127.0.0.1:8470"
+    """Links in the alerts (the healer service on the same database, if one runs)."""
+    grace: timedelta = timedelta(seconds=30)
+    """A graceful stop's SIGTERM to SIGKILL (time for the final checkpoint)."""
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+
+def valid_dp(cfg: TrainConfig) -> tuple[int, ...]:
+    """The data-parallel degrees, up to the configured one, that the training layout accepts."""
+    out = []
+    for dp in range(1, cfg.parallel.dp + 1):
+        par = replace(cfg.parallel, dp=dp)
+        try:
+            validate_layout(par, cfg.model, cfg.global_batch, par.world_size)
+        except LayoutError:
+            continue
+        out.append(dp)
+    return tuple(out)
+
+
+def db_url_of(spec: JobSpec) -> str:
+    return spec.db_url or f"sqlite:///{(spec.run_dir / 'healer.db').absolute()}"
+
+
+def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
+    """Everything `megaheal run` runs, wired; nothing started. Raises ConfigError, DatabaseError, ValueError."""
+    cfg = load_config(spec.config, list(spec.overrides))
+    world = cfg.parallel.world_size
+    if world % len(spec.nodes):
+        raise ValueError(f"{world} ranks do not split over {len(spec.nodes)} hosts")
+    rules = spec.rules or load_rule_set([DEFAULT_RULES])
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(db_url_of(spec))
+    ensure_schema(engine)
+    token = token or secrets.token_hex(16)  # this run's own token: only this process may kill or restart its job
+    store = IncidentStore(engine, f"megaheal-run:{socket.gethostname()}:{os.getpid()}")
+    resend = timedelta(seconds=30)
+    sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
+    table = HeartbeatTable()
+    sidecars = NodeSidecars([*spec.nodes, *spec.spares])
+    launcher = LocalLauncher(extra_env={"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")})
+    sup = Supervisor(Supervisor.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
+                                       nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
+                                       grace=spec.grace),
+                     launcher, table.processes, token, sockets=sidecars.sockets)
+    remediator = LocalRemediator(LocalRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
+                                                        valid_dp=valid_dp(cfg)), sup, token)
+    healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),
+                    remediator=remediator, resend=resend)
+    ledger = LedgerWriter(spec.run_dir, engine, spec.job)
+    return SelfHealingJob(healer, remediator, sidecars, table, spec.loop, background=[ledger.write])

@@ -1,0 +1,180 @@
+"""`megaheal run`'s loop: the one healer (healer.core.engine) embedded with the local launcher, healing the job it
+started itself.
+
+Each tick (a quarter of a second): take the sidecars' heartbeat batches, let the supervisor look at the processes,
+detect, respond to the incidents that are due, and resolve the ones whose restart trained again. Nothing in a tick
+waits: diagnoses and restarts run on the remediator's worker, notifications (Alertmanager) and the goodput ledger
+on a thread of their own, so a slow runbook or an Alertmanager that does not answer never holds up detection.
+The job ends `finished` (every step done), `escalated` (the healer stopped it and paged: its budget is spent, or
+it cannot run smaller) or `timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from healer.core.catalogue import fault
+from healer.core.engine import Healer
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.states import IncidentState
+from healer.core.timeline import IncidentTimeline, job_timelines
+from healer.errors import DatabaseError
+from healer.launchers.remediator import LocalRemediator, wait_idle
+from healer.launchers.sidecars import NodeSidecars
+from healer.launchers.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+S = IncidentState
+OPEN_STATES = frozenset({S.OPEN, S.DIAGNOSING, S.REMEDIATING})
+
+
+@dataclass(kw_only=True, slots=True)
+class LoopConfig:
+    tick: timedelta = timedelta(seconds=0.25)
+    """How often the loop looks."""
+    notify_every: timedelta = timedelta(seconds=1)
+    """How often incidents are synced to the sinks (Alertmanager)."""
+
+    def __post_init__(self) -> None:
+        if self.tick <= timedelta(0) or self.notify_every <= timedelta(0):
+            raise ValueError("tick and notify_every must be > 0")
+
+
+class SelfHealingJob:
+    def __init__(self, healer: Healer, remediator: LocalRemediator, sidecars: NodeSidecars, table: HeartbeatTable,
+                 cfg: LoopConfig | None = None, background: list[Callable[[], None]] | None = None) -> None:
+        """`background`: called every `notify_every` off the loop (the goodput ledger writer, say)."""
+        self.healer, self.remediator, self.sidecars, self.table = healer, remediator, sidecars, table
+        self.cfg = cfg or LoopConfig()
+        self.job = remediator.job
+        self.outcome: str | None = None
+        self._background = [healer.tick_notify, *(background or [])]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._off_loop, name="megaheal-notify", daemon=True)
+
+    @property
+    def sup(self) -> Supervisor:
+        return self.remediator.sup
+
+    # ---- start ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.healer.start()
+        self.healer.jobs.touch_job(self.job)
+        self.healer.jobs.touch_nodes([*self.remediator.nodes, *self.remediator.spares], self.job)
+        self.sidecars.start()
+        self.remediator.start()
+
+    def take_over(self) -> list[int]:
+        """Go on with a run whose previous healer died (`megaheal run --resume`), instead of `start`: the launcher
+        stops what its last attempt left running, and the incidents it left in flight (in the store) are finished:
+        an undecided one is decided now, a restart it had ordered is carried out again."""
+        restarts = self.healer.jobs.restarts(self.job)
+        excluded = {n for r in restarts for n in (r.excluded or [])}
+        skip = {s for r in restarts for s in (r.skip_steps or [])}
+        taken = self.remediator.take_over(excluded, skip)
+        self.sidecars.start()
+        in_flight = self.healer.take_over()
+        log.warning("taking over %s: %d incident(s) in flight, %d process(es) of the last attempt stopped",
+                    self.job, len(in_flight), len(taken.killed))
+        if not self.remediator.busy and not self._restart_ordered():
+            # Nothing in flight restarts the job: its last attempt was stopped, so start the next one. NOTE: the
+            # healer's own doing, not the job's: it spends no restart budget.
+            self.remediator.start_next(resume="auto")
+        return in_flight
+
+    def _restart_ordered(self) -> bool:
+        """Whether an incident in flight restarts the job (a restart ordered, or one its decision will order)."""
+        for incident in self.healer.store.of_job(self.job, OPEN_STATES):
+            if self.healer.responder.restart_pending(incident.id):
+                return True
+            rule = self.healer.rules.get(incident.rule)
+            kind = fault(incident.kind)
+            remedy = rule.remedy if rule is not None and rule.remedy is not None else kind.remedy
+            if incident.state != S.REMEDIATING.value and (remedy.restarts or kind.stops_job):
+                return True
+        return False
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def run(self, timeout: timedelta, on_tick: Callable[[SelfHealingJob], None] | None = None) -> str:
+        """Tick until the job finishes, escalates, or `timeout` passes; returns the outcome."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        self._thread.start()
+        try:
+            while self.outcome is None:
+                if time.monotonic() > deadline:
+                    self.outcome = "timeout"
+                    self.remediator.stop("the run timed out", timedelta(seconds=5))
+                    break
+                self.tick()
+                if on_tick is not None:
+                    on_tick(self)
+                time.sleep(self.cfg.tick.total_seconds())
+        finally:
+            wait_idle(self.remediator, 120)
+            self._stop.set()
+            self._thread.join(timeout=60)
+            self._off_loop_once()
+            self.sidecars.stop()
+        return self.outcome
+
+    def tick(self) -> None:
+        for batch in self.sidecars.batches():
+            self.table.ingest(batch)
+        self.remediator.poll()
+        try:
+            view = self.healer.tick_detect()
+            self.healer.tick_respond()
+            self.healer.tick_recovery(view)
+        except (SQLAlchemyError, DatabaseError) as exc:
+            # NOTE: the store is the healer's memory: without it nothing can be decided; the next tick tries again.
+            log.warning("the healer's database failed this tick: %s", str(exc).splitlines()[0])
+            return
+        halted = self.healer.responder.halted
+        if halted is not None and not self.remediator.busy:
+            self.outcome = "escalated"
+            return
+        state = self.remediator.state()
+        if state.succeeded and not self.remediator.busy:
+            self._finished()
+            self.outcome = "finished"
+
+    def _finished(self) -> None:
+        """Every step is done: what still waits for its condition to clear (a straggler, say) cannot fault any more."""
+        for incident in self.healer.store.of_job(self.job, OPEN_STATES):
+            if self.healer.store.transition(incident.id, S(incident.state), S.RESOLVED,
+                                            {"reason": "the job finished every step"}, next_action_at=None):
+                self.healer.changed(incident.id, "transition", incident.state, S.RESOLVED.value)
+
+    def _off_loop(self) -> None:
+        while not self._stop.wait(self.cfg.notify_every.total_seconds()):
+            self._off_loop_once()
+
+    def _off_loop_once(self) -> None:
+        for task in self._background:
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - NOTE: notifications and the ledger must never stop the healing
+                log.warning("background task %s failed", getattr(task, "__qualname__", task), exc_info=True)
+
+    def close(self) -> None:
+        """Release what the healer holds (its worker, its database connections); the job's processes are over."""
+        self.remediator.close()
+        self.healer.store.engine.dispose()
+
+    # ---- reading ---------------------------------------------------------------------------------------
+
+    def incidents(self) -> list[IncidentTimeline]:
+        """The job's incidents, read back from the store."""
+        return job_timelines(self.healer.store.engine, self.job)
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.healer.clock(), UTC)

@@ -1,0 +1,128 @@
+"""Choosing the remedy (healer.core.plans.choose, pure): restart, exclude with a spare or a smaller job, roll back,
+notify, escalate; the restart budget and its backoff; a smaller job only at a degree the training layout accepts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from healer.core.catalogue import CATALOGUE, FaultKind, Remedy, fault
+from healer.core.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose
+
+NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+
+
+def facts(**kw: object) -> JobFacts:
+    base: dict[str, object] = {"nodes": ("n1", "n2"), "spares": ("n3",), "dp": 4, "checkpoint_steps": (4, 8, 12)}
+    base.update(kw)
+    return JobFacts(**base)  # type: ignore[arg-type]
+
+
+def plan(kind: str, remedy: Remedy | None = None, suspects: tuple[str, ...] = (), first_bad_step: int | None = None,
+         verdict: Verdict | None = None, job: JobFacts | None = None, limits: Limits | None = None,
+         budget: RestartBudget | None = None, now: datetime = NOW) -> Plan:
+    return choose(fault(kind), remedy, suspects, first_bad_step, verdict, job or facts(), limits or Limits(),
+                  budget or RestartBudget(), now, {"rule": "test"})
+
+
+def test_a_crash_with_a_clean_verdict_restarts_in_place_and_records_its_basis() -> None:
+    p = plan("crash", suspects=("n2",), verdict=Verdict("pass"))
+    assert p.remedy is Remedy.RESTART and p.nodes == ("n1", "n2") and p.dp == 4 and p.exclude == ()
+    payload = p.to_payload()
+    assert payload["decision_basis"]["verdict"] == "pass" and payload["decision_basis"]["restarts_in_window"] == 0
+    assert "restart in place" in payload["decision_basis"]["reason"]
+    assert payload["decision_basis"]["remedy_from"] == "catalogue"
+
+
+def test_a_failed_verdict_excludes_the_node_and_takes_a_spare() -> None:
+    p = plan("hang", verdict=Verdict("fail", bad_nodes=("n2",)))
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",)
+    assert p.nodes == ("n1", "n3") and p.dp == 4 and "spare" in p.basis["reason"]
+
+
+def test_an_error_verdict_blames_no_host() -> None:
+    p = plan("crash", suspects=("n2",), verdict=Verdict("error"))
+    assert p.remedy is Remedy.RESTART and p.exclude == ()
+
+
+def test_without_a_spare_the_job_comes_back_smaller_or_escalates() -> None:
+    p = plan("gpu_fault", suspects=("n2",), job=facts(spares=()))
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.nodes == ("n1",) and p.dp == 2
+    assert "dp 2 (was 4)" in p.basis["reason"]
+    p = plan("gpu_fault", suspects=("n2",), job=facts(spares=()), limits=Limits(min_nodes=2))
+    assert p.remedy is Remedy.ESCALATE and p.exclude == ("n2",) and "min_nodes 2" in p.basis["reason"]
+    odd = plan("gpu_fault", suspects=("n2",), job=facts(nodes=("n1", "n2", "n4"), spares=()))
+    assert odd.remedy is Remedy.ESCALATE and "does not shrink evenly" in odd.basis["reason"]
+
+
+def test_a_smaller_job_is_only_tried_at_a_degree_the_training_layout_accepts() -> None:
+    p = plan("gpu_fault", suspects=("n2",), job=facts(spares=(), valid_dp=(1, 4)))
+    assert p.remedy is Remedy.ESCALATE and "does not accept dp 2" in p.basis["reason"]
+    assert plan("gpu_fault", suspects=("n2",), job=facts(spares=(), valid_dp=(1, 2, 4))).dp == 2
+
+
+def test_a_lemon_node_is_excluded_on_sight_even_when_the_runbook_passes() -> None:
+    p = plan("crash", suspects=("n2",), verdict=Verdict("pass"), job=facts(node_incidents={"n2": 3, "n1": 1}),
+             limits=Limits(lemon_incidents=3))
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",) and p.basis["lemons"] == {"n2": 3}
+
+
+def test_a_straggler_notifies_unless_a_diagnosis_proves_its_host_bad() -> None:
+    assert plan("straggler", suspects=("n1",), verdict=Verdict("pass")).remedy is Remedy.NOTIFY
+    p = plan("straggler", suspects=("n1",), verdict=Verdict("degraded", ("n1",)))
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.nodes == ("n2", "n3")
+    assert p.basis["remedy_from"] == "a host proven bad"
+    assert plan("rank-heartbeat-stale").remedy is Remedy.NOTIFY  # a kind the catalogue does not know
+
+
+def test_a_rules_remedy_wins_over_the_catalogue() -> None:
+    assert plan("crash", Remedy.NOTIFY, suspects=("n2",), verdict=Verdict("fail", ("n2",))).remedy is Remedy.NOTIFY
+    p = plan("crash", Remedy.EXCLUDE_AND_RESTART, suspects=("n2",))
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",) and p.basis["remedy_from"] == "rule"
+    assert plan("straggler", Remedy.ESCALATE).remedy is Remedy.ESCALATE
+    # exclude-node-and-restart with no host named in the job restarts in place, and says why
+    p = plan("hang", Remedy.EXCLUDE_AND_RESTART, suspects=("n9",))
+    assert p.remedy is Remedy.RESTART and "not in the job" in p.basis["reason"]
+
+
+def test_a_loss_spike_rolls_back_before_the_first_bad_step_and_skips_its_batches() -> None:
+    p = plan("loss_spike", first_bad_step=12, limits=Limits(skip_steps=2))
+    assert p.remedy is Remedy.ROLLBACK and p.resume_step == 8 and p.skip_steps == (11, 12)
+    p = plan("nonfinite", first_bad_step=9, limits=Limits(skip_steps=5))
+    assert p.resume_step == 8 and p.skip_steps == (8, 9)  # never skips steps the checkpoint already holds (0..7)
+    p = plan("nonfinite", first_bad_step=3)
+    assert p.remedy is Remedy.ESCALATE and "no good checkpoint before step 3" in p.basis["reason"]
+    assert plan("nonfinite").remedy is Remedy.ESCALATE  # without the step it began at
+
+
+def test_restarts_back_off_exponentially_and_a_spent_budget_escalates() -> None:
+    budget = RestartBudget(max_restarts=3, window=timedelta(minutes=10), backoff=timedelta(seconds=10))
+    one = (NOW - timedelta(seconds=5),)
+    p = plan("crash", job=facts(restarts=one), budget=budget)
+    assert p.remedy is Remedy.RESTART and p.not_before == one[0] + timedelta(seconds=10)
+    assert plan("crash", job=facts(restarts=one), budget=budget, now=NOW + timedelta(seconds=6)).not_before is None
+    two = (NOW - timedelta(seconds=100), NOW - timedelta(seconds=15))
+    p = plan("crash", job=facts(restarts=two), budget=budget)
+    assert p.not_before is not None and p.basis["backoff_s"] == 20
+    three = (NOW - timedelta(seconds=90), NOW - timedelta(seconds=60), NOW - timedelta(seconds=30))
+    p = plan("crash", job=facts(restarts=three), budget=budget)
+    assert p.remedy is Remedy.ESCALATE and "restart budget spent" in p.basis["reason"]
+    old = tuple(NOW - timedelta(minutes=m) for m in (13, 12, 11))
+    assert plan("crash", job=facts(restarts=old), budget=budget).remedy is Remedy.RESTART  # outside the window
+
+
+def test_limits_and_budgets_are_validated() -> None:
+    with pytest.raises(ValueError, match="backoff"):
+        RestartBudget(backoff=timedelta(minutes=10), max_backoff=timedelta(minutes=1))
+    with pytest.raises(ValueError, match="max_restarts"):
+        RestartBudget(max_restarts=-1)
+    with pytest.raises(ValueError, match="min_nodes"):
+        Limits(min_nodes=0)
+
+
+@pytest.mark.parametrize("kind", sorted(CATALOGUE))
+def test_only_faults_that_stop_the_job_or_poison_its_weights_are_critical(kind: str) -> None:
+    entry: FaultKind = CATALOGUE[kind]
+    critical = entry.stops_job or entry.name in ("gpu_fault", "nonfinite", "heartbeat_stale")
+    assert (entry.severity == "critical") == critical
