@@ -29,13 +29,13 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from megaheal import procfs  # noqa: E402
 from train.checkpoint.state import capture, load_template  # noqa: E402
 from train.config import load_config  # noqa: E402
 from train.trainer import Trainer  # noqa: E402
 
 # dim, layers, ffn: ~50M and ~200M parameters (byte vocabulary, so nearly all are in the blocks).
 SIZES = {"50M": (512, 16, 1536), "200M": (1024, 16, 3072)}
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class RssSampler:
@@ -48,8 +48,7 @@ class RssSampler:
 
     @staticmethod
     def rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * PAGE
+        return procfs.rss_bytes(os.getpid()) or 0  # this process: never gone
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -34,6 +34,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from megaheal import procfs  # noqa: E402
+
 TOKEN = "bench-token-0123456789abcdef"
 
 # ---- load ----------------------------------------------------------------------------------------------------
@@ -110,15 +113,16 @@ def client(port: int, nodes: list[int], ranks_per_node: int, seconds: float, sta
 
 
 def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    st = procfs.stat(pid)
+    assert st is not None, f"the healer (pid {pid}) exited during the run"
+    return st.cpu_seconds
 
 
 def proc_rss_mib(pid: int) -> tuple[float, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
-    hwm = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
-    return rss, hwm
+    """Resident memory now and at its highest so far (the kernel's high-water mark)."""
+    rss, hwm = procfs.rss_bytes(pid), procfs.peak_rss_bytes(pid)
+    assert rss is not None and hwm is not None, f"the healer (pid {pid}) exited during the run"
+    return rss / 2**20, hwm / 2**20
 
 
 def scrape(port: int) -> str:

@@ -34,7 +34,7 @@ from healer.core.detectors.hang import Hang
 from healer.core.goodput import compute
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.remediation import Budgets
-from healer.launchers import procfs
+from megaheal import procfs
 from healer.launchers.local import LocalLauncher
 from healer.runner.selfheal import SelfHealLoop
 from healer.launchers.sidecars import NodeSidecars

@@ -36,10 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from exporters.client import SOCKET_ENV, RankClient  # noqa: E402
+from megaheal import procfs  # noqa: E402
 from tests.exporters.helpers import step_record  # noqa: E402 - a record shaped like the trainer's
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 # ---------------------------------------------------------------- helpers
@@ -78,12 +77,15 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    st = procfs.stat(pid)
+    assert st is not None, f"the training job (pid {pid}) exited during the run"
+    return st.cpu_seconds
 
 
 def rss_mib(pid: int) -> float:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20
+    rss = procfs.rss_bytes(pid)
+    assert rss is not None, f"the training job (pid {pid}) exited during the run"
+    return rss / 2**20
 
 
 def train(config: str, nproc: int, steps: int, run_dir: Path, sock: Path | None) -> list[dict]:

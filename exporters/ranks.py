@@ -12,28 +12,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from exporters.schema import Event, Hello, Message, StepRecord
+from megaheal import procfs
 
 # Events counted per rank in the metrics; any other kind is kept for the heartbeat only, so that
 # a rank cannot grow its series count by inventing event names.
 COUNTED_EVENTS = ("checkpoint_saved", "checkpoint_failed", "exception")
-
-
-def pid_alive(pid: int, proc: Path = Path("/proc")) -> bool:
-    """True while `pid` exists and is not a zombie (a rank that died but was not yet reaped counts as dead).
-
-    NOTE: needs the sidecar in the ranks' PID namespace (same host, or a pod sharing its PID namespace).
-    """
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    # The state letter follows the command name, which is in parentheses and may itself contain ") ".
-    state = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3]
-    return state not in ("Z", "X", "x", "")
 
 
 @dataclass(slots=True)
@@ -60,12 +46,16 @@ class RankState:
 
 
 class RankTable:
-    """Thread-safe table of ranks keyed by (job, rank); the newest process of a rank replaces the old one."""
+    """Thread-safe table of ranks keyed by (job, rank); the newest process of a rank replaces the old one.
+
+    A rank is alive while its process is (procfs.alive: a zombie, dead but not yet reaped, is not).
+    NOTE: that needs the sidecar in the ranks' PID namespace (same host, or a pod sharing its PID namespace).
+    """
 
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
-        is_alive: Callable[[int], bool] = pid_alive,
+        is_alive: Callable[[int], bool] = procfs.alive,
         forget_after_s: float = 600.0,
         max_ranks: int = 256,
     ) -> None:

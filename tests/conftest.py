@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from megaheal import procfs
 from tests.support import wait_for  # noqa: F401 - the checkpoint tests take it from here
 from train.records import read_records
 
@@ -44,27 +45,11 @@ def start_training(run_dir: Path, config: str, overrides: list[str], nproc: int 
     )
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, read from /proc (torchrun starts each rank in a session of its own,
-    so signalling the launcher's process group does not reach the ranks)."""
-    found = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return found
-    for task in tasks:
-        try:
-            children = open(f"/proc/{pid}/task/{task}/children").read().split()
-        except FileNotFoundError:
-            continue
-        for child in map(int, children):
-            found += [child, *descendants(child)]
-    return found
-
-
 def kill_job(job: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     """Send `sig` to the launcher and every process it started, at once, then reap the launcher."""
-    for pid in [job.pid, *descendants(job.pid)]:
+    # NOTE: torchrun starts each rank in a session of its own, so signalling the launcher's process group
+    # would not reach the ranks.
+    for pid in [job.pid, *procfs.descendants(job.pid)]:
         try:
             os.kill(pid, sig)
         except ProcessLookupError:

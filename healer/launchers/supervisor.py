@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from healer.jsonl import append_jsonl, read_jsonl
-from healer.launchers import procfs
+from megaheal import procfs
 from healer.launchers.agent_log import parse_failures
 from healer.launchers.local import Launcher, LaunchSpec, NodeHandle
 from healer.core.processes import (

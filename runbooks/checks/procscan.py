@@ -7,10 +7,11 @@ cannot be killed at all and needs a GPU reset or reboot. /proc shows both even w
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from megaheal import procfs
 
 GPU_DEVICE = re.compile(r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)$")
 
@@ -30,37 +31,19 @@ class Holder:
 
 
 def gpu_holders(
-    proc: Path = Path("/proc"), device: re.Pattern[str] = GPU_DEVICE, exclude: frozenset[int] = frozenset()
+    proc: Path = procfs.PROC, device: re.Pattern[str] = GPU_DEVICE, exclude: frozenset[int] = frozenset()
 ) -> tuple[list[Holder], int]:
     """Holders of files matching `device`, and how many processes could not be inspected."""
     holders, unreadable = [], 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) in exclude:
+    for pid in procfs.pids(proc):
+        if pid in exclude:
             continue
-        try:
-            fds = list((entry / "fd").iterdir())
-        except (PermissionError, FileNotFoundError, NotADirectoryError):
+        files = procfs.open_files(pid, proc)
+        if files is None:
             unreadable += 1
             continue
-        devices = set()
-        for fd in fds:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue  # closed while we looked
-            if device.match(target):
-                devices.add(target)
-        if devices:
-            comm, state = _comm_and_state(entry)
-            holders.append(Holder(pid=int(entry.name), comm=comm, state=state, devices=tuple(sorted(devices))))
-    return sorted(holders, key=lambda h: h.pid), unreadable
-
-
-def _comm_and_state(entry: Path) -> tuple[str, str]:
-    try:
-        stat = (entry / "stat").read_text()
-    except OSError:
-        return "?", "?"
-    # "pid (comm) S ...": comm may contain spaces and parentheses, so split at the last ")".
-    head, _, tail = stat.rpartition(")")
-    return head.partition("(")[2], tail.split()[0] if tail.split() else "?"
+        devices = {f for f in files if device.match(f)}
+        st = procfs.stat(pid, proc) if devices else None
+        if st is not None:  # None: it left while we looked, and holds nothing now
+            holders.append(Holder(pid=pid, comm=st.comm, state=st.state, devices=tuple(sorted(devices))))
+    return holders, unreadable

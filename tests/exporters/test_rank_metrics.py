@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.rank_collector import SERIES_PER_RANK_BUDGET, RankCollector
-from exporters.ranks import RankTable, pid_alive
+from exporters.ranks import RankTable
 from exporters.schema import Origin, decode, encode
 from tests.exporters.helpers import step_record
 from tests.exporters.promtools import promtool_check_metrics, wait_for
@@ -123,12 +123,14 @@ def test_a_table_refuses_ranks_beyond_its_bound() -> None:
     assert len(table) == 2 and table.rejected == 1
 
 
-def test_pid_alive_sees_zombies_as_dead() -> None:
+def test_a_rank_whose_process_is_a_zombie_or_gone_is_not_alive() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
+    table = RankTable(clock=FakeClock())  # its own probe of /proc
+    table.observe(hello(0, pid=child.pid))
+    table.observe(hello(1, pid=os.getpid() - 1))  # message() adds the rank to the pid: this process
     try:
         # Not reaped yet: the process is a zombie, which is what a crashed rank looks like before torchrun reaps it.
-        wait_for("the child to become a zombie", lambda: not pid_alive(child.pid), timeout_s=10, every_s=0.05)
+        wait_for("the child to become a zombie", lambda: not table.snapshot()[0].alive, timeout_s=10, every_s=0.05)
     finally:
         child.wait()
-    assert pid_alive(os.getpid())
-    assert not pid_alive(child.pid), "reaped: gone"
+    assert [s.alive for s in table.snapshot()] == [False, True], "reaped: gone"

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from megaheal import procfs
 from runbooks.registry import CheckContext, default_registry
 from runbooks.runner import run_runbook
 from runbooks.spec import load_runbook
@@ -31,14 +32,6 @@ def _records(path) -> list[tuple[str, int, int, float]]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.timeout(60)
 def test_a_check_past_its_timeout_is_stopped_and_reported_as_error(tmp_path) -> None:
     record = tmp_path / "record.txt"
@@ -60,7 +53,7 @@ steps:
     assert "timed out after 1s" in stuck.result.summary and "stopped" in stuck.result.summary
     [(kind, pid, child, _)] = _records(record)
     assert kind == "start" and child > 0
-    assert not _alive(pid) and not _alive(child), "the worker and its child were stopped with the step"
+    assert not procfs.alive(pid) and not procfs.alive(child), "the worker and its child were stopped with the step"
     assert after.result.status is Status.PASS, "later steps still run"
     assert result.verdict is Status.ERROR and result.exit_code == 2
     assert result.summary.startswith("error: stuck error: timed out")

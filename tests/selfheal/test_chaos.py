@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from healer.launchers import procfs
+from megaheal import procfs
 from healer.runner.chaos import (
     Chaos,
     Fault,

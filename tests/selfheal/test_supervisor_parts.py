@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from healer.launchers import procfs
+from megaheal import procfs
 from healer.launchers.agent_log import parse_failures
 from healer.launchers.local import LocalLauncher
 from healer.launchers.supervisor import Supervisor, Unauthorized

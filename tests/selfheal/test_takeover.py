@@ -17,8 +17,8 @@ import pytest
 from healer.core.db import make_engine
 from healer.core.goodput import compute
 from healer.core.store import IncidentStore
-from healer.launchers import procfs
-from tests.conftest import REPO, descendants, job_env, kill_job
+from megaheal import procfs
+from tests.conftest import REPO, job_env, kill_job
 from tests.support import wait_for
 
 pytestmark = pytest.mark.distributed
@@ -50,7 +50,7 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
     try:
         wait_for(f"the first healer's {kill_after} event", lambda: any(e["event"] == kill_after for e in events(run_dir)),
                  timeout_s=240, every_s=0.05)
-        left = descendants(first.pid)
+        left = procfs.descendants(first.pid)
         first.send_signal(signal.SIGKILL)  # the healer dies; its job's agents and ranks do not
         first.wait(timeout=30)
     except BaseException:
