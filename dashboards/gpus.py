@@ -13,6 +13,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
 from dashboards.common import REF_IDS, label_variable, prom, proms
+from healer.core.catalogue import CRITICAL_XIDS
 
 UID = "megaheal-gpus"
 GPUS = 'hostname=~"$node", gpu=~"$gpu"'
@@ -33,7 +34,7 @@ def _health_row(board: dash.Dashboard) -> None:
     board.with_panel(
         table.Panel().title("Xid errors in range").height(8).span(12)
         .description("Xid events per GPU and code over the dashboard's range (from the per-code counter; "
-                     "DCGM_FI_DEV_XID_ERRORS only keeps the last code). 48, 62, 64, 74, 79, 95, 119, 120, 140 "
+                     f"DCGM_FI_DEV_XID_ERRORS only keeps the last code). {', '.join(map(str, CRITICAL_XIDS))} "
                      "need a reset or a drain (docs/operations.md).")
         .with_target(prom(f"sum by (hostname, gpu, xid) (increase(megaheal_gpu_xid_errors_total{{{GPUS}}}[$__range]))"
                           " > 0", table=True)))

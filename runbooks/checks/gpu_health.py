@@ -4,7 +4,8 @@ Per GPU: Xids in a window (kernel log), volatile double-bit ECC errors, remapped
 failed), the driver's recovery action (NVML field 230), clock event reasons, temperature against
 the slowdown threshold. The NVML module is an argument (pynvml by default) so tests pass a
 recorded fake device; without NVML or without GPUs the check is skipped with the reason.
-Severities follow NVIDIA's Xid catalog and DCGM's health watches.
+Which Xids fail or degrade a GPU comes from the fault catalogue (healer.core.catalogue: NVIDIA's Xid
+catalog and DCGM's health watches).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
+from healer.core.catalogue import CRITICAL_XIDS, DEGRADED_XIDS
 from runbooks.checks import xid_log
 from runbooks.checks.gpu_snapshot import Snapshot, take_snapshot
 from runbooks.registry import Check, CheckContext
@@ -21,10 +23,6 @@ from runbooks.verdict import CheckResult, Measurement, Status, Suspect, worst
 
 log = logging.getLogger(__name__)
 
-# DCGM fails 48, 74, 79, 95, 119, 120, 140; the catalog adds resets for 46, 62, 64.
-FAIL_XIDS = [46, 48, 62, 64, 74, 79, 95, 119, 120, 140]
-# Row remap recorded, high single-bit rate, contained ECC error: trend them.
-DEGRADED_XIDS = [63, 92, 94]
 RECOVERY_ACTIONS = {
     0: "none",
     1: "GPU reset",
@@ -47,10 +45,12 @@ class GpuHealthCheck(Check):
     class Config:
         xid_window: timedelta = timedelta(hours=1)
         """Count Xids logged within this long before the check."""
-        fail_xids: list[int] = field(default_factory=lambda: list(FAIL_XIDS))
-        """Xid codes that fail the GPU."""
+        # NOTE: the defaults are the fault catalogue's, the one Xid list: gpu-triage fails a GPU on the same codes
+        # the healer evicts it for and the Prometheus Xid alert fires on (tests/deploy/test_catalogue_agreement.py).
+        fail_xids: list[int] = field(default_factory=lambda: list(CRITICAL_XIDS))
+        """Xid codes that fail the GPU (default: the catalogue's critical Xids)."""
         degraded_xids: list[int] = field(default_factory=lambda: list(DEGRADED_XIDS))
-        """Xid codes that degrade it."""
+        """Xid codes that degrade it (default: the catalogue's degraded Xids)."""
         max_temperature_c: int | None = None
         """Degraded at or above this; None: the GPU's own slowdown threshold (85 C if it has none)."""
         gpus: list[int] | None = None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,9 @@ from healer.service.config import load_config
 from healer.core.rules import load_rules
 from tests.deploy.configs import (ALERT_TESTS, ALERTMANAGER, ALERTS, COMPOSE, DEPLOY, OPERATIONS, PROMETHEUS_DIR,
                                   RECORDING, load_yaml, markdown_anchors, rules, tool)
+
+# owner label -> the receiver Alertmanager sends the alert to, and only to it.
+OWNERS = {"healer": "healer", "oncall": "oncall"}
 
 
 def test_promtool_accepts_the_config_the_rules_and_their_unit_tests() -> None:
@@ -23,28 +27,41 @@ def test_promtool_accepts_the_config_the_rules_and_their_unit_tests() -> None:
     assert unit.returncode == 0 and "SUCCESS" in unit.stdout, unit.stdout + unit.stderr
 
 
-def test_every_alert_has_a_unit_test_a_runbook_and_routing_labels() -> None:
+def test_every_alert_has_a_unit_test_a_runbook_and_an_owner() -> None:
     tests = load_yaml(ALERT_TESTS)["tests"]
     tested = {case["alertname"] for test in tests for case in test.get("alert_rule_test", [])
               if case.get("exp_alerts")}
     anchors = markdown_anchors(OPERATIONS)
     alerts = [r for r in rules(ALERTS) if "alert" in r]
-    assert len(alerts) >= 10
+    assert len(alerts) >= 7
     for rule in alerts:
         name = rule["alert"]
         assert name in tested, f"{name}: no promtool test shows it firing"
         runbook = rule["annotations"]["runbook_url"]
         assert runbook == f"docs/operations.md#{name.lower()}" and name.lower() in anchors, f"{name}: {runbook}"
         labels = rule["labels"]
-        assert labels["component"] == "megaheal" and labels["page"] in ("true", "false"), name
+        assert labels["component"] == "megaheal" and labels["owner"] in OWNERS, name
         assert labels["severity"] in ("warning", "critical") and labels["subsystem"], name
+        # NOTE: routing is by owner alone; a `page` label beside it would be a second road that could contradict it.
+        assert "page" not in labels, f"{name}: the owner decides who is told, not page"
 
 
-def test_the_healer_rules_of_the_stack_load_and_name_real_alerts() -> None:
-    alert_names = {r["alert"] for r in rules(ALERTS) if "alert" in r}
+def test_the_healer_is_sent_only_what_it_cannot_see_and_never_its_own_death() -> None:
+    owners = {r["alert"]: r["labels"]["owner"] for r in rules(ALERTS) if "alert" in r}
+    # The faults of a job under megaheal (a silent rank, an MFU drop, restarts) are the detectors' and the restart
+    # budget's: no Prometheus alert duplicates them, and none of theirs is routed to the healer.
+    assert {a for a, o in owners.items() if o == "healer"} == {"MegahealNodeDown", "MegahealTelemetryAbsent"}
+    assert owners["MegahealHealerDown"] == "oncall"
+    assert all(o == "oncall" for a, o in owners.items() if a.startswith("MegahealGpu"))
+
+
+def test_the_healer_has_one_notify_or_escalate_rule_per_alert_it_is_sent_and_no_other() -> None:
+    to_healer = {r["alert"] for r in rules(ALERTS) if "alert" in r and r["labels"]["owner"] == "healer"}
     loaded = load_rules([DEPLOY / "healer" / "rules"])
-    named = {rule.condition.alert for rule in loaded}  # type: ignore[union-attr]
-    assert named <= alert_names, named - alert_names
+    named = [rule.condition.alert for rule in loaded]  # type: ignore[union-attr]
+    assert sorted(named) == sorted(to_healer), "one rule per alert routed to the healer, none for the others"
+    # The service has no launcher (it cannot restart or exclude), and a runbook would run on the healer's own host.
+    assert all(rule.remediate in ("notify", "escalate") and rule.runbook is None for rule in loaded)
     config = load_config(str(DEPLOY / "healer" / "healer.yaml"))  # the healer's own loader: unknown keys fail
     assert config.token_file == "/run/secrets/megaheal_token" and config.alertmanager_urls
     assert "/etc/megaheal/rules" in config.rules and config.prometheus_url == "http://prometheus:9090"
@@ -55,34 +72,46 @@ def test_amtool_accepts_the_alertmanager_config() -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def routed(labels: dict[str, str]) -> str:
+    """The receivers amtool's walk of the routing tree picks for an alert with `labels` (comma-separated)."""
+    out = tool("amtool", "config", "routes", "test", f"--config.file={ALERTMANAGER}",
+               *(f"{k}={v}" for k, v in labels.items()))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("rule", [r for r in rules(ALERTS) if "alert" in r], ids=lambda r: r["alert"])
+def test_alertmanager_sends_each_alert_to_its_owner_alone(rule: dict[str, Any]) -> None:
+    assert routed({"alertname": rule["alert"], **rule["labels"]}) == OWNERS[rule["labels"]["owner"]]
+
+
 @pytest.mark.parametrize(("labels", "receivers"), [
-    # megaheal alerts reach the healer; those a person must see reach on-call as well.
-    ({"alertname": "MegahealGpuCriticalXid", "component": "megaheal", "page": "false"}, "healer"),
-    ({"alertname": "MegahealHealerDown", "component": "megaheal", "page": "true"}, "healer,oncall"),
-    # The healer's own incidents never go back to the healer; escalated ones page.
-    ({"alertname": "MegahealIncident", "page": "true"}, "oncall"),
-    ({"alertname": "MegahealIncident", "page": "false"}, "blackhole"),
-    # Someone else's alert is not swallowed.
+    # The healer's own incidents never go back to the healer; those that page reach on-call.
+    ({"alertname": "MegahealIncident", "kind": "gpu_fault", "page": "true"}, "oncall"),
+    ({"alertname": "MegahealIncident", "kind": "gpu_fault", "page": "false"}, "blackhole"),
+    # A megaheal alert without an owner reaches a person rather than nobody; someone else's is not swallowed.
+    ({"alertname": "MegahealSomethingNew", "component": "megaheal"}, "oncall"),
     ({"alertname": "DiskFull"}, "oncall"),
 ])
-def test_alertmanager_routes_megaheal_alerts_to_the_healer_and_pages_to_oncall(labels: dict[str, str],
-                                                                               receivers: str) -> None:
-    routed = tool("amtool", "config", "routes", "test", f"--config.file={ALERTMANAGER}",
-                  *(f"{k}={v}" for k, v in labels.items()))
-    assert routed.stdout.strip() == receivers, routed.stdout + routed.stderr
+def test_alertmanager_pages_the_healers_incidents_and_anything_unowned_to_oncall(labels: dict[str, str],
+                                                                                  receivers: str) -> None:
+    assert routed(labels) == receivers
 
 
-def test_the_healer_webhook_is_authenticated_from_a_file_and_node_down_inhibits_gpu_alerts() -> None:
+def test_the_healer_webhook_is_authenticated_from_a_file_and_gpu_alerts_are_held_back_where_owned() -> None:
     config = load_yaml(ALERTMANAGER)
     healer = next(r for r in config["receivers"] if r["name"] == "healer")["webhook_configs"][0]
     assert healer["url"].endswith("/v1/alertmanager") and healer["send_resolved"]
     auth = healer["http_config"]["authorization"]
     assert auth["type"] == "Bearer" and auth["credentials_file"].startswith("/run/secrets/") and "credentials" not in auth
-    (inhibit,) = config["inhibit_rules"]
-    assert inhibit["source_matchers"] == ['alertname="MegahealNodeDown"'] and inhibit["equal"] == ["node"]
+    node_down, gpu_fault = config["inhibit_rules"]
+    assert node_down["source_matchers"] == ['alertname="MegahealNodeDown"'] and node_down["equal"] == ["node"]
+    assert gpu_fault["source_matchers"] == ['alertname="MegahealIncident"', 'kind="gpu_fault"']
+    assert gpu_fault["equal"] == ["node"] and 'owner="oncall"' in gpu_fault["target_matchers"]
     gpu_alerts = [r for r in rules(ALERTS) if r.get("labels", {}).get("subsystem") == "gpu"]
-    assert len(gpu_alerts) == 4 and 'subsystem="gpu"' in inhibit["target_matchers"]
-    # The GPU alerts keep the node label the inhibition matches on (it comes from the target files).
+    assert len(gpu_alerts) == 4
+    assert all('subsystem="gpu"' in inhibit["target_matchers"] for inhibit in (node_down, gpu_fault))
+    # The GPU alerts keep the node label the inhibitions match on (it comes from the target files).
     targets = load_yaml(PROMETHEUS_DIR / "targets" / "sidecars.yml")
     assert all("node" in group["labels"] for group in targets)
     assert all(" by (" not in r["expr"] or "node" in r["expr"] for r in gpu_alerts)
