@@ -64,7 +64,7 @@ def current_steps(loop: SelfHealLoop) -> list[int]:
     a = loop.sup.attempt
     if a is None:
         return []
-    return [b.step for b in loop.table.ranks() if b.data.get("pid") in a.ranks and b.step is not None]
+    return [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
 
 
 def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from exporters.heartbeat import HEARTBEAT_SCHEMA
+from exporters.schema import HeartbeatBatch
 from exporters.sidecar import Sidecar
 
 
@@ -34,7 +33,6 @@ class NodeSidecars:
         for s in self.sidecars.values():
             s.stop()
 
-    def batches(self) -> list[dict[str, Any]]:
+    def batches(self) -> list[HeartbeatBatch]:
         self._seq += 1
-        return [s.heartbeat_batch() | {"schema": HEARTBEAT_SCHEMA, "seq": self._seq, "sent_at": time.time()}
-                for s in self.sidecars.values()]
+        return [s.heartbeat_batch(self._seq, time.time()) for s in self.sidecars.values()]

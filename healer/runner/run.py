@@ -48,9 +48,9 @@ def _view(loop: SelfHealLoop, chaos: Chaos | None) -> object:
     states = {s.rank: s.state for s in loop.table.processes.states()}
     pids = set(a.ranks) if a else set()
     for b in sorted(loop.table.ranks(), key=lambda b: b.rank):
-        if b.data.get("pid") not in pids:
+        if b.entry.pid not in pids:
             continue
-        loss, secs = b.data.get("loss"), b.data.get("step_seconds")
+        loss, secs = b.entry.loss, b.entry.step_seconds
         ranks.add_row(str(b.rank), b.node, str(b.step), f"{loss:.4f}" if isinstance(loss, float) else "nan",
                       f"{secs:.2f}" if isinstance(secs, float) else "-", states.get(b.rank, "?"))
     incidents = Table(title="incidents")
@@ -121,7 +121,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     with Live(_view(loop, chaos), refresh_per_second=2) as live:  # type: ignore[arg-type]
         def on_tick(lp: SelfHealLoop) -> None:
             a = lp.sup.attempt
-            steps = [b.step for b in lp.table.ranks() if a and b.data.get("pid") in a.ranks and b.step is not None]
+            steps = [b.step for b in lp.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
             if chaos is not None and a is not None and len(steps) == len(a.ranks) == world:
                 chaos.tick(min(steps))
             live.update(_view(lp, chaos))  # type: ignore[arg-type]

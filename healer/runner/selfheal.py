@@ -244,7 +244,7 @@ class SelfHealLoop:
             return
         # NOTE: until the new attempt reports a step, the table still holds the old attempt's last heartbeats
         # (a NaN, a slow phase table): only the process-based detectors may speak for the new attempt then.
-        reporting = attempt is not None and any(b.data.get("pid") in attempt.ranks and b.step is not None
+        reporting = attempt is not None and any(b.entry.pid in attempt.ranks and b.step is not None
                                                 for b in self.table.ranks())
         for detector in self.detectors:
             if not reporting and not isinstance(detector, (Crash, Hang)):
@@ -351,7 +351,7 @@ class SelfHealLoop:
         a = self.sup.attempt
         if a is None:
             return
-        steps = [b.step for b in self.table.ranks() if b.data.get("pid") in a.ranks and b.step is not None]
+        steps = [b.step for b in self.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
         if steps:
             self.highest[a.number] = max(self.highest.get(a.number, -1), max(steps))
         pending = [i for i in self.incidents if i.state == "remediating"]

@@ -64,7 +64,7 @@ def inject_at(step: int, rank: int, sig: int) -> tuple[dict[str, float], object]
         a = loop.sup.attempt
         if fired or a is None or a.number != 0:
             return
-        steps = [b.step for b in loop.table.ranks() if b.data.get("pid") in a.ranks and b.step is not None]
+        steps = [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
         if len(steps) == 4 and min(steps) >= step:
             loop.sup.kill_rank(TOKEN, rank, sig)
             fired["at"] = loop.clock()
@@ -172,7 +172,7 @@ def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) ->
     assert inc.plan["decision_basis"]["lemons"] == {"n2": 3}
     last = loop.sup.history[-1]
     assert {r.node for r in last.ranks.values()} == {"n1", "n3"} and len(last.ranks) == 4
-    assert {b.node for b in loop.table.ranks() if b.data.get("pid") in last.ranks} == {"n1", "n3"}
+    assert {b.node for b in loop.table.ranks() if b.entry.pid in last.ranks} == {"n1", "n3"}
     check_resumed(loop, fired, action="exclude-node-and-restart")
 
 
@@ -235,7 +235,7 @@ def test_a_slowed_rank_is_named_a_straggler_from_its_phase_table_and_on_call_is_
 
     def hook(lp: SelfHealLoop) -> None:
         a = lp.sup.attempt
-        steps = [b.step for b in lp.table.ranks() if a and b.data.get("pid") in a.ranks and b.step is not None]
+        steps = [b.step for b in lp.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
         if not slowed and len(steps) == 4 and min(steps) >= 3:
             pid = next(p for p, r in a.ranks.items() if r.rank == 2)  # type: ignore[union-attr]
             threading.Thread(target=duty_cycle, args=(pid, 0.85, 40.0), daemon=True).start()
