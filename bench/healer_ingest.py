@@ -5,7 +5,7 @@ Run:  .venv/bin/python bench/healer_ingest.py [--nodes 1536] [--ranks-per-node 8
 
 A real `megaheal healer` (SQLite, the heartbeat_stale rule, detection every second) receives one heartbeat
 batch per node per second over HTTP, from --clients load processes (asyncio, 8 keep-alive connections each) that post each
-node's batch at its own slot in every second. Batches look like exporters/heartbeat.py's (all rank fields).
+node's batch at its own slot in every second. Batches are built with the sidecar's structs (all rank fields).
 Measured over the window after a warm-up:
 - records/s and batches/s the healer accepted (its own counters), against the offered rate;
 - the healer's CPU share (of one core, from /proc) and its peak RSS;
@@ -43,21 +43,23 @@ TOKEN = "bench-token-0123456789abcdef"
 
 
 def node_body(node: int, ranks_per_node: int, job: str = "bench") -> bytes:
+    """One node's batch, built and encoded with the sidecar's own structs (exporters/schema.py), every field set."""
+    from exporters.schema import HEARTBEAT_SCHEMA, GpuEntry, HeartbeatBatch, RankEntry, encode_batch
+
     ranks = []
     for local in range(ranks_per_node):
         rank = node * ranks_per_node + local
-        ranks.append({"job": job, "rank": rank, "pid": 10000 + rank, "local_rank": local, "world_size": 12288,
-                      "mesh": {"pp": rank % 4, "dp": rank // 32, "tp": rank % 8}, "alive": True,
-                      "last_seen_age_s": 0.31, "dropped": 0, "events": {"checkpoint_saved": 3}, "last_event": None,
-                      "step": 1200, "step_time": 1.7e9, "step_seconds": 0.91,
-                      "phases": {"data_wait": 0.01, "forward_backward": 0.7, "dp_reduce": 0.12, "grad_norm_clip": 0.01,
-                                 "optimizer": 0.07},
-                      "loss": 2.31, "grad_norm": 0.82, "nonfinite": {}, "tokens_per_second": 41000.0, "mfu": 0.41,
-                      "dp_reduce_enter_ns": 123456789012, "dp_reduce_lag_s": 0.002, "max_rss_mib": 20480.0})
-    gpus = [{"gpu": g, "uuid": f"GPU-{node:04d}-{g}", "last_xid": None, "xid_counts": {}} for g in range(8)]
-    body = {"schema": 1, "node": f"node-{node:04d}", "seq": 0, "sent_at": time.time(), "nvml": "ok",
-            "ranks": ranks, "gpus": gpus}
-    return json.dumps(body, separators=(",", ":")).encode()
+        ranks.append(RankEntry(
+            job=job, rank=rank, pid=10000 + rank, local_rank=local, world_size=12288,
+            mesh={"pp": rank % 4, "dp": rank // 32, "tp": rank % 8}, alive=True, last_seen_age_s=0.31, dropped=0,
+            events={"checkpoint_saved": 3}, last_event=None, step=1200, step_time=1.7e9, step_seconds=0.91,
+            phases={"data_wait": 0.01, "forward_backward": 0.7, "dp_reduce": 0.12, "grad_norm_clip": 0.01,
+                    "optimizer": 0.07},
+            loss=2.31, grad_norm=0.82, nonfinite={}, tokens_per_second=41000.0, mfu=0.41,
+            dp_reduce_enter_ns=123456789012, dp_reduce_lag_s=0.002, max_rss_mib=20480.0))
+    gpus = [GpuEntry(gpu=g, uuid=f"GPU-{node:04d}-{g}", last_xid=None, xid_counts={}) for g in range(8)]
+    return encode_batch(HeartbeatBatch(schema=HEARTBEAT_SCHEMA, node=f"node-{node:04d}", seq=0, sent_at=time.time(),
+                                       nvml="ok", ranks=ranks, gpus=gpus))
 
 
 def client(port: int, nodes: list[int], ranks_per_node: int, seconds: float, start_at: float, out: Any,
@@ -166,7 +168,7 @@ def exact_cycles(nodes: int, ranks_per_node: int, cycles: int = 200) -> dict[str
 
     table = HeartbeatTable()
     for n in range(nodes):
-        table.ingest(json.loads(node_body(n, ranks_per_node)))
+        table.ingest(node_body(n, ranks_per_node))
     detector = HeartbeatStale(HeartbeatStale.Config())
     times = []
     for _ in range(cycles):

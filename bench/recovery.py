@@ -1,4 +1,5 @@
-"""Recovery benchmark: megaheal's self-healing loop against plain `torchrun --max-restarts 3` on the same job
+"""Recovery benchmark: megaheal's healer (embedded, as `megaheal run` runs it) against plain
+`torchrun --max-restarts 3` on the same job
 (configs/demo.yaml, 4 ranks, checkpoints every 5 steps), written as JSON.
 
 Run:  .venv/bin/python bench/recovery.py [--faults crash,hang] [--ettr-minutes 10] [--out bench/results/recovery.json]
@@ -30,71 +31,65 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from healer.core.detectors.hang import Hang
 from healer.core.goodput import compute
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.remediation import Budgets
+from healer.runner.build import JobSpec, build_job
+from healer.runner.loop import SelfHealingJob
 from megaheal import procfs
-from healer.launchers.local import LocalLauncher
-from healer.runner.selfheal import SelfHealLoop
-from healer.launchers.sidecars import NodeSidecars
-from healer.launchers.supervisor import Supervisor
+from healer.runner.build import shipped_rules as rule_set
 
-TOKEN = "bench-token"
 SIGNALS = {"crash": (3, signal.SIGKILL), "hang": (1, signal.SIGSTOP)}
 FAULT_STEP = 10
 
 
 # ---- megaheal ----------------------------------------------------------------------------------------------
 
-def megaheal_loop(run_dir: Path, steps: int, budgets: Budgets) -> SelfHealLoop:
-    sidecars = NodeSidecars(["n1", "n2"])
-    table = HeartbeatTable()
-    sup = Supervisor(Supervisor.Config(job="bench", config="configs/demo.yaml", run_dir=run_dir,
-                                       overrides=(f"steps={steps}", "checkpoint.every_steps=5")),
-                     LocalLauncher(cwd=REPO, extra_env={"GLOO_SOCKET_IFNAME": "lo"}), table.processes, TOKEN,
-                     sockets=sidecars.sockets)
-    cfg = SelfHealLoop.Config(nodes=("n1", "n2"), dp=2, budgets=budgets, hang=Hang.Config(floor=timedelta(seconds=5)))
-    loop = SelfHealLoop(cfg, sup, sidecars, table, TOKEN)
-    loop.start()
-    return loop
+def megaheal_job(run_dir: Path, steps: int, max_restarts: int = 5) -> SelfHealingJob:
+    spec = JobSpec(job="bench", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir,
+                   overrides=(f"steps={steps}", "checkpoint.every_steps=5"),
+                   rules=rule_set(max_restarts=max_restarts, hang={"floor": "5s"}))
+    job = build_job(spec)
+    job.start()
+    return job
 
 
-def current_steps(loop: SelfHealLoop) -> list[int]:
-    a = loop.sup.attempt
+def current_steps(job: SelfHealingJob) -> list[int]:
+    a = job.sup.attempt
     if a is None:
         return []
-    return [b.step for b in loop.table.ranks() if b.data.get("pid") in a.ranks and b.step is not None]
+    return [b.step for b in job.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
 
 
 def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
-    loop = megaheal_loop(workdir / f"megaheal-{fault}", 30, Budgets())
+    job = megaheal_job(workdir / f"megaheal-{fault}", 30)
     rank, sig = SIGNALS[fault]
     fired: dict[str, float] = {}
 
-    def hook(lp: SelfHealLoop) -> None:
-        steps = current_steps(lp)
+    def hook(j: SelfHealingJob) -> None:
+        steps = current_steps(j)
         if not fired and len(steps) == 4 and min(steps) >= FAULT_STEP:
-            lp.sup.kill_rank(TOKEN, rank, sig)
+            j.remediator.signal_rank(rank, sig)
             fired["at"] = time.time()
 
-    outcome = loop.run(timedelta(minutes=5), on_tick=hook)
-    inc = loop.incidents[0] if loop.incidents else None
-    hang = next((d for d in loop.detectors if isinstance(d, Hang)), None)
-    _, p99 = hang.timeout_s("bench") if hang is not None else (None, None)
+    outcome = job.run(timedelta(minutes=5), on_tick=hook)
+    incidents = job.incidents()
+    inc = incidents[0] if incidents else None
+    job.close()
+
     def since(t0: float | None, t1: float | None) -> float | None:
         return round(t1 - t0, 3) if t0 is not None and t1 is not None else None
 
     # Where the MTTR went: detection, then stopping the attempt and diagnosing the suspect node (node-health),
     # then starting the next attempt, then its startup (imports, rendezvous, checkpoint load) to the first step.
-    return {"outcome": outcome, "kind": inc.kind if inc else None,
+    return {"outcome": outcome, "kind": inc.kind if inc else None, "summary": inc.summary if inc else None,
             "detection_s": since(fired.get("at"), inc.detected_at) if inc else None,
             "mttr_s": since(fired.get("at"), inc.recovered_at) if inc else None,
-            "stop_and_diagnosis_s": since(inc.detected_at, inc.diagnosed_at) if inc else None,
+            "stop_and_diagnosis_s": since(inc.detected_at, inc.decided_at) if inc else None,
             "verdict": inc.verdict if inc else None,
-            "restart_s": since(inc.diagnosed_at or inc.detected_at, inc.remediated_at) if inc else None,
+            "restart_s": since(inc.decided_at, inc.remediated_at) if inc else None,
             "startup_to_first_step_s": since(inc.remediated_at, inc.recovered_at) if inc else None,
-            "p99_step_s": round(p99, 3) if p99 else None, "lost_steps": inc.lost_steps if inc else None}
+            "hang_timeout_s": inc.evidence.get("timeout_s") if inc else None,
+            "p99_step_s": inc.evidence.get("p99_step_s") if inc else None,
+            "lost_steps": inc.lost_steps if inc else None}
 
 
 # ---- plain torchrun ------------------------------------------------------------------------------------------
@@ -169,18 +164,20 @@ def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, ob
 
 def ettr_run(workdir: Path, minutes: float) -> dict[str, object]:
     run_dir = workdir / "megaheal-ettr"
-    loop = megaheal_loop(run_dir, 100000, Budgets(max_restarts=100))
+    job = megaheal_job(run_dir, 100000, max_restarts=100)
     start = time.time()
     faults: list[float] = []
 
-    def hook(lp: SelfHealLoop) -> None:
-        if time.time() - start >= 120 * (len(faults) + 1) and len(current_steps(lp)) == 4:
-            lp.sup.kill_rank(TOKEN, 3, signal.SIGKILL)
+    def hook(j: SelfHealingJob) -> None:
+        if time.time() - start >= 120 * (len(faults) + 1) and len(current_steps(j)) == 4:
+            j.remediator.signal_rank(3, signal.SIGKILL)
             faults.append(time.time())
 
-    loop.run(timedelta(minutes=minutes), on_tick=hook)
-    ledger = compute(run_dir)
-    return {"minutes": minutes, "faults": len(faults), "incidents": len(loop.incidents), "ettr": ledger.ettr,
+    job.run(timedelta(minutes=minutes), on_tick=hook)
+    incidents = [i.to_payload() for i in job.incidents()]
+    job.close()
+    ledger = compute(run_dir, incidents)
+    return {"minutes": minutes, "faults": len(faults), "incidents": len(incidents), "ettr": ledger.ettr,
             "seconds": ledger.seconds, "steps_done": ledger.steps_done, "lost_steps": ledger.lost_steps}
 
 

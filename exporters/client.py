@@ -8,11 +8,12 @@ Used by the trainer on every rank:
     client.event("exception", type="RuntimeError", message="...")
     client.close()
 
-Records go out as datagrams on a non-blocking AF_UNIX socket to the path in MEGAHEAL_SIDECAR_SOCKET.
-When the sidecar is slow (its queue is full), gone, or not started yet, the record is dropped and
-counted in `dropped`; nothing here blocks, and nothing raises into the caller. With the variable
-unset, `from_env` returns a NullRankClient that does nothing. Standard library only: the trainer
-must not pay for the sidecar's dependencies.
+Records go out as datagrams (exporters/schema.py, schema v2) on a non-blocking AF_UNIX socket to the
+path in MEGAHEAL_SIDECAR_SOCKET. Each is validated against the schema here, so a bad record is dropped at
+the rank, counted, and never costs the sidecar a decode. When the sidecar is slow (its queue is full),
+gone, or not started yet, the record is dropped and counted in `dropped`; nothing here blocks, and
+nothing raises into the caller. With the variable unset, `from_env` returns a NullRankClient that does
+nothing. The standard library and msgspec only: the trainer must not pay for the sidecar's dependencies.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from exporters.schema import MAX_DATAGRAM_BYTES, Origin, encode
+import msgspec
+
+from exporters.schema import MAX_DATAGRAM_BYTES, build_record, encode
 
 SOCKET_ENV = "MEGAHEAL_SIDECAR_SOCKET"
 
@@ -40,8 +43,8 @@ class RankClient:
     ) -> None:
         self.path = path
         self.job, self.rank, self.pid = job, rank, os.getpid()
-        self._hello_body = {"local_rank": local_rank, "node": node or socket.gethostname(),
-                            "world_size": world_size, "mesh": dict(mesh)}
+        self._hello = {"local_rank": local_rank, "node": node or socket.gethostname(), "world_size": world_size,
+                       "mesh": dict(mesh)}
         self.dropped = 0  # records that could not be sent (sidecar absent or behind, record unsendable)
         self.sent = 0
         # The sidecar may (re)start at any time: after a failed send, greet it again before the next record.
@@ -65,10 +68,10 @@ class RankClient:
 
     def hello(self) -> None:
         """Introduce this rank (also re-sent on its own after the sidecar comes back)."""
-        self._greeted = self._send("hello", self._hello_body)
+        self._greeted = self._send("hello", self._hello)
 
     def step(self, record: Mapping[str, Any]) -> None:
-        """Send one step record, the trainer's per-step dict."""
+        """Send one step record, the trainer's per-step dict (its keys outside StepBody stay in the JSON lines)."""
         self._send_record("step", record)
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -85,7 +88,7 @@ class RankClient:
     def _send_record(self, kind: str, body: Mapping[str, Any]) -> None:
         if not self._greeted:
             # A re-greeting is not the caller's record: its failure is not counted as a drop.
-            self._greeted = self._send("hello", self._hello_body, count=False)
+            self._greeted = self._send("hello", self._hello, count=False)
             if not self._greeted:
                 self.dropped += 1  # the sidecar is still away: the record would fail the same way
                 return
@@ -98,9 +101,10 @@ class RankClient:
             self.dropped += count
             return False
         try:
-            data = encode(kind, Origin(self.job, self.rank, self.pid, self.dropped), dict(body))
-        except (TypeError, ValueError):
-            self._warn_once("encode", f"a {kind} record is not JSON-serialisable; dropping such records", True)
+            data = encode(build_record(kind, self.job, self.rank, self.pid, self.dropped, body))
+        except (msgspec.ValidationError, TypeError, OverflowError) as exc:
+            self._warn_once(f"encode-{kind}", f"a {kind} record does not fit the wire schema ({exc}); dropping such "
+                                              "records")
             self.dropped += count
             return True  # the sidecar is fine; only this record was bad
         if len(data) > MAX_DATAGRAM_BYTES:

@@ -1,13 +1,13 @@
 """Heartbeat batches: once per interval, the node's view of all its ranks (and GPUs), posted to the healer.
 
-Batch (JSON, schema 1), one per node per interval:
+Batch (JSON, schema 1), one per node per interval: exporters/schema.py's HeartbeatBatch,
 
     {"schema": 1, "node": "n1", "seq": 7, "sent_at": <unix s>, "nvml": "ok" | "absent",
-     "ranks": [{"job", "rank", "pid", "local_rank", "world_size", "mesh", "alive", "last_seen_age_s",
+     "ranks": [{"job", "rank", "alive", "last_seen_age_s", "pid", "local_rank", "world_size", "mesh",
                 "dropped", "events", "last_event", "step", "step_time", "step_seconds", "phases", "loss",
                 "grad_norm", "nonfinite", "tokens_per_second", "mfu", "dp_reduce_enter_ns", "dp_reduce_lag_s",
-                "max_rss_mib"}],
-     "gpus": [{"gpu", "uuid", "last_xid", "xid_counts", ...health fields}]}
+                "max_rss_mib"}],                                    (RankEntry, built by rank_summary)
+     "gpus": [{"gpu", "uuid", "last_xid", "xid_counts", ...health fields}]}      (GpuEntry)
 
 Posts run on their own thread with a short timeout; batches that fail wait in a bounded buffer
 (the oldest is dropped, and counted, when it is full). A healer that is down costs a counter.
@@ -15,7 +15,6 @@ Posts run on their own thread with a short timeout; batches that fail wait in a 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -24,34 +23,32 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+
+import msgspec
 
 from exporters.ranks import RankState
+from exporters.schema import HeartbeatBatch, RankEntry, encode_batch
 
-HEARTBEAT_SCHEMA = 1
 HEARTBEAT_PATH = "/v1/heartbeats"
 
 log = logging.getLogger(__name__)
 
 
-def rank_summary(s: RankState) -> dict[str, Any]:
+def rank_summary(s: RankState) -> RankEntry:
     """One rank's entry in a heartbeat batch. JSON has no NaN: a non-finite loss or grad norm is null, and
     `nonfinite` says which it was, e.g. {"loss": "nan"}."""
-    entry: dict[str, Any] = {
-        "job": s.job, "rank": s.rank, "pid": s.pid, "local_rank": s.local_rank, "world_size": s.world_size,
-        "mesh": s.mesh, "alive": s.alive, "last_seen_age_s": round(s.age_seconds, 3), "dropped": s.dropped,
-        "events": dict(s.events), "last_event": s.last_event, "step": None,
-    }
+    entry = RankEntry(job=s.job, rank=s.rank, pid=s.pid, local_rank=s.local_rank, world_size=s.world_size,
+                      mesh=s.mesh, alive=s.alive, last_seen_age_s=round(s.age_seconds, 3), dropped=s.dropped,
+                      events=dict(s.events), last_event=s.last_event)
     rec = s.last_step
-    if rec is not None:
-        entry.update(step=rec.step, step_time=rec.time, step_seconds=rec.step_seconds, phases=rec.phases,
-                     loss=_finite(rec.loss), grad_norm=_finite(rec.grad_norm),
-                     nonfinite={k: str(v) for k, v in (("loss", rec.loss), ("grad_norm", rec.grad_norm))
-                                if not math.isfinite(v)},
-                     tokens_per_second=rec.tokens_per_second, mfu=rec.mfu,
-                     dp_reduce_enter_ns=rec.dp_reduce_enter_ns, dp_reduce_lag_s=s.reduce_lag_seconds,
-                     max_rss_mib=rec.max_rss_mib)
-    return entry
+    if rec is None:
+        return entry
+    return msgspec.structs.replace(
+        entry, step=rec.step, step_time=rec.time, step_seconds=rec.step_seconds, phases=rec.phases,
+        loss=_finite(rec.loss), grad_norm=_finite(rec.grad_norm),
+        nonfinite={k: str(v) for k, v in (("loss", rec.loss), ("grad_norm", rec.grad_norm)) if not math.isfinite(v)},
+        tokens_per_second=rec.tokens_per_second, mfu=rec.mfu, dp_reduce_enter_ns=rec.dp_reduce_enter_ns,
+        dp_reduce_lag_s=s.reduce_lag_seconds, max_rss_mib=rec.max_rss_mib)
 
 
 def _finite(value: float) -> float | None:
@@ -69,12 +66,13 @@ def urllib_post(url: str, body: bytes, headers: dict[str, str], timeout_s: float
 
 
 class HeartbeatForwarder:
-    """Builds a batch every interval and posts it, oldest buffered first, without ever holding up the sidecar."""
+    """Builds a batch every interval and posts it, oldest buffered first, without ever holding up the sidecar.
+    `build(seq, sent_at)` makes the batch."""
 
     def __init__(
         self,
         healer_url: str,
-        build: Callable[[], dict[str, Any]],
+        build: Callable[[int, float], HeartbeatBatch],
         interval_s: float = 1.0,
         buffer_batches: int = 60,
         token: str | None = None,
@@ -118,13 +116,12 @@ class HeartbeatForwarder:
 
     def tick(self) -> None:
         """Queue this interval's batch, then send what the healer will take (at most 5 batches per tick)."""
-        batch = self._build()
-        batch.update(schema=HEARTBEAT_SCHEMA, seq=self._seq, sent_at=self._clock())
+        batch = self._build(self._seq, self._clock())
         self._seq += 1
         if len(self._buffer) >= self._buffer_max:
             self._buffer.popleft()
             self.dropped += 1
-        self._buffer.append(json.dumps(batch, separators=(",", ":")).encode())
+        self._buffer.append(encode_batch(batch))
         for _ in range(5):
             if not self._buffer or not self._send(self._buffer[0]):
                 break

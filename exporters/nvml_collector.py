@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from exporters.schema import GpuEntry
 from exporters.xid import XidWatcher
 
 log = logging.getLogger(__name__)
@@ -208,8 +209,8 @@ class NvmlCollector(Collector):
         if counts.samples:
             yield counts
 
-    def health(self) -> list[dict[str, Any]]:
-        """Per GPU, the fields the healer acts on (Xid, ECC, remapping, recovery action); failed reads are absent."""
+    def health(self) -> list[GpuEntry]:
+        """Per GPU, the fields the healer acts on (Xid, ECC, remapping, recovery action); failed reads are None."""
         by_name = {f.name: f for f in self._families}
         xid = self.xid.state() if self.xid is not None else {}
         out = []
@@ -220,5 +221,5 @@ class NvmlCollector(Collector):
             for key, name in HEALTH_FIELDS.items():
                 if name in by_name and (value := self._read(by_name[name], index, handle)) is not None:
                     entry[key] = value
-            out.append(entry)
+            out.append(GpuEntry(**entry))
         return out

@@ -15,7 +15,7 @@ Series per rank (labels job, node, rank; budget 20, so 12,288 ranks stay under 2
                                                   --
                                                   20
 
-The rank's peak RSS, its sample index and its last event's details travel in heartbeats only.
+The rank's peak RSS and its last event's details travel in heartbeats only (exporters/schema.py, RankEntry).
 
 Families are built afresh from a RankTable snapshot at every scrape.
 """

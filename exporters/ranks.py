@@ -12,10 +12,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-from exporters.schema import Event, Hello, Message, StepRecord
 from megaheal import procfs
+from exporters.schema import Event, EventBody, Hello, Message, StepBody, StepRecord
 
 # Events counted per rank in the metrics; any other kind is kept for the heartbeat only, so that
 # a rank cannot grow its series count by inventing event names.
@@ -35,10 +33,10 @@ class RankState:
     mesh: dict[str, int] = field(default_factory=dict)
     first_seen: float = 0.0
     last_seen: float = 0.0
-    last_step: StepRecord | None = None
+    last_step: StepBody | None = None
     dropped: int = 0
     events: Counter[str] = field(default_factory=Counter)
-    last_event: dict[str, Any] | None = None
+    last_event: EventBody | None = None
     # Filled in by snapshots only:
     age_seconds: float = 0.0
     alive: bool = True
@@ -70,29 +68,29 @@ class RankTable:
         self.rejected = 0  # records refused because the table already holds max_ranks ranks
 
     def observe(self, message: Message) -> None:
-        origin = message.origin
-        key = (origin.job, origin.rank)
+        key = (message.job, message.rank)
         now = self._clock()
         with self._lock:
             state = self._ranks.get(key)
-            if state is None or state.pid != origin.pid:
+            if state is None or state.pid != message.pid:
                 if state is None and len(self._ranks) >= self._max_ranks:
                     self.rejected += 1
                     return
                 # A new process for this rank (a restart): start afresh, the old one's numbers are not its own.
-                state = RankState(job=origin.job, rank=origin.rank, pid=origin.pid, first_seen=now)
+                state = RankState(job=message.job, rank=message.rank, pid=message.pid, first_seen=now)
                 self._ranks[key] = state
             state.last_seen = now
-            state.dropped = max(state.dropped, origin.dropped)
+            state.dropped = max(state.dropped, message.dropped)
             if isinstance(message, Hello):
-                state.local_rank, state.node = message.local_rank, message.node
-                state.world_size, state.mesh = message.world_size, dict(message.mesh)
+                hello = message.body
+                state.local_rank, state.node = hello.local_rank, hello.node
+                state.world_size, state.mesh = hello.world_size, dict(hello.mesh)
             elif isinstance(message, StepRecord):
-                state.last_step = message
-                _adopt_identity(state, message.extra)
+                state.last_step = message.body
+                _adopt_identity(state, message.body)
             elif isinstance(message, Event):
-                state.events[message.name] += 1
-                state.last_event = {"name": message.name, "time": message.time, "fields": message.fields}
+                state.events[message.body.name] += 1
+                state.last_event = message.body
 
     def snapshot(self) -> list[RankState]:
         """Copies of every rank's state, with age, liveness and dp-reduce lag filled in; forgets long-dead ranks."""
@@ -113,17 +111,16 @@ class RankTable:
             return len(self._ranks)
 
 
-def _adopt_identity(state: RankState, extra: dict[str, Any]) -> None:
+def _adopt_identity(state: RankState, step: StepBody) -> None:
     """Take identity from the step record itself, so a sidecar that missed the hello still knows the rank."""
-    if isinstance(extra.get("local_rank"), int):
-        state.local_rank = extra["local_rank"]
-    if isinstance(extra.get("node"), str):
-        state.node = extra["node"]
-    if isinstance(extra.get("world_size"), int):
-        state.world_size = extra["world_size"]
-    mesh = extra.get("mesh")
-    if isinstance(mesh, dict) and all(isinstance(v, int) for v in mesh.values()):
-        state.mesh = dict(mesh)
+    if step.local_rank is not None:
+        state.local_rank = step.local_rank
+    if step.node is not None:
+        state.node = step.node
+    if step.world_size is not None:
+        state.world_size = step.world_size
+    if step.mesh is not None:
+        state.mesh = dict(step.mesh)
 
 
 def _fill_reduce_lag(states: Iterable[RankState]) -> None:

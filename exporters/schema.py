@@ -1,92 +1,217 @@
-"""The wire schema of rank records: what a training rank sends its node's sidecar, one datagram each.
+"""The telemetry wire schema: one set of typed structs (msgspec) for both ends of both hops.
 
-Every datagram is one UTF-8 JSON object, the envelope:
+    rank ──(datagram, schema v2, MessagePack)──▶ sidecar ──(heartbeat batch, schema 1, JSON)──▶ healer
+    exporters/client.py        exporters/receiver.py, heartbeat.py          healer/core/heartbeats.py
 
-    {"v": 1, "kind": "hello" | "step" | "event", "job": str, "rank": int, "pid": int,
-     "dropped": int, "body": {...}}
+The sender builds these structs and encodes them; the receiver decodes the bytes into the same structs,
+validating as it goes, and a value that does not fit is a SchemaError naming its field. Fields a newer
+sender adds are ignored (forward compatibility); a schema version this code does not know is refused.
+
+Rank datagram, one per record (`v` changes whenever a field changes meaning or a required one is added):
+
+    {"kind": "hello" | "step" | "event", "v": 2, "job": str, "rank": int, "pid": int, "dropped": int, "body": {...}}
 
 - `dropped` is how many records this rank's client could not send so far: the sidecar cannot see
   datagrams that never reached it, so the client reports its own losses on every later one.
-- hello body: {"local_rank", "node", "world_size", "mesh": {"pp", "dp", "tp"}}.
-- step body: the trainer's per-step record as it is (see `Trainer._record`): `step`, `time`,
-  `loss`, `grad_norm`, `step_seconds`, `tokens_per_second`, `mfu`, `phases` are required; other keys
-  travel along untouched (they stay in the JSON lines, which remain the full account).
-- event body: {"name": "checkpoint_saved" | "exception" | ..., "time": float, "fields": {...}}.
+- hello body: HelloBody; step body: StepBody (the trainer's per-step record, the keys the sidecar reads;
+  the JSON lines stay the full account); event body: EventBody.
+- v2 is MessagePack where v1 was JSON: a NaN loss is exactly what the healer must see, and JSON has no NaN
+  (Python's json wrote a non-standard `NaN` that no strict decoder reads); MessagePack carries NaN and
+  infinities as they are, so the record is decoded and validated in one step.
 
-`v` changes whenever a field changes meaning or a required one is added; a sidecar rejects (and
-counts) versions it does not know rather than misreading them. NaN and infinities are allowed:
-a NaN loss is exactly what the healer must see.
+Heartbeat batch (JSON, schema 1, unchanged on the wire): HeartbeatBatch, one per node per interval, with a
+RankEntry per rank and a GpuEntry per GPU. JSON has no NaN: a non-finite loss or grad norm is null there,
+and the entry's `nonfinite` says which it was, e.g. {"loss": "nan"}.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass, field
-from typing import Any
+import sys
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, Literal
 
-SCHEMA_VERSION = 1
-KINDS = ("hello", "step", "event")
-# NOTE: far below the AF_UNIX datagram limit (~200 KiB by default); a step record is ~700 bytes.
+import msgspec
+from msgspec import Meta, Struct
+
+# NOTE: SchemaError is re-exported: receivers catch it from here, beside the decoders that raise it.
+from exporters.wire_errors import SchemaError as SchemaError
+from exporters.wire_errors import explain, json_syntax_error
+
+RECORD_SCHEMA: Final = 2
+HEARTBEAT_SCHEMA: Final = 1
+# NOTE: far below the AF_UNIX datagram limit (~200 KiB by default); a step record is ~400 bytes.
 MAX_DATAGRAM_BYTES = 16 * 1024
-MAX_JOB_CHARS = 128
-# Required numeric fields of a step body (loss and grad_norm may be NaN; the others must be finite).
-STEP_FLOATS = ("loss", "grad_norm", "step_seconds", "tokens_per_second", "mfu", "time")
 MAX_PHASES = 16
+MAX_RANKS_PER_BATCH = 4096
 # The trainer's phases in the order one step runs them (see train/trainer.py).
 PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "dp_reduce", "grad_norm_clip", "optimizer",
                "checkpoint")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,252}$"
+
+# ---- field types -------------------------------------------------------------------------------------------
+# NOTE: msgspec has no "finite" constraint; the largest float as both bounds refuses NaN and the infinities.
+# NOTE: every struct keeps msgspec's default forbid_unknown_fields=False: that is what lets a newer sender add fields.
+
+Count = Annotated[int, Meta(ge=0, description="an integer >= 0")]
+Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max, description="a finite number")]
+Flag = Annotated[bool, Meta(description="true or false")]
+Number = Annotated[float, Meta(description="a number (NaN and infinities allowed)")]
+Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="a name (letters, digits, . _ : @ / -, at most 253)")]
+Mesh = Annotated[dict[str, Count], Meta(description='an object of coordinates, e.g. {"pp": 0, "dp": 1, "tp": 0}')]
+Phases = Annotated[dict[str, Finite], Meta(max_length=MAX_PHASES,
+                                           description=f"an object of at most {MAX_PHASES} phases, in seconds")]
 
 
-class SchemaError(ValueError):
-    """A datagram that is not a valid record of a known schema version; the message says why."""
+# ---- rank datagrams ----------------------------------------------------------------------------------------
 
+class HelloBody(Struct, frozen=True, kw_only=True):
+    """Where the rank sits, sent once at start (and again after the sidecar comes back)."""
 
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Who sent a record: the job, the global rank, its process, and its client's drop count so far."""
-
-    job: str
-    rank: int
-    pid: int
-    dropped: int
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    origin: Origin
-    local_rank: int
+    local_rank: Count
     node: str
-    world_size: int
-    mesh: dict[str, int]
+    """The rank's hostname."""
+    world_size: Count
+    mesh: Mesh
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    origin: Origin
-    step: int
-    time: float
-    loss: float
-    grad_norm: float
-    step_seconds: float
-    tokens_per_second: float
-    mfu: float
-    phases: dict[str, float]
+class StepBody(Struct, frozen=True, kw_only=True):
+    """One finished step (train/trainer.py, Trainer._record)."""
+
+    step: Count
+    time: Finite
+    """Unix time at which the step ended."""
+    loss: Number
+    """May be NaN or infinite: that is what the nonfinite detector looks for."""
+    grad_norm: Number
+    step_seconds: Finite
+    tokens_per_second: Finite
+    mfu: Finite
+    phases: Phases
     dp_reduce_enter_ns: int | None = None
-    max_rss_mib: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    """The record's other keys (local_rank, world_size, mesh, node, lr, ...), as sent."""
+    """CLOCK_MONOTONIC at which the rank entered the step's dp reduce (comparable within a node)."""
+    max_rss_mib: Finite | None = None
+    # The rank's identity again, so that a sidecar that missed the hello (restarted) still knows the rank.
+    local_rank: Count | None = None
+    node: str | None = None
+    world_size: Count | None = None
+    mesh: Mesh | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    origin: Origin
-    name: str
-    time: float
-    fields: dict[str, Any]
+class EventBody(Struct, frozen=True, kw_only=True):
+    """Something that happened on the rank: checkpoint_saved, exception, finishing, ... with free-form fields."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64, description="an event name of 1-64 characters")]
+    time: Finite
+    fields: dict[str, Any] = {}
+
+
+class _Envelope(Struct, frozen=True, tag_field="kind"):
+    """Who sent a record: the job, the global rank, its process, and its client's drop count so far. `kind` (the
+    tag) says which body follows."""
+
+    v: Annotated[Literal[2], Meta(description=f"schema version {RECORD_SCHEMA}")]  # NOTE: Literal[RECORD_SCHEMA]
+    job: Name
+    rank: Count
+    pid: Count
+    dropped: Count
+
+
+class Hello(_Envelope, frozen=True, tag="hello"):
+    body: HelloBody
+
+
+class StepRecord(_Envelope, frozen=True, tag="step"):
+    body: StepBody
+
+
+class Event(_Envelope, frozen=True, tag="event"):
+    body: EventBody
 
 
 Message = Hello | StepRecord | Event
+_RECORD_TYPE = Annotated[Message, Meta(description="a rank record (a MessagePack map)")]
+
+
+# ---- heartbeat batches -------------------------------------------------------------------------------------
+# NOTE: gc=False: a healer holds ~12,000 of these with no reference cycles; the collector need not scan them.
+
+class RankEntry(Struct, frozen=True, kw_only=True, gc=False):
+    """One rank in a heartbeat batch: the sidecar's view of it and its latest step (fields None until it
+    reported one)."""
+
+    job: Name
+    rank: Count
+    alive: Flag
+    """Its process exists and is not a zombie."""
+    last_seen_age_s: Annotated[float, Meta(ge=0, le=sys.float_info.max, description="a finite number >= 0")]
+    """How old the rank's newest record was when the sidecar built the batch."""
+    pid: Count | None = None
+    local_rank: Count | None = None
+    world_size: Count | None = None
+    mesh: Mesh = {}
+    dropped: Count = 0
+    events: dict[str, Count] = {}
+    last_event: EventBody | None = None
+    step: Count | None = None
+    step_time: Finite | None = None
+    step_seconds: Finite | None = None
+    phases: Phases = {}
+    loss: Finite | None = None
+    grad_norm: Finite | None = None
+    nonfinite: dict[str, str] = {}
+    """Which of loss and grad_norm were not finite (and are null here), e.g. {"loss": "nan"}."""
+    tokens_per_second: Finite | None = None
+    mfu: Finite | None = None
+    dp_reduce_enter_ns: int | None = None
+    dp_reduce_lag_s: Finite | None = None
+    max_rss_mib: Finite | None = None
+
+
+class GpuEntry(Struct, frozen=True, kw_only=True, gc=False):
+    """One GPU's health in a heartbeat batch (what the gpu_fault detector reads); failed NVML reads are None."""
+
+    gpu: Count
+    uuid: str | None = None
+    last_xid: int | None = None
+    xid_counts: dict[str, Count] = {}
+    """Xid code (as a string: JSON object keys are) -> events counted."""
+    ecc_dbe_volatile: Finite | None = None
+    uncorrectable_remapped_rows: Finite | None = None
+    row_remap_pending: Finite | None = None
+    row_remap_failure: Finite | None = None
+    recovery_action: Finite | None = None
+
+
+class HeartbeatBatch(Struct, frozen=True, kw_only=True, gc=False):
+    schema: Annotated[Literal[1], Meta(description=f"{HEARTBEAT_SCHEMA}")]  # NOTE: Literal[HEARTBEAT_SCHEMA]
+    node: Name
+    seq: Count
+    sent_at: Finite
+    ranks: Annotated[list[RankEntry], Meta(max_length=MAX_RANKS_PER_BATCH,
+                                           description=f"a list of at most {MAX_RANKS_PER_BATCH} rank entries")]
+    nvml: str | None = None
+    """"ok" while the sidecar serves GPU metrics, "absent" without a driver."""
+    gpus: list[GpuEntry] = []
+
+
+_BATCH_TYPE = Annotated[HeartbeatBatch, Meta(description="a JSON object")]
+
+
+class _Versions(Struct):
+    """Just the version fields, read after a failed decode to tell an unknown version from a bad record."""
+
+    v: Any = None
+    schema: Any = None
+
+
+# ---- encoding and decoding ---------------------------------------------------------------------------------
+
+_record_decoder = msgspec.msgpack.Decoder(_RECORD_TYPE)
+_batch_decoder = msgspec.json.Decoder(_BATCH_TYPE)
+encode = msgspec.msgpack.Encoder().encode
+"""One datagram from a Hello, StepRecord or Event. Raises TypeError for a value MessagePack cannot carry."""
+encode_batch = msgspec.json.Encoder().encode
+"""The JSON body of a HeartbeatBatch."""
 
 
 def ordered_phases(phases: dict[str, float]) -> list[str]:
@@ -94,96 +219,61 @@ def ordered_phases(phases: dict[str, float]) -> list[str]:
     return [p for p in PHASE_ORDER if p in phases] + sorted(p for p in phases if p not in PHASE_ORDER)
 
 
-def encode(kind: str, origin: Origin, body: dict[str, Any]) -> bytes:
-    """One datagram. Raises TypeError/ValueError if `body` is not JSON-serialisable."""
-    envelope = {"v": SCHEMA_VERSION, "kind": kind, "job": origin.job, "rank": origin.rank,
-                "pid": origin.pid, "dropped": origin.dropped, "body": body}
-    return json.dumps(envelope, separators=(",", ":")).encode()
+def build_record(kind: str, job: str, rank: int, pid: int, dropped: int, body: Mapping[str, Any]) -> Message:
+    """A sender's record of `kind` ("hello", "step", "event"), validated into its struct; `body` keys the
+    schema does not know are left out. Raises msgspec.ValidationError naming the field that does not fit."""
+    record = {"kind": kind, "v": RECORD_SCHEMA, "job": job, "rank": rank, "pid": pid, "dropped": dropped,
+              "body": dict(body)}
+    return msgspec.convert(record, _RECORD_TYPE)  # type: ignore[no-any-return]
 
 
 def decode(data: bytes) -> Message:
-    """Parse and validate one datagram; raises SchemaError naming the first problem."""
+    """Decode and validate one datagram; raises SchemaError naming the first problem."""
     try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SchemaError(f"not JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise SchemaError("envelope: expected an object")
-    if obj.get("v") != SCHEMA_VERSION:
-        raise SchemaError(f"v: unknown schema version {obj.get('v')!r} (this sidecar reads {SCHEMA_VERSION})")
-    kind = obj.get("kind")
-    if kind not in KINDS:
-        raise SchemaError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
-    job = obj.get("job")
-    if not isinstance(job, str) or not job or len(job) > MAX_JOB_CHARS or not job.isprintable():
-        raise SchemaError(f"job: expected a printable string of 1-{MAX_JOB_CHARS} characters")
-    origin = Origin(job=job, rank=_int(obj, "rank"), pid=_int(obj, "pid"), dropped=_int(obj, "dropped"))
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        raise SchemaError("body: expected an object")
-    if kind == "hello":
-        return _hello(origin, body)
-    if kind == "step":
-        return _step(origin, body)
-    return _event(origin, body)
+        return _record_decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise _record_version_error(data) or (
+            explain(exc, _RECORD_TYPE) if isinstance(exc, msgspec.ValidationError) else
+            SchemaError("", f"not a MessagePack record: {exc}")) from exc
 
 
-def _hello(origin: Origin, body: dict[str, Any]) -> Hello:
-    node = body.get("node")
-    if not isinstance(node, str):
-        raise SchemaError("body.node: expected a string")
-    return Hello(origin=origin, local_rank=_int(body, "local_rank", "body."), node=node,
-                 world_size=_int(body, "world_size", "body."), mesh=_mesh(body.get("mesh")))
+def decode_batch(data: bytes) -> HeartbeatBatch:
+    """Decode and validate a heartbeat batch's JSON body; raises SchemaError naming the first problem."""
+    try:
+        return _batch_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _batch_version_error(_peek(msgspec.json.decode, data).schema) or explain(exc, _BATCH_TYPE) from exc
+    except msgspec.DecodeError as exc:
+        raise json_syntax_error(data, exc) from exc
 
 
-def _step(origin: Origin, body: dict[str, Any]) -> StepRecord:
-    values = {}
-    for name in STEP_FLOATS:
-        value = body.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SchemaError(f"body.{name}: expected a number, got {value!r}")
-        if name not in ("loss", "grad_norm") and not math.isfinite(value):
-            raise SchemaError(f"body.{name}: expected a finite number, got {value!r}")
-        values[name] = float(value)
-    phases = body.get("phases")
-    if not isinstance(phases, dict) or len(phases) > MAX_PHASES:
-        raise SchemaError(f"body.phases: expected an object of at most {MAX_PHASES} phases")
-    for name, seconds in phases.items():
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
-            raise SchemaError(f"body.phases.{name}: expected a finite number, got {seconds!r}")
-    enter = body.get("dp_reduce_enter_ns")
-    if enter is not None and (isinstance(enter, bool) or not isinstance(enter, int)):
-        raise SchemaError(f"body.dp_reduce_enter_ns: expected an integer or null, got {enter!r}")
-    rss = body.get("max_rss_mib")
-    if rss is not None and (isinstance(rss, bool) or not isinstance(rss, (int, float))):
-        raise SchemaError(f"body.max_rss_mib: expected a number or null, got {rss!r}")
-    known = {*STEP_FLOATS, "step", "phases", "dp_reduce_enter_ns", "max_rss_mib"}
-    return StepRecord(origin=origin, step=_int(body, "step", "body."), phases={k: float(v) for k, v in phases.items()},
-                      dp_reduce_enter_ns=enter, max_rss_mib=None if rss is None else float(rss),
-                      extra={k: v for k, v in body.items() if k not in known}, **values)
+def convert_batch(obj: Any) -> HeartbeatBatch:
+    """A heartbeat batch from an already decoded JSON object (a dict), validated as decode_batch does."""
+    try:
+        return msgspec.convert(obj, _BATCH_TYPE)
+    except msgspec.ValidationError as exc:
+        schema = obj.get("schema") if isinstance(obj, dict) else None
+        raise _batch_version_error(schema) or explain(exc, _BATCH_TYPE) from exc
 
 
-def _event(origin: Origin, body: dict[str, Any]) -> Event:
-    name, when, fields = body.get("name"), body.get("time"), body.get("fields", {})
-    if not isinstance(name, str) or not name or len(name) > 64:
-        raise SchemaError("body.name: expected an event name of 1-64 characters")
-    if isinstance(when, bool) or not isinstance(when, (int, float)):
-        raise SchemaError(f"body.time: expected a number, got {when!r}")
-    if not isinstance(fields, dict):
-        raise SchemaError("body.fields: expected an object")
-    return Event(origin=origin, name=name, time=float(when), fields=fields)
+def _peek(decode_fn: Any, data: bytes) -> _Versions:
+    try:
+        return decode_fn(data, type=_Versions)  # type: ignore[no-any-return]
+    except msgspec.MsgspecError:
+        return _Versions()
 
 
-def _int(obj: dict[str, Any], key: str, where: str = "") -> int:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SchemaError(f"{where}{key}: expected a non-negative integer, got {value!r}")
-    return value
+def _record_version_error(data: bytes) -> SchemaError | None:
+    if data[:1] == b"{":
+        return SchemaError("v", f"a JSON datagram (schema v1); this sidecar reads v{RECORD_SCHEMA} (MessagePack): "
+                                "run the ranks and the sidecar from the same megaheal")
+    v = _peek(msgspec.msgpack.decode, data).v
+    if v is None or v == RECORD_SCHEMA:
+        return None
+    return SchemaError("v", f"unknown schema version {v!r} (this sidecar reads {RECORD_SCHEMA})")
 
 
-def _mesh(value: Any) -> dict[str, int]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
-    ):
-        raise SchemaError('body.mesh: expected an object of integer coordinates, e.g. {"pp": 0, "dp": 1, "tp": 0}')
-    return dict(value)
+def _batch_version_error(schema: Any) -> SchemaError | None:
+    if schema is None or schema == HEARTBEAT_SCHEMA:
+        return None
+    return SchemaError("schema", f"expected {HEARTBEAT_SCHEMA}, got {schema!r}")

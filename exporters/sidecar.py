@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from exporters.nvml_collector import NvmlCollector, open_nvml
 from exporters.rank_collector import RankCollector, SidecarCollector
 from exporters.ranks import RankTable
 from exporters.receiver import DatagramReceiver
-from exporters.schema import Message, StepRecord
+from exporters.schema import HEARTBEAT_SCHEMA, NAME_PATTERN, HeartbeatBatch, Message, StepRecord
 from exporters.traces import StepTracer, otlp_exporter
 from exporters.xid import XidWatcher
 
@@ -72,8 +73,10 @@ class Sidecar:
         """Ranks tracked at most (bounds the series a misbehaving sender can create)."""
 
         def __post_init__(self) -> None:
-            if not self.node or not self.node.isprintable():
-                raise ValueError(f"node must be a non-empty printable name, got {self.node!r}")
+            # NOTE: the healer refuses a whole batch whose node is not a name: refuse such a sidecar at start instead.
+            if not re.fullmatch(NAME_PATTERN, self.node):
+                raise ValueError("node must be a non-empty printable name: letters, digits, . _ : @ / - (at most 253), "
+                                 f"got {self.node!r}")
             if not self.socket_path:
                 raise ValueError("socket_path must be set")
             host, _, port = self.metrics_addr.rpartition(":")
@@ -191,13 +194,13 @@ class Sidecar:
         if self.tracer is not None and isinstance(message, StepRecord):
             self.tracer.record(message)
 
-    def heartbeat_batch(self) -> dict[str, Any]:
-        return {
-            "node": self.cfg.node,
-            "nvml": "ok" if self.nvml_collector is not None else "absent",
-            "ranks": [rank_summary(s) for s in self.table.snapshot()],
-            "gpus": self.nvml_collector.health() if self.nvml_collector is not None else [],
-        }
+    def heartbeat_batch(self, seq: int, sent_at: float) -> HeartbeatBatch:
+        return HeartbeatBatch(
+            schema=HEARTBEAT_SCHEMA, node=self.cfg.node, seq=seq, sent_at=sent_at,
+            nvml="ok" if self.nvml_collector is not None else "absent",
+            ranks=[rank_summary(s) for s in self.table.snapshot()],
+            gpus=self.nvml_collector.health() if self.nvml_collector is not None else [],
+        )
 
     def _stats(self) -> dict[str, float]:
         hb = self.heartbeat

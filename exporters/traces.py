@@ -71,18 +71,17 @@ class StepTracer:
         self._tracer = self.provider.get_tracer(TRACER_NAME)
         self._node = node
 
-    def record(self, rec: StepRecord) -> None:
+    def record(self, message: StepRecord) -> None:
+        rec = message.body
         end_ns = int(rec.time * 1e9)
         start_ns = end_ns - int(rec.step_seconds * 1e9)
         attributes: dict[str, str | int | float] = {
-            "megaheal.job": rec.origin.job, "megaheal.rank": rec.origin.rank, "megaheal.step": rec.step,
+            "megaheal.job": message.job, "megaheal.rank": message.rank, "megaheal.step": rec.step,
             "megaheal.node": self._node, "megaheal.loss": rec.loss, "megaheal.mfu": rec.mfu,
-            "megaheal.tokens_per_second": rec.tokens_per_second, "process.pid": rec.origin.pid,
+            "megaheal.tokens_per_second": rec.tokens_per_second, "process.pid": message.pid,
         }
-        mesh = rec.extra.get("mesh")
-        if isinstance(mesh, dict):
-            attributes.update({f"megaheal.mesh.{k}": v for k, v in mesh.items() if isinstance(v, int)})
-        self._ids.set_next_trace_id(step_trace_id(rec.origin.job, rec.step))
+        attributes.update({f"megaheal.mesh.{k}": v for k, v in (rec.mesh or {}).items()})
+        self._ids.set_next_trace_id(step_trace_id(message.job, rec.step))
         span = self._tracer.start_span(f"step {rec.step}", context=Context(), start_time=start_ns,
                                        attributes=attributes)
         parent = trace.set_span_in_context(span)
@@ -90,7 +89,7 @@ class StepTracer:
         for phase in ordered_phases(rec.phases):
             duration = int(rec.phases[phase] * 1e9)
             child = self._tracer.start_span(phase, context=parent, start_time=t,
-                                            attributes={"megaheal.phase": phase, "megaheal.rank": rec.origin.rank})
+                                            attributes={"megaheal.phase": phase, "megaheal.rank": message.rank})
             child.end(end_time=t + duration)
             t += duration
         span.end(end_time=end_ns)

@@ -83,7 +83,13 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
               description="every rank slower in the collectives while compute stays flat"),
     FaultKind("heartbeat_stale", "critical", Remedy.NOTIFY, description="ranks on a host stopped reporting"),
+    # What the healer cannot see itself, told by Prometheus through Alertmanager (deploy/healer/rules/alerts.yaml).
+    FaultKind("node_down", "critical", Remedy.NOTIFY, description="a host's sidecar cannot be scraped"),
+    FaultKind("telemetry_absent", "critical", Remedy.NOTIFY, description="no sidecar is scraped at all"),
 )}
+
+DETECTED = frozenset(k for k in CATALOGUE if k not in ("node_down", "telemetry_absent"))
+"""The kinds a detector of the healer finds (the others come from Prometheus alerts)."""
 
 
 def fault(kind: str) -> FaultKind:

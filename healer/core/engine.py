@@ -110,16 +110,19 @@ class Healer:
         started = time.perf_counter()
         view = TickView.of(self.table)
         reporting = {b.job for b in view.beats if b.step is not None}
+        # NOTE: a host the healer left out of its job is known to be bad: its faults (a GPU that keeps its Xid) are
+        # no longer the job's, and must not open an incident every cycle.
+        left_out = set(self.remediator.state().excluded) if self.remediator is not None else set()
         results = []
         for rule, detector in self.detectors:
             result = detector.evaluate(view, now)  # type: ignore[arg-type]
+            kept = tuple(f for f in result.firing if f.node not in left_out)
             if not detector.reads_processes:
                 # NOTE: until a restarted job's new attempt reports a step, a heartbeat detector only remembers the
                 # old attempt (its NaN, its slow phase table): it may not speak for the job then.
-                kept = tuple(f for f in result.firing
+                kept = tuple(f for f in kept
                              if f.job is None or f.job in reporting or view.processes.attempt(f.job) is None)
-                result = Evaluation(firing=kept, healthy=result.healthy)
-            results.append((rule, result))
+            results.append((rule, Evaluation(firing=kept, healthy=result.healthy)))
         self.metrics.detection_cycle.observe(time.perf_counter() - started)
         return view, results
 

@@ -35,7 +35,7 @@ class TickView:
                 keep[beat.job] = None if attempt is None else (
                     frozenset() if view.is_stopping(beat.job) else view.pids(beat.job))
             pids = keep[beat.job]
-            return pids is None or beat.data.get("pid") in pids
+            return pids is None or beat.entry.pid in pids
 
         beats = tuple(b for b in table.ranks() if counts(b))
         nodes = []

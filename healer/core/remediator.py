@@ -50,7 +50,9 @@ class JobState:
     dp: int
     valid_dp: tuple[int, ...]
     """Data-parallel degrees the training layout accepts for this job."""
-    attempt: int | None
+    excluded: tuple[str, ...] = ()
+    """Hosts the healer left out of this job: their faults are known and no longer the job's."""
+    attempt: int | None = None
     """The current attempt's number (None before the first start)."""
     attempt_started_at: datetime | None = None
     running: bool = False

@@ -9,6 +9,7 @@ INSERT of the same fault fails and the caller joins the incident that won.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -67,7 +68,7 @@ class IncidentStore:
                 return None
             conn.execute(insert(IncidentEvent).values(
                 incident_id=row.id, at=now, kind="recurred", from_state=None, to_state=None, actor=self.actor,
-                evidence={"summary": signal.summary, **signal.evidence}))
+                evidence=jsonable({"summary": signal.summary, **signal.evidence})))
             return int(row.id)
 
     def _reopen(self, signal: Signal) -> int | None:
@@ -92,12 +93,12 @@ class IncidentStore:
             new_id = conn.execute(insert(Incident).values(
                 fingerprint=signal.fingerprint, active_fingerprint=signal.fingerprint, rule=signal.rule,
                 kind=signal.kind, severity=signal.severity, page=signal.page, state=S.OPEN.value, job=signal.job,
-                node=signal.node, summary=signal.summary, labels=signal.labels, evidence=signal.evidence,
+                node=signal.node, summary=signal.summary, labels=signal.labels, evidence=jsonable(signal.evidence),
                 occurrences=1, opened_at=now, last_seen_at=now, state_since=now, next_action_at=now,
                 notified_resolved=False, attempt=signal.attempt).returning(Incident.id)).scalar_one()
             conn.execute(insert(IncidentEvent).values(
                 incident_id=new_id, at=now, kind="transition", from_state=None, to_state=S.OPEN.value,
-                actor=self.actor, evidence={"summary": signal.summary, **signal.evidence}))
+                actor=self.actor, evidence=jsonable({"summary": signal.summary, **signal.evidence})))
         return int(new_id)
 
     # ---- transitions --------------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class IncidentStore:
                 return False
             conn.execute(insert(IncidentEvent).values(incident_id=incident_id, at=now, kind="transition",
                                                       from_state=old.value, to_state=new.value, actor=actor,
-                                                      evidence=evidence))
+                                                      evidence=jsonable(evidence)))
         return True
 
     def act(self, incident_id: int, new: IncidentState, actor: str, evidence: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +157,8 @@ class IncidentStore:
     def note(self, incident_id: int, evidence: dict[str, Any], kind: str = "note") -> None:
         with self.engine.begin() as conn:
             conn.execute(insert(IncidentEvent).values(incident_id=incident_id, at=self.clock(), kind=kind,
-                                                      from_state=None, to_state=None, actor=self.actor, evidence=evidence))
+                                                      from_state=None, to_state=None, actor=self.actor,
+                                                      evidence=jsonable(evidence)))
 
     def set_next_action(self, incident_id: int, at: datetime | None) -> None:
         with self.engine.begin() as conn:
@@ -210,12 +212,12 @@ class IncidentStore:
             incident = session.get(Incident, incident_id)
             if incident is None:
                 raise NotFound(f"no incident {incident_id}")
-            incident.evidence = {**incident.evidence, **evidence}
+            incident.evidence = jsonable({**incident.evidence, **evidence})
             if summary is not None:
                 incident.summary = summary
             session.add(IncidentEvent(incident_id=incident_id, at=self.clock(), kind="evidence", from_state=None,
                                       to_state=None, actor=self.actor,
-                                      evidence={"summary": summary, **evidence} if summary else evidence))
+                                      evidence=jsonable({"summary": summary, **evidence} if summary else evidence)))
 
     # ---- reads ----------------------------------------------------------------------------------------------
 
@@ -306,6 +308,12 @@ class IncidentStore:
             result = conn.execute(delete(Incident).where(Incident.state == S.RESOLVED.value,
                                                          Incident.resolved_at < self.clock() - older_than))
         return int(result.rowcount or 0)
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON: what json cannot encode as text, NaN and infinities as strings (PostgreSQL's json type
+    refuses them, and a NaN incident's evidence may hold them)."""
+    return json.loads(json.dumps(value, default=str), parse_constant=str)
 
 
 def _iso(value: datetime | None) -> str | None:

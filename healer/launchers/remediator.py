@@ -57,6 +57,8 @@ class LocalRemediator:
         self.nodes, self.spares, self.dp = tuple(cfg.nodes), tuple(cfg.spares), cfg.dp
         self.skip_steps: set[int] = set()
         """Steps whose batches every later attempt passes over (rollbacks accumulate)."""
+        self.excluded: set[str] = set()
+        """Hosts the healer left out of this job."""
         self._orders: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._pending = 0
         self._lock = threading.Lock()
@@ -81,7 +83,7 @@ class LocalRemediator:
         if last is not None:
             self.nodes, self.dp = tuple(last["nodes"]), int(last["dp"] or self.dp)
         self.spares = tuple(n for n in self.cfg.spares if n not in self.nodes and n not in excluded)
-        self.skip_steps = set(skip_steps)
+        self.skip_steps, self.excluded = set(skip_steps), set(excluded)
         return TakenOver(killed=tuple(killed), nodes=self.nodes, dp=self.dp,
                          attempt=last["attempt"] if last is not None else None)
 
@@ -102,6 +104,7 @@ class LocalRemediator:
     def state(self) -> JobState:
         a = self.sup.attempt
         return JobState(job=self.job, nodes=self.nodes, spares=self.spares, dp=self.dp, valid_dp=self.cfg.valid_dp,
+                        excluded=tuple(sorted(self.excluded)),
                         attempt=a.number if a is not None else None,
                         attempt_started_at=datetime.fromtimestamp(a.started_at, UTC) if a is not None else None,
                         running=a is not None and not a.done and not a.stopping,
@@ -175,6 +178,7 @@ class LocalRemediator:
             choice = choose_resume(run_dir / "checkpoints")
             resume, from_step = "auto", choice.checkpoint.step if choice.checkpoint is not None else 0
         self.spares = tuple(s for s in self.spares if s not in order.nodes)
+        self.excluded |= set(self.nodes) - set(order.nodes)
         self.nodes, self.dp = tuple(order.nodes), order.dp
         self.skip_steps |= set(order.skip_steps)
         attempt = self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())

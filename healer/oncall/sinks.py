@@ -64,14 +64,16 @@ class AlertmanagerSink(Sink):
 
 def alertmanager_alerts(incidents: list[Incident], now: datetime, hold: timedelta, base_url: str) -> list[dict[str, Any]]:
     """Every incident's alert. NOTE: `page` is a label (Alertmanager routes on labels), so an incident whose page
-    flag changes (on-escalation: escalated, then acknowledged) is a different alert each time; the variant it no
-    longer has is sent as resolved (endsAt now), or it would keep paging until its hold ran out."""
+    flag changes (on-escalation: escalated, then acknowledged or resolved; always: resolved) is a different alert
+    each time; the variant it no longer has is sent as resolved (endsAt now), or it would keep paging until its hold
+    ran out. A resolved incident ends both."""
     out = []
     for incident in incidents:
         alert = incident_alert(incident, now, hold, base_url)
         out.append(alert)
-        if incident.page == "on-escalation" and incident.state != "resolved":
-            twin = {**alert, "labels": {**alert["labels"]}, "endsAt": now.isoformat()}
+        if incident.page == "on-escalation" or (incident.page == "always" and incident.state == "resolved"):
+            twin = {**alert, "labels": {**alert["labels"]}}
+            twin["endsAt"] = alert["endsAt"] if incident.state == "resolved" else now.isoformat()
             twin["labels"]["page"] = "false" if alert["labels"]["page"] == "true" else "true"
             out.append(twin)
     return out

@@ -10,12 +10,14 @@ import socket
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from healer.core.db import ensure_schema, make_engine
+from healer.core.detectors.registry import default_registry
 from healer.core.engine import Healer
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.metrics import HealerMetrics
-from healer.core.rules import RuleSet, load_rule_set
+from healer.core.rules import DetectorCondition, RuleSet, load_rule_set
 from healer.core.store import IncidentStore
 from healer.launchers.local import LocalLauncher
 from healer.launchers.remediator import LocalRemediator
@@ -25,6 +27,7 @@ from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.runner.ledger import LedgerWriter
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.service.config import DEFAULT_RULES
+from megaheal.typedconfig import from_mapping
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
 
@@ -53,6 +56,8 @@ class JobSpec:
     """Links in the alerts (the healer service on the same database, if one runs)."""
     grace: timedelta = timedelta(seconds=30)
     """A graceful stop's SIGTERM to SIGKILL (time for the final checkpoint)."""
+    nvml: dict[str, Any] = field(default_factory=dict)
+    """Per host, the NVML handle its sidecar reads (none by default: the local hosts share this machine)."""
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
@@ -67,6 +72,29 @@ def valid_dp(cfg: TrainConfig) -> tuple[int, ...]:
             continue
         out.append(dp)
     return tuple(out)
+
+
+def shipped_rules(*, max_restarts: int | None = None, lemon_incidents: int | None = None,
+                  skip_steps: int | None = None, **detectors: dict[str, Any]) -> RuleSet:
+    """The shipped rule set (configs/rules/) with a few knobs turned (benchmarks and tests): a detector's `when:`
+    parameters (e.g. hang={"floor": "6s"}) and the policy's limits."""
+    shipped = load_rule_set([DEFAULT_RULES])
+    rules = []
+    for rule in shipped.rules:
+        cond = rule.condition
+        if isinstance(cond, DetectorCondition) and cond.detector in detectors:
+            cls = default_registry().resolve(cond.detector)
+            params = from_mapping(cls.Config, detectors.pop(cond.detector), f"{rule.name}.when")
+            rule = replace(rule, when=DetectorCondition(detector=cond.detector, params=params))
+        rules.append(rule)
+    if detectors:
+        raise ValueError(f"no shipped rule for detector(s) {sorted(detectors)}")
+    limits = shipped.limits
+    budget = limits.budget if max_restarts is None else replace(limits.budget, max_restarts=max_restarts)
+    limits = replace(limits, budget=budget,
+                     lemon_incidents=limits.lemon_incidents if lemon_incidents is None else lemon_incidents,
+                     skip_steps=limits.skip_steps if skip_steps is None else skip_steps)
+    return RuleSet(rules, limits)
 
 
 def db_url_of(spec: JobSpec) -> str:
@@ -88,7 +116,7 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     resend = timedelta(seconds=30)
     sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
     table = HeartbeatTable()
-    sidecars = NodeSidecars([*spec.nodes, *spec.spares])
+    sidecars = NodeSidecars([*spec.nodes, *spec.spares], nvml=spec.nvml)
     launcher = LocalLauncher(extra_env={"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")})
     sup = Supervisor(Supervisor.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
                                        nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,

@@ -48,9 +48,9 @@ class LiveView:
         states = {s.rank: s.state for s in job.table.processes.states()}
         pids = set(a.ranks) if a else set()
         for b in sorted(job.table.ranks(), key=lambda b: b.rank):
-            if b.data.get("pid") not in pids:
+            if b.entry.pid not in pids:
                 continue
-            loss, secs = b.data.get("loss"), b.data.get("step_seconds")
+            loss, secs = b.entry.loss, b.entry.step_seconds
             ranks.add_row(str(b.rank), b.node, str(b.step), f"{loss:.4f}" if isinstance(loss, float) else "nan",
                           f"{secs:.2f}" if isinstance(secs, float) else "-", states.get(b.rank, "?"))
         incidents = Table(title="incidents")

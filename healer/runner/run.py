@@ -82,7 +82,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     with view.live():
         def on_tick(j: SelfHealingJob) -> None:
             a = j.sup.attempt
-            steps = [b.step for b in j.table.ranks() if a and b.data.get("pid") in a.ranks and b.step is not None]
+            steps = [b.step for b in j.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
             if chaos is not None and a is not None and len(steps) == len(a.ranks) == world:
                 chaos.tick(min(steps))
             view.refresh()

@@ -52,7 +52,7 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
         if not hmac.compare_digest(given, expected):
             raise Refused(401, "missing or wrong bearer token (Authorization: Bearer ...)")
 
-    async def read_json(request: Request) -> Any:
+    async def read_body(request: Request) -> bytes:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > max_body):
             raise Refused(413, f"body larger than {max_body} bytes")
@@ -65,6 +65,10 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
         raw = b"".join(chunks)
         if not raw.strip():
             raise Refused(400, "empty body: expected JSON", "body")
+        return raw
+
+    async def read_json(request: Request) -> Any:
+        raw = await read_body(request)
         try:
             return json.loads(raw)
         except UnicodeDecodeError as exc:
@@ -74,7 +78,8 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
 
     async def heartbeats(request: Request) -> Response:
         authorize(request)
-        body = await read_json(request)
+        # NOTE: the raw bytes: the heartbeat table decodes them straight into the typed batch (exporters/schema.py).
+        body = await read_body(request)
         # NOTE: in memory only and cheap: run on the event loop, no thread hop per batch (1,536 batches/s at scale).
         taken = healer.ingest_heartbeats(body)
         return JSONResponse({"accepted": taken}, status_code=202)

@@ -74,3 +74,15 @@ def test_it_holds_the_fleet_gpu_alerts_back_for_the_catalogues_gpu_fault_kind() 
     kinds = [m.split("=", 1)[1].strip('"') for rule in inhibitions for m in rule["source_matchers"]
              if m.startswith("kind=")]
     assert kinds == ["gpu_fault"] and "gpu_fault" in CATALOGUE, kinds
+
+
+def test_the_gpu_fault_detector_evicts_on_exactly_the_catalogues_critical_xids() -> None:
+    from exporters.schema import GpuEntry
+    from healer.core.detectors.gpu_fault import GpuFault
+
+    assert sorted(GpuFault.Config().xids) == sorted(CRITICAL_XIDS)
+    detector = GpuFault(GpuFault.Config())
+    for code in CRITICAL_XIDS:
+        assert detector.faults(GpuEntry(gpu=0, xid_counts={str(code): 1})), code
+    for code in DEGRADED_XIDS:
+        assert not detector.faults(GpuEntry(gpu=0, xid_counts={str(code): 1})), code

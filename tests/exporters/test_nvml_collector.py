@@ -86,9 +86,9 @@ def test_an_injected_xid_moves_the_gauge_and_the_counter() -> None:
     counts = {(s.labels["gpu"], s.labels["xid"]): s.value for s in families["megaheal_gpu_xid_errors"]}
     assert counts == {("1", "48"): 1.0, ("1", "79"): 2.0}, "two Xid 79 in a row are two"
     collector = NvmlCollector(nvml, "gpu-node-1", xid=watcher)
-    health = {h["gpu"]: h for h in collector.health()}
-    assert health[1]["last_xid"] == 48 and health[1]["xid_counts"] == {"79": 2, "48": 1}
-    assert health[0]["row_remap_failure"] == 0 and health[0]["recovery_action"] == 0
+    health = {h.gpu: h for h in collector.health()}
+    assert health[1].last_xid == 48 and health[1].xid_counts == {"79": 2, "48": 1}
+    assert health[0].row_remap_failure == 0 and health[0].recovery_action == 0
     watcher.stop()
 
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.rank_collector import SERIES_PER_RANK_BUDGET, RankCollector
 from exporters.ranks import RankTable
-from exporters.schema import Origin, decode, encode
+from exporters.schema import build_record, decode, encode
 from tests.exporters.helpers import step_record
 from tests.exporters.promtools import promtool_check_metrics, wait_for
 
@@ -26,7 +26,7 @@ class FakeClock:
 
 
 def message(kind: str, rank: int, body: dict, pid: int = 100, dropped: int = 0, job: str = "job-a"):
-    return decode(encode(kind, Origin(job, rank, pid + rank, dropped), body))
+    return decode(encode(build_record(kind, job, rank, pid + rank, dropped, body)))
 
 
 def hello(rank: int, **kw):

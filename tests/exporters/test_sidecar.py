@@ -13,6 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from exporters.client import RankClient
 from exporters.heartbeat import HeartbeatForwarder
+from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch
 from exporters.receiver import SocketInUseError, bind_datagram_socket
 from exporters.schema import PHASE_ORDER
 from exporters.sidecar import Sidecar
@@ -130,7 +131,8 @@ def test_step_traces_go_out_over_otlp_http(tmp_path, healer) -> None:
 
 def test_a_healer_that_is_down_costs_a_counter_and_a_bounded_buffer(healer) -> None:
     down_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    forwarder = HeartbeatForwarder(down_url, lambda: {"node": "n", "ranks": []}, buffer_batches=3)
+    forwarder = HeartbeatForwarder(down_url, lambda seq, sent_at: HeartbeatBatch(
+        schema=HEARTBEAT_SCHEMA, node="n", seq=seq, sent_at=sent_at, ranks=[]), buffer_batches=3)
     for _ in range(5):
         forwarder.tick()
     assert (forwarder.sent, forwarder.failures, forwarder.buffered, forwarder.dropped) == (0, 5, 3, 2)

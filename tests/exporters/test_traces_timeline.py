@@ -7,7 +7,7 @@ import json
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from typer.testing import CliRunner
 
-from exporters.schema import PHASE_ORDER, Origin, decode, encode
+from exporters.schema import PHASE_ORDER, build_record, decode, encode
 from exporters.timeline import build_trace, read_rank_files
 from exporters.traces import StepTracer, step_trace_id
 from megaheal.cli import app
@@ -19,7 +19,7 @@ def test_each_step_is_a_span_with_a_child_per_phase_shared_across_ranks() -> Non
     tracer = StepTracer("node-1", exporter, batch=False)
     for rank in range(2):
         rec = step_record(5, rank=rank, time=1_700_000_000.0)
-        tracer.record(decode(encode("step", Origin("job-a", rank, 100 + rank, 0), rec)))
+        tracer.record(decode(encode(build_record("step", "job-a", rank, 100 + rank, 0, rec))))
     tracer.shutdown()
     spans = exporter.get_finished_spans()
     steps = [s for s in spans if s.name == "step 5"]

@@ -86,7 +86,8 @@ def test_it_diagnoses_with_a_real_runbook_then_remediates(tmp_path: Path) -> Non
         diagnoser.shutdown()
     run = got["runbook_runs"][0]
     assert (run["runbook"], run["nodes"], run["verdict"]) == ("host-no-space", ["node-7"], "fail")
-    assert [e["to"] for e in got["events"]] == ["open", "diagnosing", "remediating"]
+    assert [(e["kind"], e["to"]) for e in got["events"]] == [
+        ("transition", "open"), ("transition", "diagnosing"), ("diagnosed", None), ("transition", "remediating")]
     assert got["events"][-1]["evidence"]["decision"]["basis"]["verdict"] == "fail"
 
 
@@ -101,7 +102,7 @@ def test_deadlines_escalate_and_a_second_healer_on_the_same_database_does_not_ac
     assert incident["occurrences"] == 2  # b joined a's incident
     stale = a.store.due()  # both replicas read the same due incident ...
     a.tick_respond()
-    b._respond(stale[0])   # ... and b acts on its stale copy after a already did
+    b.responder.respond(stale[0], stale[0].next_action_at)  # ... and b acts on its stale copy after a did
     assert b.metrics.claims_lost._value.get() == 1
     assert [e["to"] for e in a.store.get(incident["id"])["events"] if e["kind"] == "transition"] == ["open", "remediating"]
     clock.now += 61

@@ -43,9 +43,18 @@ def test_it_loads_every_condition_kind_into_typed_configs(tmp_path: Path) -> Non
     assert mfu.source.endswith("rules.yaml:11")
 
 
-def test_it_loads_the_shipped_default_rules() -> None:
-    rules = load_rules([DEFAULT_RULES])
-    assert [r.name for r in rules] == ["rank-heartbeat-stale"] and rules[0].runbook == "node-health"
+def test_the_shipped_rules_enable_every_detector_with_the_catalogues_remedies() -> None:
+    from healer.core.catalogue import DETECTED
+    from healer.core.detectors.registry import default_registry
+    from healer.core.rules import DetectorCondition, load_rule_set
+
+    rules = load_rule_set([DEFAULT_RULES])
+    detectors = {r.condition.detector for r in rules.rules if isinstance(r.condition, DetectorCondition)}
+    assert detectors == set(default_registry().names()) == DETECTED
+    assert all(r.remediate is None for r in rules.rules), "remedies come from the catalogue"
+    by_name = {r.name: r for r in rules.rules}
+    assert by_name["crash"].runbook == by_name["hang"].runbook == "node-health"
+    assert rules.limits.budget.max_restarts == 5 and rules.job_actions() == []
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -68,7 +77,7 @@ def test_it_loads_the_shipped_default_rules() -> None:
     ("- name: a\n  when: {alert: X, labels: {xid: 79}}\n", r"rules\[0\]\.when\.labels: expected a mapping .* \(line 2\)"),
     ("- name: a\n  severity: info\n", r"rules\[0\]: missing key 'when'.* \(line 1\)"),
     ("- name: a\n  when: {alert: X}\n  runbook: no-such-runbook\n", r"rules\[0\]\.runbook: no runbook 'no-such-runbook'.* \(line 3\)"),
-    ("- name: a\n  when: {alert: X}\n  remediate: reboot-the-world\n", r"remediate must be one of notify, escalate.* \(line 3\)"),
+    ("- name: a\n  when: {alert: X}\n  remediate: reboot-the-world\n", r"remediate must be one of restart, exclude-node-and-restart, rollback-and-skip, notify, escalate.* \(line 3\)"),
     ("- name: Bad Name\n  when: {alert: X}\n", r"rules\[0\]: name 'Bad Name' must be .* \(line 1\)"),
     ("rulez: []\n", r"rules\.yaml: unknown key\(s\) 'rulez'.* \(line 1\)"),
     ("- name: a\n  when: {alert: X}\n  page: [always\n", r"rules\.yaml: invalid YAML"),

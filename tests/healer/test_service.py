@@ -77,6 +77,32 @@ def test_it_refuses_to_start_on_a_database_behind_the_migrations(tmp_path: Path)
     assert "Traceback" not in proc.stderr
 
 
+def test_a_rule_that_acts_on_the_job_is_refused_by_the_service_without_a_launcher_and_taken_by_megaheal_run(
+        tmp_path: Path) -> None:
+    from healer.core.rules import load_rule_set
+    from healer.runner.build import JobSpec, build_job
+    from tests.conftest import REPO
+
+    rules = _rules(tmp_path, "- name: gpu-fell-off-bus\n  when: {detector: gpu_fault, xids: [79]}\n"
+                             "  runbook: gpu-triage\n  remediate: exclude-node-and-restart\n  page: on-escalation\n")
+    config = tmp_path / "healer.yaml"
+    config.write_text(f"rules: [{rules}]\n")
+    proc = subprocess.run([MEGAHEAL, "healer", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}",
+                           "--db", f"sqlite:///{tmp_path / 'h.db'}"],
+                          env={**os.environ, "MEGAHEAL_TOKEN": TOKEN, "XDG_STATE_HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "no launcher" in proc.stderr and "gpu-fell-off-bus" in proc.stderr and "remediate: exclude-node" in proc.stderr
+    # The design's own example rule: the embedded healer, which has a launcher, takes it.
+    job = build_job(JobSpec(job="j", config=str(REPO / "configs" / "demo.yaml"), run_dir=tmp_path / "run",
+                            rules=load_rule_set([rules])))
+    try:
+        (rule,) = job.healer.ruleset.rules
+        assert rule.remediate == "exclude-node-and-restart" and job.healer.remediator is not None
+    finally:
+        job.close()
+
+
 def test_a_database_that_is_down_fails_readyz_until_it_answers(tmp_path: Path, postgres: Postgres) -> None:
     name = f"late_{os.getpid()}"
     healer = HealerProcess(tmp_path, {"db": postgres.url(name), "rules": [_rules(tmp_path, "")], **FAST})

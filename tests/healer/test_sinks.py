@@ -37,11 +37,21 @@ def test_escalation_pages_and_resolves_the_not_paging_variant() -> None:
     assert twin["endsAt"] == NOW.isoformat() and twin["labels"]["incident"] == "7"
 
 
-def test_a_resolved_incident_ends_when_it_was_resolved() -> None:
+@pytest.mark.parametrize("page", ["always", "on-escalation"])
+def test_a_resolved_incident_ends_both_its_paging_and_its_quiet_alert_when_it_was_resolved(page: str) -> None:
+    # NOTE: an escalated (or always-paging) incident's alert carried page="true"; resolved, it is page="false":
+    # a different alert in Alertmanager, so the paging one must be ended too or it pages until its hold runs out.
     resolved_at = NOW - timedelta(seconds=30)
-    (alert,) = alertmanager_alerts([_incident("resolved", page="always", resolved_at=resolved_at)], NOW,
-                                   timedelta(minutes=2), "http://h")
-    assert alert["endsAt"] == resolved_at.isoformat() and alert["labels"]["page"] == "false"
+    alerts = alertmanager_alerts([_incident("resolved", page=page, resolved_at=resolved_at)], NOW,
+                                 timedelta(minutes=2), "http://h")
+    assert sorted(a["labels"]["page"] for a in alerts) == ["false", "true"]
+    assert {a["endsAt"] for a in alerts} == {resolved_at.isoformat()}
+
+
+def test_a_quiet_incident_that_never_pages_sends_one_alert() -> None:
+    (alert,) = alertmanager_alerts([_incident("resolved", page="never", resolved_at=NOW)], NOW, timedelta(minutes=2),
+                                   "http://h")
+    assert alert["labels"]["page"] == "false"
 
 
 def test_the_grafana_sink_says_how_to_install_its_extra() -> None:

@@ -142,3 +142,16 @@ def test_two_processes_racing_for_the_same_incidents_each_claim_exactly_once(sto
         claims = conn.execute(select(IncidentEvent.incident_id, func.count()).where(IncidentEvent.to_state == "diagnosing")
                               .group_by(IncidentEvent.incident_id)).all()
     assert len(claims) == len(ids) and all(n == 1 for _, n in claims)
+
+
+def test_non_finite_evidence_is_stored_as_text(store: IncidentStore) -> None:
+    # PostgreSQL's json type refuses NaN and infinities; a NaN incident's evidence is exactly where they turn up.
+    signal = Signal(rule="nan", kind="nonfinite", severity="critical", page="never", cooldown=timedelta(minutes=1),
+                    identity=(("key", "job"),), job="job", node=None, summary="loss is NaN",
+                    evidence={"loss": float("nan"), "grad_norm": float("inf"), "first_step": 10})
+    incident_id, _ = store.record(signal)
+    store.update_evidence(incident_id, {"median": float("-inf")})
+    store.note(incident_id, {"last": float("nan")})
+    got = store.get(incident_id)
+    assert got["evidence"] == {"loss": "NaN", "grad_norm": "Infinity", "first_step": 10, "median": "-Infinity"}
+    assert [e["evidence"].get("last") for e in got["events"] if e["kind"] == "note"] == ["NaN"]

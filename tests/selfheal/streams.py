@@ -32,6 +32,8 @@ class JobStream:
     """rank -> seconds it reaches the reduce late outside any timed phase (descheduled, a stray sleep)."""
     nonfinite_at: dict[int, set[int]] = field(default_factory=dict)
     """step -> ranks whose loss is NaN at that step."""
+    mesh: Callable[[int, int], dict[str, int]] | None = None
+    """(rank, world size) -> the rank's mesh coordinates; by default every rank is a data-parallel peer."""
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -69,7 +71,7 @@ class JobStream:
                 loss = self.loss(self.step)
                 entries.append({
                     "job": self.job, "rank": r, "pid": 1000 + r, "local_rank": r % len(rs), "world_size": world,
-                    "mesh": {"pp": 1, "dp": world, "tp": 1}, "alive": True, "last_seen_age_s": age, "dropped": 0,
+                    "mesh": self.mesh(r, world) if self.mesh else {"pp": 1, "dp": world, "tp": 1}, "alive": True, "last_seen_age_s": age, "dropped": 0,
                     "events": {}, "last_event": None, "step": self.step, "step_seconds": sum(ranks[r].values()) + self.late.get(r, 0.0),
                     "phases": ranks[r], "loss": None if bad else loss, "grad_norm": 1.0,
                     "nonfinite": {"loss": "nan"} if bad else {}, "dp_reduce_lag_s": None})

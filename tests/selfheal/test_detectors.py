@@ -286,15 +286,7 @@ def test_straggler_compares_ranks_within_a_pipeline_stage() -> None:
         work = {0: 0.30, 1: 0.30, 2: 0.70, 3: 0.40}  # rank 0/1 include waiting for stage 1's gradients
         return {"forward_backward": work[rank]}
 
-    s = stream(shape=shape)
-    send = s.send
-
-    def send_with_mesh(**kw: object) -> None:
-        send(**kw)  # type: ignore[arg-type]
-        for b in s.table.ranks():
-            b.data["mesh"] = {"pp": 0 if b.rank < 2 else 1, "dp": b.rank % 2, "tp": 0}
-
-    s.send = send_with_mesh  # type: ignore[method-assign]
+    s = stream(shape=shape, mesh=lambda rank, world: {"pp": 0 if rank < 2 else 1, "dp": rank % 2, "tp": 0})
     detector = Straggler(Straggler.Config(window=4, consecutive=2))
     for _ in range(16):
         s.advance()

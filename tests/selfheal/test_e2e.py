@@ -19,11 +19,12 @@ from healer.core.jobstore import JobStore
 from healer.core.rules import RuleSet
 from healer.oncall.alertmanager import AlertmanagerClient
 from healer.runner.build import JobSpec, build_job
+from healer.runner.build import shipped_rules as rule_set
 from healer.runner.chaos import break_scratch
 from healer.runner.loop import SelfHealingJob
 from tests.conftest import REPO
 from tests.healer.services import Alertmanager
-from tests.selfheal.rulesets import rule_set
+
 from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.distributed
@@ -32,11 +33,12 @@ STEPS = 24
 
 def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, ...] = (),
               overrides: tuple[str, ...] = (), alertmanager_url: str | None = None,
-              before_start: object = None) -> SelfHealingJob:
+              before_start: object = None, nvml: dict[str, object] | None = None) -> SelfHealingJob:
     run_dir = tmp_path / "run"
     spec = JobSpec(job="e2e", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir, nodes=("n1", "n2"),
                    spares=spares, overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
-                   rules=rules or rule_set(), alertmanager_url=alertmanager_url, grace=timedelta(seconds=20))
+                   rules=rules or rule_set(), alertmanager_url=alertmanager_url, grace=timedelta(seconds=20),
+                   nvml=dict(nvml or {}))
     job = build_job(spec)
     if callable(before_start):
         before_start(job)
@@ -52,7 +54,7 @@ def inject_at(step: int, rank: int, sig: int) -> tuple[dict[str, float], object]
         a = loop.sup.attempt
         if fired or a is None or a.number != 0:
             return
-        steps = [b.step for b in loop.table.ranks() if b.data.get("pid") in a.ranks and b.step is not None]
+        steps = [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
         if len(steps) == 4 and min(steps) >= step:
             loop.remediator.signal_rank(rank, sig)
             fired["at"] = loop.healer.clock()
@@ -156,7 +158,7 @@ def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) ->
     assert inc.plan["decision_basis"]["lemons"] == {"n2": 3}
     last = loop.sup.history[-1]
     assert {r.node for r in last.ranks.values()} == {"n1", "n3"} and len(last.ranks) == 4
-    assert {b.node for b in loop.table.ranks() if b.data.get("pid") in last.ranks} == {"n1", "n3"}
+    assert {b.node for b in loop.table.ranks() if b.entry.pid in last.ranks} == {"n1", "n3"}
     check_resumed(loop, fired, action="exclude-node-and-restart")
     # The host history says who left n2 out and why, for the next job on this database.
     node = JobStore(loop.healer.store.engine).node("n2")
@@ -221,7 +223,7 @@ def test_a_slowed_rank_is_named_a_straggler_from_its_phase_table_and_on_call_is_
 
     def hook(lp: SelfHealingJob) -> None:
         a = lp.sup.attempt
-        steps = [b.step for b in lp.table.ranks() if a and b.data.get("pid") in a.ranks and b.step is not None]
+        steps = [b.step for b in lp.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
         if not slowed and len(steps) == 4 and min(steps) >= 3:
             pid = next(p for p, r in a.ranks.items() if r.rank == 2)  # type: ignore[union-attr]
             threading.Thread(target=duty_cycle, args=(pid, 0.85, 40.0), daemon=True).start()
@@ -274,3 +276,31 @@ def test_a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_its_batches
     assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
     # Rolled back past the bad batch: no step after the restart is anywhere near the spike.
     assert max(curve[s] for s in range(12, STEPS)) < inc.evidence["loss"] and curve[STEPS - 1] < curve[0]
+
+
+@pytest.mark.timeout(240)
+def test_a_gpu_that_falls_off_the_bus_takes_its_node_out_of_the_job_from_the_default_rules(tmp_path: Path) -> None:
+    # n2's sidecar reads a recorded NVML (no GPU here): an Xid 79 event arrives through the real event set, the
+    # sidecar counts it in its heartbeat, and the shipped gpu-fault rule takes the catalogue's remedy.
+    from tests.exporters.recorded_nvml import RecordedNvml
+
+    gpus = RecordedNvml()
+    loop = make_loop(tmp_path, spares=("n3",), nvml={"n2": gpus})
+    fired: dict[str, float] = {}
+
+    def hook(lp: SelfHealingJob) -> None:
+        a = lp.sup.attempt
+        steps = [b.step for b in lp.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
+        if not fired and a is not None and a.number == 0 and len(steps) == 4 and min(steps) >= 6:
+            gpus.inject_xid(1, 79)
+            fired["at"] = lp.healer.clock()
+
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
+    (inc,) = loop.incidents()
+    assert inc.kind == "gpu_fault" and inc.suspect_nodes == ["n2"] and "Xid 79" in inc.summary
+    assert inc.action == "exclude-node-and-restart" and inc.plan["exclude"] == ["n2"]
+    assert inc.plan["nodes"] == ["n1", "n3"] and inc.plan["decision_basis"]["remedy_from"] == "catalogue"
+    assert inc.stages == ["detected", "decided", "restarted", "recovered"] and inc.state == "resolved"
+    assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"}
+    curve = losses(loop.sup.cfg.run_dir)
+    assert sorted(curve) == list(range(STEPS)) and curve[STEPS - 1] < curve[0]

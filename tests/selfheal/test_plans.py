@@ -124,5 +124,6 @@ def test_limits_and_budgets_are_validated() -> None:
 @pytest.mark.parametrize("kind", sorted(CATALOGUE))
 def test_only_faults_that_stop_the_job_or_poison_its_weights_are_critical(kind: str) -> None:
     entry: FaultKind = CATALOGUE[kind]
-    critical = entry.stops_job or entry.name in ("gpu_fault", "nonfinite", "heartbeat_stale")
+    critical = entry.stops_job or entry.name in ("gpu_fault", "nonfinite", "heartbeat_stale", "node_down",
+                                                 "telemetry_absent")
     assert (entry.severity == "critical") == critical

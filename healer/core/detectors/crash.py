@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
+from exporters.schema import RankEntry
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.logtail import classify, signal_name
 from healer.core.heartbeats import HeartbeatTable
@@ -56,7 +56,7 @@ class Crash(Detector):
             if current is not None and current > attempt:
                 healthy.add(key)  # a later attempt runs: this attempt's crash was dealt with
                 continue
-            finishing = {b.rank for b in table.ranks() if b.job == job and _finishing(b.data)}
+            finishing = {b.rank for b in table.ranks() if b.job == job and _finishing(b.entry)}
             # A rank that vanished after saying it was finishing ended normally (its agent reaped it first).
             failed = sorted((e for e in exits if e.failed and not (e.vanished and e.rank in finishing)),
                             key=lambda e: e.at)
@@ -92,6 +92,5 @@ class Crash(Detector):
         )
 
 
-def _finishing(data: dict[str, Any]) -> bool:
-    event = data.get("last_event")
-    return isinstance(event, dict) and event.get("name") == "finishing"
+def _finishing(entry: RankEntry) -> bool:
+    return entry.last_event is not None and entry.last_event.name == "finishing"

@@ -1,22 +1,24 @@
 """`gpu_fault`: GPUs that must leave the job, from the NVML data in the sidecars' heartbeats, one finding per
 (node, GPU).
 
-A GPU is faulty when any of these holds: a critical Xid was counted (79 fell off the bus, 48 double-bit ECC,
-94/95 contained/uncontained ECC, 63/64 row remapping, 74 NVLink, 92 high single-bit ECC rate, 119/120 GSP,
-by default); volatile double-bit ECC errors; a failed row remap; a pending remap (needs a GPU reset); or
-the driver asks for a recovery action (reset, reboot, drain). Healthy when the node's latest batch shows
-the GPU with none of them; a node without NVML ("absent") says nothing either way.
+A GPU is faulty when any of these holds: a critical Xid was counted (the fault catalogue's CRITICAL_XIDS by
+default: 79 fell off the bus, 48 double-bit ECC, 95 uncontained ECC, 64 row-remapper failure, 74 NVLink, ...);
+volatile double-bit ECC errors; a failed row remap; a pending remap (needs a GPU reset); or the driver asks for a
+recovery action (reset, reboot, drain). Healthy when the node's latest batch shows the GPU with none of them; a
+node without NVML ("absent") says nothing either way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+import msgspec
+
+from exporters.schema import GpuEntry
+from healer.core.catalogue import CRITICAL_XIDS
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.heartbeats import HeartbeatTable
 
-CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 RECOVERY_ACTIONS = {1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset"}
 
 
@@ -36,31 +38,29 @@ class GpuFault(Detector):
 
     config: Config
 
-    def faults(self, gpu: dict[str, Any]) -> list[str]:
+    def faults(self, gpu: GpuEntry) -> list[str]:
         """Pure: why this GPU entry is faulty (empty: healthy)."""
         why = []
-        raw = gpu.get("xid_counts")
-        counts: dict[str, Any] = raw if isinstance(raw, dict) else {}
         for code in self.config.xids:
-            n = counts.get(str(code), 0)
-            if isinstance(n, int) and n > 0:
+            n = gpu.xid_counts.get(str(code), 0)
+            if n > 0:
                 why.append(f"Xid {code} x{n}")
-        if _positive(gpu.get("ecc_dbe_volatile")):
-            why.append(f"{gpu['ecc_dbe_volatile']} uncorrectable (double-bit) ECC errors")
-        if _positive(gpu.get("row_remap_failure")):
+        if _positive(gpu.ecc_dbe_volatile):
+            why.append(f"{gpu.ecc_dbe_volatile:g} uncorrectable (double-bit) ECC errors")
+        if _positive(gpu.row_remap_failure):
             why.append("row remapping failed")
-        if self.config.remap_pending and _positive(gpu.get("row_remap_pending")):
+        if self.config.remap_pending and _positive(gpu.row_remap_pending):
             why.append("row remap pending (needs a GPU reset)")
-        action = gpu.get("recovery_action")
-        if isinstance(action, (int, float)) and _positive(action):
-            why.append(f"driver asks for recovery: {RECOVERY_ACTIONS.get(int(action), f'action {action}')}")
+        action = gpu.recovery_action
+        if action is not None and _positive(action):
+            why.append(f"driver asks for recovery: {RECOVERY_ACTIONS.get(int(action), f'action {action:g}')}")
         return why
 
     def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
         firing, healthy = [], set()
         for node in table.nodes():
             for gpu in node.gpus:
-                key = f"{node.node}/gpu{gpu['gpu']}"
+                key = f"{node.node}/gpu{gpu.gpu}"
                 why = self.faults(gpu)
                 if not why:
                     healthy.add(key)
@@ -68,11 +68,11 @@ class GpuFault(Detector):
                 job = node.jobs[0] if len(node.jobs) == 1 else None
                 firing.append(Finding(
                     key=key, job=job, node=node.node,
-                    summary=f"GPU {gpu['gpu']} on {node.node} is faulty: {'; '.join(why)}",
-                    evidence={"gpu": gpu, "reasons": why, "jobs": list(node.jobs)},
-                    labels={"gpu": str(gpu["gpu"]), "suspect_node": node.node}))
+                    summary=f"GPU {gpu.gpu} on {node.node} is faulty: {'; '.join(why)}",
+                    evidence={"gpu": msgspec.to_builtins(gpu), "reasons": why, "jobs": list(node.jobs)},
+                    labels={"gpu": str(gpu.gpu), "suspect_node": node.node}))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
 
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+def _positive(value: float | None) -> bool:
+    return value is not None and value > 0

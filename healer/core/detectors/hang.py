@@ -81,7 +81,7 @@ class Hang(Detector):
                 # Under a supervisor only the current attempt's ranks count: the heartbeats of the ranks it
                 # stopped linger in the sidecars (with their old steps) while the job restarts.
                 pids = {st.pid for st in states if st.job == job and st.attempt == attempt}
-                job_beats = [b for b in job_beats if b.data.get("pid") in pids]
+                job_beats = [b for b in job_beats if b.entry.pid in pids]
                 if not job_beats:
                     continue
             steps = [b.step for b in job_beats]
@@ -124,11 +124,9 @@ class Hang(Detector):
 
 def _finishing(beat: RankBeat) -> bool:
     """The rank left its training loop after its latest step (the trainer's `finishing` event)."""
-    event = beat.data.get("last_event")
-    if not isinstance(event, dict) or event.get("name") != "finishing":
-        return False
-    fields = event.get("fields")
-    return isinstance(fields, dict) and fields.get("step") == (beat.step or 0) + 1
+    event = beat.entry.last_event
+    # NOTE: an event's fields are free-form (whatever the trainer passed); `step` is the one finishing sets.
+    return event is not None and event.name == "finishing" and event.fields.get("step") == (beat.step or 0) + 1
 
 
 def suspect_ranks(beats: list[RankBeat], states: dict[int, ProcessState], now: float) -> tuple[list[int], str]:

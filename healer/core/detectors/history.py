@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from healer.core.heartbeats import HeartbeatTable, RankBeat
 
@@ -32,22 +31,10 @@ class Sample:
 
     @classmethod
     def of(cls, beat: RankBeat) -> Sample:
-        d = beat.data
-        raw_phases, raw_bad = d.get("phases"), d.get("nonfinite")
-        phases: dict[str, Any] = raw_phases if isinstance(raw_phases, dict) else {}
-        bad: dict[str, Any] = raw_bad if isinstance(raw_bad, dict) else {}
-        return cls(step=int(beat.step or 0), received_at=beat.received_at, node=beat.node,
-                   step_seconds=_num(d.get("step_seconds")),
-                   phases={k: float(v) for k, v in phases.items() if _num(v) is not None},
-                   loss=_num(d.get("loss")), grad_norm=_num(d.get("grad_norm")),
-                   nonfinite={str(k): str(v) for k, v in bad.items()},
-                   dp_reduce_lag_s=_num(d.get("dp_reduce_lag_s")))
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+        e = beat.entry
+        return cls(step=e.step or 0, received_at=beat.received_at, node=beat.node, step_seconds=e.step_seconds,
+                   phases=e.phases, loss=e.loss, grad_norm=e.grad_norm, nonfinite=e.nonfinite,
+                   dp_reduce_lag_s=e.dp_reduce_lag_s)
 
 
 @dataclass(slots=True)
@@ -78,9 +65,7 @@ class RankHistory:
             if s is None:
                 s = self.series[key] = RankSeries(beat.job, beat.rank, beat.node, deque(maxlen=self.keep))
             s.node = beat.node
-            mesh = beat.data.get("mesh")
-            if isinstance(mesh, dict) and isinstance(mesh.get("pp"), int):
-                s.stage = mesh["pp"]
+            s.stage = beat.entry.mesh.get("pp", s.stage)
             if beat.step == s.last_step:
                 continue
             if beat.step < s.last_step:
