@@ -125,6 +125,10 @@ class Incident(Base):
     notified_resolved: Mapped[bool] = mapped_column(default=False)
     attempt: Mapped[int | None]
     """The job's attempt the fault happened in, when a launcher runs the job (None for the service alone)."""
+    handler: Mapped[str | None] = mapped_column(String(200), index=True)
+    """Which healer acts on it: None for the service (any of its replicas), `run:JOB` for the healer embedded in
+    `megaheal run` that started JOB (a service on the same database leaves those alone, and that run leaves the
+    service's alone)."""
     events: Mapped[list[IncidentEvent]] = relationship(back_populates="incident", order_by="IncidentEvent.id",
                                                        cascade="all, delete-orphan", passive_deletes=True)
 

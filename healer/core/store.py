@@ -35,10 +35,14 @@ def utcnow() -> datetime:
 
 
 class IncidentStore:
-    def __init__(self, engine: Engine, actor: str, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(self, engine: Engine, actor: str, clock: Callable[[], datetime] = utcnow,
+                 handler: str | None = None) -> None:
+        """`handler`: the healer this store acts for (None: the service; `run:JOB`: the healer embedded in a
+        `megaheal run`): the incidents it opens are marked so, and only those are due for it."""
         self.engine = engine
         self.actor = actor
         self.clock = clock
+        self.handler = handler
 
     # ---- signals -> incidents ----------------------------------------------------------------------------
 
@@ -95,7 +99,7 @@ class IncidentStore:
                 kind=signal.kind, severity=signal.severity, page=signal.page, state=S.OPEN.value, job=signal.job,
                 node=signal.node, summary=signal.summary, labels=signal.labels, evidence=jsonable(signal.evidence),
                 occurrences=1, opened_at=now, last_seen_at=now, state_since=now, next_action_at=now,
-                notified_resolved=False, attempt=signal.attempt).returning(Incident.id)).scalar_one()
+                notified_resolved=False, attempt=signal.attempt, handler=self.handler).returning(Incident.id)).scalar_one()
             conn.execute(insert(IncidentEvent).values(
                 incident_id=new_id, at=now, kind="transition", from_state=None, to_state=S.OPEN.value,
                 actor=self.actor, evidence=jsonable({"summary": signal.summary, **signal.evidence})))
@@ -262,7 +266,9 @@ class IncidentStore:
         with Session(self.engine, expire_on_commit=False) as session:
             return list(session.execute(
                 select(Incident).where(Incident.state.in_([s.value for s in HEALER_OWNED]),
-                                       Incident.next_action_at <= self.clock())
+                                       Incident.next_action_at <= self.clock(),
+                                       Incident.handler.is_(None) if self.handler is None
+                                       else Incident.handler == self.handler)
                 .order_by(Incident.next_action_at).limit(limit)).scalars())
 
     def of_job(self, job: str, states: frozenset[IncidentState] | None = None) -> list[Incident]:

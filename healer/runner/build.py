@@ -112,7 +112,7 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     engine = make_engine(db_url_of(spec))
     ensure_schema(engine)
     token = token or secrets.token_hex(16)  # this run's own token: only this process may kill or restart its job
-    store = IncidentStore(engine, f"megaheal-run:{socket.gethostname()}:{os.getpid()}")
+    store = IncidentStore(engine, f"megaheal-run:{socket.gethostname()}:{os.getpid()}", handler=f"run:{spec.job}")
     resend = timedelta(seconds=30)
     sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
     table = HeartbeatTable()

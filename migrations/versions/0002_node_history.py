@@ -1,5 +1,5 @@
-"""Node history (which incidents named a node, who excluded it), the attempt an incident happened in, and what
-each restart did (its attempt, start time, dp, resume point, skipped batches, the work it put at risk).
+"""Node history (which incidents named a node, who excluded it), the attempt an incident happened in and which
+healer acts on it, and what each restart did (its attempt, start time, dp, resume point, skipped batches, the work it put at risk).
 
 Revision ID: 0002
 Revises: 0001
@@ -37,6 +37,8 @@ def upgrade() -> None:
 
     with op.batch_alter_table('incidents', schema=None) as batch_op:
         batch_op.add_column(sa.Column('attempt', sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column('handler', sa.String(length=200), nullable=True))
+        batch_op.create_index(batch_op.f('ix_incidents_handler'), ['handler'], unique=False)
 
     with op.batch_alter_table('nodes', schema=None) as batch_op:
         batch_op.add_column(sa.Column('excluded_by', sa.Integer(), nullable=True))
@@ -69,6 +71,8 @@ def downgrade() -> None:
         batch_op.drop_column('excluded_by')
 
     with op.batch_alter_table('incidents', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_incidents_handler'))
+        batch_op.drop_column('handler')
         batch_op.drop_column('attempt')
 
     with op.batch_alter_table('node_incidents', schema=None) as batch_op:

@@ -155,3 +155,13 @@ def test_non_finite_evidence_is_stored_as_text(store: IncidentStore) -> None:
     got = store.get(incident_id)
     assert got["evidence"] == {"loss": "NaN", "grad_norm": "Infinity", "first_step": 10, "median": "-Infinity"}
     assert [e["evidence"].get("last") for e in got["events"] if e["kind"] == "note"] == ["NaN"]
+
+
+def test_a_service_and_a_megaheal_run_on_one_database_each_act_only_on_their_own_incidents(
+        store: IncidentStore) -> None:
+    run = IncidentStore(store.engine, "megaheal-run:h:1", clock=store.clock, handler="run:job")
+    service_incident, _ = store.record(_signal("n1"))
+    run_incident, _ = run.record(_signal("n2"))
+    assert [i.id for i in store.due()] == [service_incident]
+    assert [i.id for i in run.due()] == [run_incident]
+    assert {i["id"] for i in store.list_incidents()} == {service_incident, run_incident}  # both are on record
