@@ -5,8 +5,8 @@ Run on a machine with an NVIDIA driver (bench/gpu_check.sh does):
     .venv/bin/python -m exporters.nvml_recorder --out tests/fixtures/nvml
 
 It writes `<model>.json` (the device's answers to every call the collector makes; NotSupported is
-recorded as such) and `<model>.prom` (the collector's exposition), and runs `promtool check metrics`
-on the exposition, accepting only the lint that dcgm-exporter's own names and labels carry.
+recorded as such) and `<model>.prom` (the collector's exposition), and, where promtool is installed, runs
+`promtool check metrics` on the exposition, accepting only the lint that dcgm-exporter's own names and labels carry.
 """
 
 from __future__ import annotations
@@ -80,10 +80,14 @@ def record_gpu(nvml: Any, index: int) -> dict[str, Any]:
     }
 
 
-def lint(exposition: str) -> list[str]:
-    """promtool's problems with the exposition, minus those inherited from dcgm-exporter's naming."""
-    proc = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=exposition,
-                          capture_output=True, text=True, timeout=60)
+def lint(exposition: str) -> list[str] | None:
+    """promtool's problems with the exposition, minus those inherited from dcgm-exporter's naming; None where
+    promtool is not installed (a GPU machine's image may have none: lint the .prom file elsewhere)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return None
+    proc = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True,
+                          timeout=60)
     problems = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     return [p for p in problems if not p.endswith(INHERITED_LINT)]
 
@@ -106,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(recording, indent=1) + "\n")
     (args.out / f"{stem}.prom").write_text(exposition)
     problems = lint(exposition)
-    print(f"recorded {len(recording['gpus'])} GPU(s) to {args.out / stem}.json and .prom; "
-          f"promtool: {'clean apart from dcgm-exporter naming' if not problems else problems}")
+    verdict = ("not on PATH, not linted (run `promtool check metrics < FILE.prom` where it is)" if problems is None
+               else problems or "clean apart from dcgm-exporter naming")
+    print(f"recorded {len(recording['gpus'])} GPU(s) to {args.out / stem}.json and .prom; promtool: {verdict}")
     return 1 if problems else 0
 
 
