@@ -21,6 +21,9 @@ def _register_subapps() -> None:
     from dashboards.cli import app as dashboards_app  # typer only at import; the SDK and grafana-client load lazily
 
     app.add_typer(dashboards_app, name="dashboards")
+    from testbed.cli import app as testbed_app  # typer and the stdlib only: cheap to import
+
+    app.add_typer(testbed_app, name="testbed")
 
 
 _register_subapps()

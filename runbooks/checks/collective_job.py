@@ -108,7 +108,10 @@ def _collect(procs: list[Any], conns: list[Any], timeout: timedelta) -> list[dic
 
 def _rank_main(rank: int, spec: JobSpec, conn: Any) -> None:
     try:
-        conn.send(_rank_body(rank, spec, conn.recv()))
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", conn.recv(), None, False, spec.timeout)
+        conn.send(rank_body(rank, spec, store, local_rank=rank))
     except Exception:  # noqa: BLE001 -- a probe fails closed: the parent must learn why, whatever it was
         log.error("collective job rank %d failed", rank, exc_info=True)
         conn.send({"error": traceback.format_exc()})
@@ -116,13 +119,16 @@ def _rank_main(rank: int, spec: JobSpec, conn: Any) -> None:
         conn.close()
 
 
-def _rank_body(rank: int, spec: JobSpec, port: int) -> dict[str, Any]:
+def rank_body(
+    rank: int, spec: JobSpec, store: Any, local_rank: int, gather: bool = False, extra: dict[str, Any] | None = None
+) -> Any:
+    """One rank's timings (plus `extra`). With `gather`, rank 0 returns every rank's, in rank order, and
+    the others None: a launcher that cannot hand each rank a pipe (srun across hosts) reads rank 0 only."""
     import torch
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, None, False, spec.timeout)
     if spec.device == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dist.init_process_group(
             "nccl", store=store, rank=rank, world_size=spec.world_size, timeout=spec.timeout, device_id=device
@@ -134,12 +140,16 @@ def _rank_body(rank: int, spec: JobSpec, port: int) -> dict[str, Any]:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=spec.world_size, timeout=spec.timeout)
     try:
         ops = _Ops(rank, spec, device)
-        out: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "sweep": {}, "pairs": {}}
+        out: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "sweep": {}, "pairs": {}, **(extra or {})}
         for collective in spec.collectives:
             out["sweep"][collective] = {str(size): ops.time(collective, size) for size in spec.sizes}
         if spec.pairwise:
             out["pairs"] = _pairwise(rank, spec, ops)
-        return out
+        if not gather:
+            return out
+        everyone: list[Any] | None = [None] * spec.world_size if rank == 0 else None
+        dist.gather_object(out, everyone, dst=0)
+        return everyone
     finally:
         dist.destroy_process_group()
 
