@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -51,10 +52,12 @@ def test_up_twice_keeps_what_is_there_and_down_leaves_nothing() -> None:
     need_root()
     bed = Bed(Bed.Config(hosts=2, prefix="mhu", subnet="10.215.0.0/24", slurmctld_port=6837))
     bed.down()
+    machine_hosts = Path("/etc/hosts").read_text()
     try:
         first = bed.up()
         assert first.made and "slurmd on mhu2" in first.made
         assert traces("mhu"), "the bed exists"
+        assert Path("/etc/hosts").read_text() == machine_hosts, "hosts resolve through their own /etc/hosts"
         again = bed.up()
         assert again.made == [] and set(again.kept) == set(first.made)
         with pytest.raises(BedError, match="already up with another configuration"):
@@ -63,6 +66,7 @@ def test_up_twice_keeps_what_is_there_and_down_leaves_nothing() -> None:
         report = bed.down()
     assert "mhu1" in report.removed and "mhubr0" in report.removed
     assert traces("mhu") == []
+    assert Path("/etc/hosts").read_text() == machine_hosts
 
 
 def test_down_after_kill_9_of_up_leaves_nothing() -> None:
@@ -99,3 +103,22 @@ def test_a_non_root_user_is_told_that_the_bed_needs_root() -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the test bed needs root" in proc.stderr and "run it as root" in proc.stderr, proc.stderr
     assert traces("mhn") == []
+
+
+def test_status_shows_each_host_with_its_faults_and_fails_while_a_link_is_down(healthy_bed) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*MEGAHEAL, *args, "--prefix", "mht"], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+
+    host = healthy_bed.hosts[1].name
+    assert cli("fault", "slow-link", host, "--rate", "100mbit").returncode == 0
+    ok = cli("status", "--json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    hosts = {h["name"]: h for h in json.loads(ok.stdout)["hosts"]}
+    assert set(hosts) == {h.name for h in healthy_bed.hosts} and all(h["slurm_state"] == "idle" for h in hosts.values())
+    assert hosts[host]["rate_limit"] == "100Mbit" and hosts[host]["link"] == "up"
+    assert cli("fault", "cut-link", host).returncode == 0
+    cut = cli("status", "--json")
+    assert cut.returncode == 1 and {h["name"]: h["link"] for h in json.loads(cut.stdout)["hosts"]}[host] == "down"
+    bad = cli("fault", "slow-link", host, "--rate", "fast")
+    assert bad.returncode == 2 and "--rate must be a rate such as 100mbit" in bad.stderr
