@@ -14,6 +14,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from testbed import freezer, hostns, network, procs, slurm
 from testbed.cmd import BedError, require_root, require_tools
@@ -76,13 +77,13 @@ class Bed:
             if not Path(self.state_root).is_absolute():
                 raise ValueError(f"state_root must be an absolute path, got {self.state_root!r}")
 
-        def to_payload(self) -> dict:
+        def to_payload(self) -> dict[str, Any]:
             data = asdict(self)
             data["slurmd_timeout"] = self.slurmd_timeout.total_seconds()
             return data
 
         @classmethod
-        def from_payload(cls, data: dict) -> Bed.Config:
+        def from_payload(cls, data: dict[str, Any]) -> Bed.Config:
             return cls(**{**data, "slurmd_timeout": timedelta(seconds=data["slurmd_timeout"])})
 
     def __init__(self, config: Config) -> None:
@@ -202,7 +203,7 @@ class Bed:
 
     # -------------------------------------------------------------------------------------- status
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """What exists now, host by host, and what Slurm says of each host."""
         layout = self.layout
         ns, links = network.found(layout)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -139,7 +139,7 @@ def _print_report(_: str, report: Report) -> None:
         typer.echo("already there: " + "; ".join(report.kept))
 
 
-def _print_status(st: dict) -> None:
+def _print_status(st: dict[str, Any]) -> None:
     word = "up and healthy" if st["healthy"] else ("up, NOT healthy" if st["up"] else "not up")
     typer.echo(f"test bed {st['prefix']}: {word}; slurmctld pid {st['slurmctld_pid']}, "
                f"bridge {st['bridge']['name']} {st['bridge']['address']}")

@@ -59,6 +59,20 @@ class Layout:
     bridge_address: str
     prefixlen: int
     state_dir: Path
+    ns_dir: Path
+    """Bind mounts that keep each host's UTS and mount namespaces."""
+    etc_dir: Path
+    slurm_conf: Path
+    hosts_file: Path
+    """Every host's /etc/hosts."""
+    munge_socket: Path
+    munge_key: Path
+    log_dir: Path
+    record: Path
+    """The Config the bed was brought up with (JSON), for `status` and `down` without arguments."""
+    made_netns_dir: Path
+    """Marker: /run/netns did not exist before this bed, so `down` removes it once it is empty."""
+    freezer: Path
 
     @classmethod
     def build(cls, prefix: str, n_hosts: int, subnet: str, state_root: str | Path = "/run") -> Layout:
@@ -87,50 +101,17 @@ class Layout:
             bridge_address=str(net.network_address + 1),
             prefixlen=net.prefixlen,
             state_dir=state,
+            ns_dir=state / "ns",
+            etc_dir=state / "etc",
+            slurm_conf=state / "etc" / "slurm.conf",
+            hosts_file=state / "etc" / "hosts",
+            munge_socket=state / "munge" / "munge.sock",
+            munge_key=state / "munge-key" / "munge.key",
+            log_dir=state / "log",
+            record=state / "bed.json",
+            made_netns_dir=state / "made-run-netns",
+            freezer=FREEZER_ROOT / f"{prefix}-testbed",
         )
-
-    # -- paths under the state directory
-    @property
-    def ns_dir(self) -> Path:
-        return self.state_dir / "ns"
-
-    @property
-    def etc_dir(self) -> Path:
-        return self.state_dir / "etc"
-
-    @property
-    def slurm_conf(self) -> Path:
-        return self.etc_dir / "slurm.conf"
-
-    @property
-    def hosts_file(self) -> Path:
-        return self.etc_dir / "hosts"
-
-    @property
-    def munge_socket(self) -> Path:
-        return self.state_dir / "munge" / "munge.sock"
-
-    @property
-    def munge_key(self) -> Path:
-        return self.state_dir / "munge-key" / "munge.key"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.state_dir / "log"
-
-    @property
-    def record(self) -> Path:
-        """The Config the bed was brought up with (JSON), for `status` and `down` without arguments."""
-        return self.state_dir / "bed.json"
-
-    @property
-    def made_netns_dir(self) -> Path:
-        """Marker: /run/netns did not exist before this bed, so `down` removes it once it is empty."""
-        return self.state_dir / "made-run-netns"
-
-    @property
-    def freezer(self) -> Path:
-        return FREEZER_ROOT / f"{self.prefix}-testbed"
 
     # -- lookups
     def host(self, name: str) -> Host:

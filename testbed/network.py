@@ -13,12 +13,13 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from testbed.cmd import BedError, run
 from testbed.layout import NETNS_DIR, Host, Layout
 
 
-def _links() -> dict[str, dict]:
+def _links() -> dict[str, dict[str, Any]]:
     """The machine's links by name (root namespace)."""
     return {link["ifname"]: link for link in json.loads(run(["ip", "-j", "link", "show"]).out or "[]")}
 
@@ -124,7 +125,7 @@ def set_link(host: Host, up: bool) -> None:
 
 def link_is_up(host: Host) -> bool:
     info = _links().get(host.veth)
-    return bool(info) and "UP" in info.get("flags", [])
+    return info is not None and "UP" in info.get("flags", [])
 
 
 TBF_LATENCY = "200ms"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def ensure_slurmd(layout: Layout, host: Host) -> bool:
     return True
 
 
-def _wait_pid(what: str, probe, log: Path, timeout_s: float = 15.0) -> int:
+def _wait_pid(what: str, probe: Callable[[], int | None], log: Path, timeout_s: float = 15.0) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         pid = probe()

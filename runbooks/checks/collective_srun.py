@@ -89,7 +89,7 @@ def run_srun_job(spec: JobSpec, nodes: list[str], timeout: timedelta) -> list[di
     results = next((line[len(RESULT):] for line in out.splitlines() if line.startswith(RESULT)), None)
     if proc.returncode != 0 or results is None:
         raise JobError(f"srun step on {','.join(nodes)} exited {proc.returncode} without a result: {_why(err)}")
-    ranks = json.loads(results)
+    ranks: list[dict[str, Any]] = json.loads(results)
     if len(ranks) != spec.world_size:
         raise JobError(f"expected {spec.world_size} ranks' results, got {len(ranks)}")
     return ranks
