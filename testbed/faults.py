@@ -46,9 +46,8 @@ def revive_host(bed: Bed, host: str | Host) -> None:
     h = _host(bed, host)
     network.set_link(h, up=True)
     slurm.ensure_slurmd(bed.layout, h)
-    states = slurm.node_states(bed.layout)
-    if "drain" in states.get(h.name, "") or "down" in states.get(h.name, ""):
-        slurm.resume(bed.layout, h)
+    if "drain" in slurm.node_states(bed.layout).get(h.name, ""):
+        slurm.resume(bed.layout, h)  # a drain outlives the host's death; DOWN ends at registration
     slurm.wait_idle(bed.layout, [h])
 
 

@@ -38,6 +38,14 @@ def state(pid: int) -> str | None:
         return None
 
 
+def command(pid: int) -> str | None:
+    """The process's command name (/proc/PID/comm), None when it is gone."""
+    try:
+        return (PROC / str(pid) / "comm").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def read_pid(path: Path) -> int | None:
     """The pid in a daemon's pid file, when the file exists and that process is alive."""
     try:

@@ -191,7 +191,13 @@ def drain(layout: Layout, host: Host, reason: str) -> None:
 
 
 def resume(layout: Layout, host: Host) -> None:
-    scontrol(layout, "update", f"NodeName={host.name}", "State=RESUME")
+    """Return a drained or down host to service. A down host whose slurmd registered meanwhile is back
+    already (ReturnToService=2), and scontrol refuses to resume it: that is success too."""
+    res = run(["scontrol", "update", f"NodeName={host.name}", "State=RESUME"],
+              env=layout.slurm_env(dict(os.environ)), check=False, what="scontrol")
+    state = node_states(layout).get(host.name, "")
+    if not res.ok and any(s in state for s in ("drain", "down", "fail")):
+        raise BedError(f"cannot resume {host.name} (state {state}): {(res.err or res.out).strip()}")
 
 
 def cancel_all(layout: Layout) -> None:

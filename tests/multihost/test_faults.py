@@ -27,7 +27,7 @@ def start_sleep(bed, host: str) -> subprocess.Popen:
 
 
 def sleeping(bed, host: str) -> list[int]:
-    return [p for p in bed.pids(host) if open(f"/proc/{p}/comm").read().strip() == "sleep"]
+    return [p for p in bed.pids(host) if procs.command(p) == "sleep"]
 
 
 @pytest.mark.timeout(90)
