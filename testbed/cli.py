@@ -149,7 +149,7 @@ def _print_status(st: dict[str, Any]) -> None:
                    f"slurm {h['slurm_state']}")
     for group, pids in st["frozen"].items():
         typer.echo(f"  frozen ({group}): {pids}")
-    typer.echo(f"use it:  export SLURM_CONF={st['slurm_conf']}; srun -N 3 hostname")
+    typer.echo(f"use it:  export SLURM_CONF={st['slurm_conf']}; srun -N {min(3, len(st['hosts']))} hostname")
 
 
 __all__ = ["app", "parse_rate"]
