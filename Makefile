@@ -1,10 +1,11 @@
 # make demo: create .venv on first use, then run the self-healing demo job under its chaos schedule.
-# make test: same set-up, then the whole test suite.
+# make test: same set-up, then the whole test suite (the multi-host tier on a 4-host namespace bed when root).
+# make test-multihost: only that tier (root: it brings its own bed up and down).
 VENV   ?= .venv
 PYTHON ?= python3
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean system-deps
+.PHONY: demo test test-multihost bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,9 @@ system-deps:
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q
+
+test-multihost: $(STAMP) system-deps
+	$(VENV)/bin/python -m pytest -q tests/multihost
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/train_throughput.py

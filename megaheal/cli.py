@@ -21,6 +21,9 @@ def _register_subapps() -> None:
     from dashboards.cli import app as dashboards_app  # typer only at import; the SDK and grafana-client load lazily
 
     app.add_typer(dashboards_app, name="dashboards")
+    from testbed.cli import app as testbed_app  # typer and the stdlib only: cheap to import
+
+    app.add_typer(testbed_app, name="testbed")
 
 
 _register_subapps()
@@ -108,7 +111,7 @@ def timeline(
 @app.command()
 def diagnose(
     runbook: Annotated[Optional[str], typer.Argument(help="a shipped runbook (collectives-quick, network-triage, gpu-triage, hang-triage, straggler-triage, node-health) or a runbook .yaml")] = None,
-    nodes: Annotated[Optional[list[str]], typer.Option("--nodes", help="nodes under test, comma-separated or repeated (on one machine each is simulated by local ranks)")] = None,
+    nodes: Annotated[Optional[list[str]], typer.Option("--nodes", help="nodes under test, comma-separated or repeated; inside a Slurm allocation the ranks run on them through srun, elsewhere each is simulated by local ranks")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")] = False,
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="override a step parameter, e.g. host.checkpoint_dir=/ckpt (repeatable)")] = None,
     baselines: Annotated[Optional[str], typer.Option("--baselines", help="baseline file [default: $XDG_STATE_HOME/megaheal/baselines.json]")] = None,

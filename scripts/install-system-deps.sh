@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Install the real services the tests run against (Debian packages), when they are missing.
+# Slurm and munge are for the multi-host test bed, which starts its own daemons from its own config.
 # Run by `make test` (and so by .ci/run) on every machine; a no-op where everything is present.
 # Tests start and stop their own instances on 127.0.0.1; nothing here starts a service.
 set -euo pipefail
@@ -12,6 +13,11 @@ command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   need+=(postgresql)
 fi
+# The multi-host test bed (testbed/): Slurm's daemons and clients and munge; the bed starts its own.
+command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
+command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
+command -v srun >/dev/null 2>&1 && command -v sinfo >/dev/null 2>&1 || need+=(slurm-client)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

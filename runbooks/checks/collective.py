@@ -3,9 +3,10 @@ over a range of message sizes by a short torch.distributed job, reported as algb
 (nccl-tests' factors), and failed below 0.9 x the stored baseline. NCCL on CUDA, gloo on CPU.
 
 With `pairwise`, node leaders also exchange data pair by pair to name the slow node or link.
-Nodes: `--nodes` names the participants; the job runs them on this machine, each node being
-`ranks_per_node` local ranks (one per GPU on a GPU machine). A launcher across hosts belongs to
-the node sidecar and is not part of this check.
+Nodes: `--nodes` names the participants. Inside a Slurm allocation (launcher `auto`, or `srun`) the
+ranks run on those hosts, `ranks_per_node` on each, through one `srun` step (collective_srun.py);
+otherwise the job runs on this machine, each node being `ranks_per_node` local ranks (one per GPU
+on a GPU machine).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from runbooks.registry import Check, CheckContext
 from runbooks.verdict import CheckResult, Measurement, Status
 
 MAX_LOCAL_RANKS = 64
+LAUNCHERS = ("auto", "local", "srun")
 MAX_SIZE = 1 << 30
 
 
@@ -59,6 +61,9 @@ class CollectiveBandwidthCheck(Check):
         """The rank that is slowed by `inject_send_delay`."""
         inject_peer: int | None = None
         """Slow only sends to this rank (a slow link); None slows all of the rank's sends."""
+        launcher: str = "auto"
+        """Where ranks run: local (this machine, each node simulated), srun (on the named hosts), or auto
+        (srun when nodes are named and this runs inside a Slurm allocation, local otherwise)."""
 
         def __post_init__(self) -> None:
             if not 2 <= self.ranks <= MAX_LOCAL_RANKS:
@@ -93,6 +98,10 @@ class CollectiveBandwidthCheck(Check):
                     raise ValueError("inject_rank must name the slowed rank when inject_send_delay is set")
             elif self.inject_rank is not None or self.inject_peer is not None:
                 raise ValueError("inject_rank and inject_peer need inject_send_delay")
+            if self.launcher not in LAUNCHERS:
+                raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+            if self.launcher == "srun" and self.inject_send_delay is not None:
+                raise ValueError("inject_send_delay is for local jobs; on real hosts slow a link instead")
 
     def participants(self, config: Config, ctx: CheckContext) -> tuple[list[str], int]:
         """Node names and world size: the named nodes, or `ranks` local nodes."""
@@ -114,14 +123,26 @@ class CollectiveBandwidthCheck(Check):
             raise ValueError(f"pairwise needs at least 2 nodes, got {nodes}")
         if config.inject_rank is not None and config.inject_rank >= world:
             raise ValueError(f"inject_rank {config.inject_rank} is not a rank of the {world}-rank job")
+        if config.launcher == "srun" and not ctx.nodes:
+            raise ValueError("launcher srun needs the hosts to run on: name them with --nodes")
+
+    def launcher(self, config: Config, ctx: CheckContext) -> str:
+        """local or srun, as `config.launcher` asks and this process's surroundings allow."""
+        from runbooks.checks.collective_srun import inside_allocation
+
+        if config.launcher != "auto":
+            return config.launcher
+        return "srun" if ctx.nodes and config.inject_send_delay is None and inside_allocation() else "local"
 
     def run(self, config: Config, ctx: CheckContext) -> CheckResult:
         from runbooks.checks.collective_job import JobError, JobSpec, SendDelay, run_job
 
         self.validate(config, ctx)
         nodes, world = self.participants(config, ctx)
+        launcher = self.launcher(config, ctx)
         try:
-            device = _pick_device(config.device, world)
+            # On other hosts the ranks choose (the machine that starts srun may have no GPU).
+            device = config.device if launcher == "srun" else _pick_device(config.device, world)
         except ValueError as exc:
             return CheckResult(status=Status.ERROR, summary=str(exc))
         fault = None
@@ -144,14 +165,34 @@ class CollectiveBandwidthCheck(Check):
             fault=fault,
         )
         try:
-            ranks = run_job(spec)
+            if launcher == "srun":
+                ranks, nodes = self._run_srun(spec, nodes)
+                device = ranks[0]["device"]
+            else:
+                ranks = run_job(spec)
         except JobError as exc:
-            return CheckResult(status=Status.ERROR, summary=f"collective job on {world} ranks failed: {exc}")
+            where = f"on {','.join(nodes)} through srun" if launcher == "srun" else f"on {world} local ranks"
+            return CheckResult(status=Status.ERROR, summary=f"collective job {where} failed: {exc}")
         store = BaselineStore(None if ctx.calibrate else ctx.baselines_path)
         backend = "nccl" if device == "cuda" else "gloo"
         sweep, low = _sweep_measurements(config, ranks, world, backend, store)
         pairs = _pair_measurements(config, ranks, nodes, backend, store) if config.pairwise else None
-        return _verdict(config, sweep, low, pairs, nodes, world, backend)
+        result = _verdict(config, sweep, low, pairs, nodes, world, backend)
+        if launcher == "srun":
+            result.details["hosts"] = {r["node"]: r["rank"] for r in ranks if r["rank"] % config.ranks_per_node == 0}
+        return result
+
+    @staticmethod
+    def _run_srun(spec: Any, nodes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """The ranks on the named hosts; the nodes in the order Slurm placed them (node i holds leader i)."""
+        from runbooks.checks.collective_job import JobError
+        from runbooks.checks.collective_srun import run_srun_job
+
+        ranks = run_srun_job(spec, nodes, timedelta(seconds=spec.timeout.total_seconds() + 5.0))
+        placed = [ranks[leader]["node"] for leader in range(0, spec.world_size, spec.ranks_per_node)]
+        if sorted(placed) != sorted(nodes):
+            raise JobError(f"srun placed the ranks on {placed}, not on the named hosts {nodes}")
+        return ranks, placed
 
 
 def _pick_device(device: str, world: int) -> str:

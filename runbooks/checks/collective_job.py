@@ -18,6 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from runbooks.busbw import ELEMENT_BYTES
@@ -108,7 +109,10 @@ def _collect(procs: list[Any], conns: list[Any], timeout: timedelta) -> list[dic
 
 def _rank_main(rank: int, spec: JobSpec, conn: Any) -> None:
     try:
-        conn.send(_rank_body(rank, spec, conn.recv()))
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", conn.recv(), None, False, spec.timeout)
+        conn.send(rank_body(rank, spec, store, local_rank=rank))
     except Exception:  # noqa: BLE001 -- a probe fails closed: the parent must learn why, whatever it was
         log.error("collective job rank %d failed", rank, exc_info=True)
         conn.send({"error": traceback.format_exc()})
@@ -116,13 +120,16 @@ def _rank_main(rank: int, spec: JobSpec, conn: Any) -> None:
         conn.close()
 
 
-def _rank_body(rank: int, spec: JobSpec, port: int) -> dict[str, Any]:
+def rank_body(
+    rank: int, spec: JobSpec, store: Any, local_rank: int, gather: bool = False, extra: dict[str, Any] | None = None
+) -> Any:
+    """One rank's timings (plus `extra`). With `gather`, rank 0 returns every rank's, in rank order, and
+    the others None: a launcher that cannot hand each rank a pipe (srun across hosts) reads rank 0 only."""
     import torch
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, None, False, spec.timeout)
     if spec.device == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dist.init_process_group(
             "nccl", store=store, rank=rank, world_size=spec.world_size, timeout=spec.timeout, device_id=device
@@ -134,12 +141,16 @@ def _rank_body(rank: int, spec: JobSpec, port: int) -> dict[str, Any]:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=spec.world_size, timeout=spec.timeout)
     try:
         ops = _Ops(rank, spec, device)
-        out: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "sweep": {}, "pairs": {}}
+        out: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "sweep": {}, "pairs": {}, **(extra or {})}
         for collective in spec.collectives:
             out["sweep"][collective] = {str(size): ops.time(collective, size) for size in spec.sizes}
         if spec.pairwise:
             out["pairs"] = _pairwise(rank, spec, ops)
-        return out
+        if not gather:
+            return out
+        everyone: list[Any] | None = [None] * spec.world_size if rank == 0 else None
+        dist.gather_object(out, everyone, dst=0)
+        return everyone
     finally:
         dist.destroy_process_group()
 
@@ -220,11 +231,21 @@ def _pairwise(rank: int, spec: JobSpec, ops: _Ops) -> dict[str, float]:
 
     The whole schedule is repeated and each pair keeps its best time: interference from other
     work on the machine comes and goes, a slow node or link is slow every time.
+
+    NOTE: when every leader runs on one machine (local ranks, or the namespace hosts of the test
+    bed), the pairs of a round share its CPUs and time each other's scheduling instead of the
+    network, so there pairs run one at a time. Measured on 2 cores under a load of ~6 from other
+    work: concurrent rounds blamed a healthy link in 2 of 10 runs, one pair at a time in 2 of 30.
+    What remains is the machine's: a rank sharing a busy CPU waits for the scheduler tick (4 ms)
+    on every exchange, a 1 MiB exchange takes ~1 ms, and a pair that draws that CPU is slow.
     """
     leaders = spec.leaders
+    rounds = round_robin(len(leaders))
+    if _one_machine(ops, rank in leaders):
+        rounds = [[pair] for pairs in rounds for pair in pairs]
     out: dict[str, float] = {}
     for _ in range(spec.pair_repeats):
-        for pairs in round_robin(len(leaders)):
+        for pairs in rounds:
             ops.dist.barrier()  # rounds must not overlap: a rank still busy would be timed as slow
             for a, b in pairs:
                 if rank in (leaders[a], leaders[b]):
@@ -232,3 +253,11 @@ def _pairwise(rank: int, spec: JobSpec, ops: _Ops) -> dict[str, float]:
                     seconds = ops.time_pair(spec.pair_size, peer)
                     out[f"{a}-{b}"] = min(out.get(f"{a}-{b}", seconds), seconds)
     return out
+
+
+def _one_machine(ops: _Ops, leader: bool) -> bool:
+    """Whether every node leader runs under one kernel (one boot id): then they share its CPUs."""
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip() if leader else None
+    ids: list[Any] = [None] * ops.spec.world_size
+    ops.dist.all_gather_object(ids, boot_id)
+    return len({i for i in ids if i is not None}) == 1

@@ -1,0 +1,68 @@
+"""The multi-host tier: a real 4-host bed (network namespaces, a bridge, slurmctld and a slurmd per host),
+brought up once per session and taken down at its end.
+
+Needs root (CI runs as root); otherwise every test that uses the bed is skipped, saying so. Its prefix,
+subnet and slurmctld port are the tier's own, so a developer's `megaheal testbed up` (prefix mh) can
+stay up meanwhile. A session that was killed leaves its bed behind: the next one removes it first.
+Faults a test injects are undone after it (`faults.clear`), so every test starts on a healthy bed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import REPO
+from testbed import faults
+from testbed.bed import Bed
+
+SCRIPTS = REPO / "tests" / "multihost" / "scripts"
+CONFIG = dict(hosts=4, prefix="mht", subnet="10.214.0.0/24", slurmctld_port=6827)
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the multi-host tier needs root (network namespaces, a bridge, Slurm daemons); "
+                    "CI runs it as root: sudo .venv/bin/python -m pytest tests/multihost")
+
+
+@pytest.fixture(scope="session")
+def bed() -> Iterator[Bed]:
+    need_root()
+    the_bed = Bed(Bed.Config(**CONFIG))
+    the_bed.down()  # whatever a killed session left
+    the_bed.up()
+    try:
+        yield the_bed
+    finally:
+        the_bed.down()
+
+
+@pytest.fixture
+def healthy_bed(bed: Bed) -> Iterator[Bed]:
+    """The session's bed, with every fault and job of the test undone afterwards."""
+    yield bed
+    faults.clear(bed)
+
+
+def bed_env(bed: Bed) -> dict[str, str]:
+    """The environment of a job on the bed: its SLURM_CONF, one thread per rank, and no GLOO_SOCKET_IFNAME
+    (gloo takes the address the host's name resolves to; lo would make every rank advertise 127.0.0.1)."""
+    env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    return bed.env(env)
+
+
+def srun(bed: Bed, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`srun ARGS` on the bed from this machine, as a user would type it."""
+    return subprocess.run(["srun", *args], cwd=REPO, env=bed_env(bed), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def python() -> str:
+    """The interpreter of this checkout (on the shared filesystem, so every host runs the same one)."""
+    return sys.executable
