@@ -115,7 +115,7 @@ class Healer:
         left_out = set(self.remediator.state().excluded) if self.remediator is not None else set()
         results = []
         for rule, detector in self.detectors:
-            result = detector.evaluate(view, now)  # type: ignore[arg-type]
+            result = detector.evaluate(view, now)
             kept = tuple(f for f in result.firing if f.node not in left_out)
             if not detector.reads_processes:
                 # NOTE: until a restarted job's new attempt reports a step, a heartbeat detector only remembers the

@@ -13,9 +13,21 @@ view the way it would read the table.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from healer.core.heartbeats import HeartbeatTable, NodeBeat, RankBeat
 from healer.core.processes import ProcessView
+
+
+class Readings(Protocol):
+    """What a detector reads: a tick's view (or, in tests of one detector, the heartbeat table itself)."""
+
+    @property
+    def processes(self) -> ProcessView: ...
+
+    def ranks(self) -> list[RankBeat]: ...
+
+    def nodes(self) -> list[NodeBeat]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,13 +49,13 @@ class LoopConfig:
 
 class SelfHealingJob:
     def __init__(self, healer: Healer, remediator: LocalRemediator, sidecars: NodeSidecars, table: HeartbeatTable,
-                 cfg: LoopConfig | None = None, background: list[Callable[[], None]] | None = None) -> None:
+                 cfg: LoopConfig | None = None, background: list[Callable[[], object]] | None = None) -> None:
         """`background`: called every `notify_every` off the loop (the goodput ledger writer, say)."""
         self.healer, self.remediator, self.sidecars, self.table = healer, remediator, sidecars, table
         self.cfg = cfg or LoopConfig()
         self.job = remediator.job
         self.outcome: str | None = None
-        self._background = [healer.tick_notify, *(background or [])]
+        self._background: list[Callable[[], object]] = [healer.tick_notify, *(background or [])]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._off_loop, name="megaheal-notify", daemon=True)
 

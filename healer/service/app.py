@@ -150,8 +150,8 @@ class Service:
             if not (self.readiness.ready and self._started):
                 continue
             try:
-                results = self.healer.evaluate_detectors()
-                await run_in_threadpool(self._guard("detect", lambda: self.healer.apply_detections(results)))
+                view, results = self.healer.evaluate_detectors()
+                await run_in_threadpool(self._guard("detect", lambda: self.healer.apply_detections(view, results)))
             except Exception:  # noqa: BLE001 - NOTE: this loop must outlive a bad cycle; the error is logged and counted
                 self.metrics.tick_errors.labels("detect").inc()
                 log.error("detection cycle failed", exc_info=True)

@@ -146,6 +146,29 @@ def test_a_healer_killed_and_restarted_keeps_its_incidents_and_goes_on(tmp_path:
         healer.stop()
 
 
+def test_heartbeats_posted_to_the_service_open_an_incident_when_a_node_goes_silent_and_resolve_it(
+        tmp_path: Path) -> None:
+    # The whole detection path of the service: HTTP in, the detection cycle on the event loop, the store out.
+    rules = _rules(tmp_path, "- name: stale\n  when: {detector: heartbeat_stale, after: 2s}\n  remediate: notify\n")
+    healer = HealerProcess(tmp_path, {"db": f"sqlite:///{tmp_path / 'h.db'}", "rules": [rules], **FAST}).start()
+
+    def beat(age: float, seq: int) -> dict[str, Any]:
+        return {"schema": 1, "node": "n9", "seq": seq, "sent_at": time.time(), "nvml": "absent", "gpus": [],
+                "ranks": [{"job": "train", "rank": r, "pid": 100 + r, "alive": True, "last_seen_age_s": age,
+                           "step": 7} for r in range(2)]}
+
+    try:
+        assert http("POST", f"{healer.url}/v1/heartbeats", beat(0.1, 0))[0] == 202
+        assert http("POST", f"{healer.url}/v1/heartbeats", beat(5.0, 1))[0] == 202  # the ranks fell silent
+        (incident,) = wait_for("the silent node's incident", lambda: healer.incidents("remediating"), 20)
+        assert (incident["kind"], incident["node"], incident["job"]) == ("heartbeat_stale", "n9", "train")
+        assert http("POST", f"{healer.url}/v1/heartbeats", beat(0.1, 2))[0] == 202  # they speak again
+        wait_for("the incident to resolve", lambda: healer.incident(incident["id"])["state"] == "resolved", 20)
+    finally:
+        healer.stop()
+    assert "detection cycle failed" not in healer.log.read_text()
+
+
 def test_two_healers_on_one_database_act_once_per_incident(tmp_path: Path, pg_url: str) -> None:
     rules = _rules(tmp_path, "- name: xid\n  when: {alert: GpuXid}\n  remediate: escalate\n")
     config: dict[str, Any] = {"db": pg_url, "rules": [rules], **FAST}

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from healer.core.heartbeats import HeartbeatTable
+from healer.core.jobview import Readings
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,5 +52,5 @@ class Detector(ABC):
         self.config = config
 
     @abstractmethod
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         """One detection cycle over the whole table. Must not block: it runs on the scheduler every second."""

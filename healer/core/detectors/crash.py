@@ -14,7 +14,7 @@ from datetime import timedelta
 from exporters.schema import RankEntry
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.logtail import classify, signal_name
-from healer.core.heartbeats import HeartbeatTable
+from healer.core.jobview import Readings
 from healer.core.processes import ProcessExit
 
 MAX_LISTED = 32
@@ -44,7 +44,7 @@ class Crash(Detector):
 
     config: Config
 
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         view = table.processes
         by_attempt: dict[tuple[str, int], list[ProcessExit]] = {}
         for ex in view.exits():

@@ -17,7 +17,7 @@ import msgspec
 from exporters.schema import GpuEntry
 from healer.core.catalogue import CRITICAL_XIDS
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.heartbeats import HeartbeatTable
+from healer.core.jobview import Readings
 
 RECOVERY_ACTIONS = {1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset"}
 
@@ -56,7 +56,7 @@ class GpuFault(Detector):
             why.append(f"driver asks for recovery: {RECOVERY_ACTIONS.get(int(action), f'action {action:g}')}")
         return why
 
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         firing, healthy = [], set()
         for node in table.nodes():
             for gpu in node.gpus:

@@ -16,7 +16,8 @@ from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, quantile
-from healer.core.heartbeats import HeartbeatTable, RankBeat
+from healer.core.heartbeats import RankBeat
+from healer.core.jobview import Readings
 from healer.core.processes import ProcessState
 
 
@@ -65,7 +66,7 @@ class Hang(Detector):
         p99 = quantile(list(times), 0.99)
         return max(floor, self.config.k * p99), p99
 
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         new = self._history.update(table)
         beats: dict[str, list[RankBeat]] = {}
         for beat in table.ranks():

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.heartbeats import HeartbeatTable, RankBeat
+from healer.core.heartbeats import RankBeat
+from healer.core.jobview import Readings
 
 MAX_LISTED = 32
 
@@ -35,7 +36,7 @@ class HeartbeatStale(Detector):
 
     config: Config
 
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         after = self.config.after.total_seconds()
         firing = []
         healthy: set[str] = set()

@@ -12,7 +12,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from healer.core.heartbeats import HeartbeatTable, RankBeat
+from healer.core.heartbeats import RankBeat
+from healer.core.jobview import Readings
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class RankHistory:
     keep: int = 256
     series: dict[tuple[str, int], RankSeries] = field(default_factory=dict)
 
-    def update(self, table: HeartbeatTable) -> list[tuple[RankSeries, Sample]]:
+    def update(self, table: Readings) -> list[tuple[RankSeries, Sample]]:
         new: list[tuple[RankSeries, Sample]] = []
         for beat in table.ranks():
             if beat.step is None:

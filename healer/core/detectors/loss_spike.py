@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, RankSeries, median
-from healer.core.heartbeats import HeartbeatTable
+from healer.core.jobview import Readings
 
 MAD_TO_SIGMA = 1.4826
 
@@ -73,7 +73,7 @@ class LossSpike(Detector):
         self._history = RankHistory(keep=2 * config.window + config.clear_after + 1)
         self._spikes: dict[str, _Spike] = {}
 
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         firing, healthy = [], set()
         new = {(s.job, s.rank): x for s, x in self._history.update(table)}
         for job, series in self._history.jobs().items():

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory
-from healer.core.heartbeats import HeartbeatTable
+from healer.core.jobview import Readings
 
 
 @dataclass(slots=True)
@@ -41,7 +41,7 @@ class NonFinite(Detector):
         self._history = RankHistory(keep=4)
         self._bad: dict[str, _Bad] = {}
 
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         for series, sample in self._history.update(table):
             which = {k: v for k, v in sample.nonfinite.items() if k in self.config.fields}
             bad = self._bad.get(series.job)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, median
 from healer.core.detectors.phases import RankRow, phase_table
-from healer.core.heartbeats import HeartbeatTable
+from healer.core.jobview import Readings
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +120,7 @@ class Straggler(Detector):
         self._history = RankHistory(keep=64)
         self._jobs: dict[str, _JobWindows] = {}
 
-    def evaluate(self, table: HeartbeatTable, now: float) -> Evaluation:
+    def evaluate(self, table: Readings, now: float) -> Evaluation:
         self._history.update(table)
         firing, healthy = [], set()
         for job, series in self._history.jobs().items():
