@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from healer.core.catalogue import FaultKind, Remedy
+from runbooks.verdict import Status
 
 
 @dataclass(kw_only=True, slots=True)
@@ -74,9 +75,12 @@ class Limits:
 class Verdict:
     """A finished diagnosis as the policy sees it."""
 
-    status: str
-    """pass | degraded | fail | error (error: the runbook could not run; it names no host)."""
+    status: Status
+    """pass, degraded, fail or error (error: the runbook could not run; it names no host)."""
     bad_nodes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))  # a status's name is taken too; a typo is an error
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +129,13 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
            verdict: Verdict | None, job: JobFacts, limits: Limits, budget: RestartBudget, now: datetime,
            basis: dict[str, Any]) -> Plan:
     """The plan for an incident of `kind` (`remedy` None: the catalogue's default, see the module docstring)."""
-    basis = basis | {"kind": kind.name, "verdict": verdict.status if verdict else None,
+    basis = basis | {"kind": kind.name, "verdict": verdict.status.value if verdict else None,
                      "verdict_bad_nodes": list(verdict.bad_nodes) if verdict else []}
     lemons = sorted(n for n in set(suspects) | set(verdict.bad_nodes if verdict else ())
                     if job.node_incidents.get(n, 0) >= limits.lemon_incidents)
     if lemons:
         basis["lemons"] = {n: job.node_incidents[n] for n in lemons}
-    proven = set(verdict.bad_nodes if verdict and verdict.status in ("fail", "degraded") else ()) | set(lemons)
+    proven = set(verdict.bad_nodes if verdict and verdict.status in (Status.FAIL, Status.DEGRADED) else ()) | set(lemons)
     chosen = remedy
     if chosen is None:
         chosen = Remedy.EXCLUDE_AND_RESTART if proven & set(job.nodes) else kind.remedy

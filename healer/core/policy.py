@@ -152,7 +152,7 @@ def _remedy(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         basis = basis | {"launcher": "none: notify only"}
     job_facts = f.job.facts if f.job is not None else JobFacts(nodes=())
     plan = choose(f.kind, remedy, f.suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget, f.now,
-                  basis | ({"verdict": f.verdict.status} if f.verdict else {}))
+                  basis | ({"verdict": f.verdict.status.value} if f.verdict else {}))
     if plan.not_before is not None:
         return Decision(Action.WAIT, None, plan.basis | {"reason": plan.basis.get("backoff", "backoff")},
                         plan.not_before, plan)

@@ -15,8 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from healer.core.plans import Verdict
-
-STATUS_ORDER = ("pass", "degraded", "error", "fail")
+from runbooks.verdict import Status, worst
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,19 +23,23 @@ class HostVerdict:
     """One host's diagnosis."""
 
     node: str
-    status: str
-    """pass | degraded | fail | error (error: the runbook could not run; it blames no host)."""
+    status: Status
+    """pass, degraded, fail or error (error: the runbook could not run; it blames no host)."""
     summary: str
     seconds: float
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))  # a status's name is taken too; a typo is an error
+
     def to_payload(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "status": self.status.value}
 
 
 def to_verdict(verdicts: list[HostVerdict]) -> Verdict:
-    """The worst status over the hosts, and the hosts that failed."""
-    worst = max((v.status for v in verdicts), key=STATUS_ORDER.index, default="pass")
-    return Verdict(status=worst, bad_nodes=tuple(v.node for v in verdicts if v.status == "fail"))
+    """The worst status over the hosts (runbooks' own ranking: fail outranks error), and the hosts that failed."""
+    status = worst([v.status for v in verdicts])
+    return Verdict(status=Status.PASS if status is Status.SKIPPED else status,
+                   bad_nodes=tuple(v.node for v in verdicts if v.status is Status.FAIL))
 
 
 @dataclass(frozen=True, slots=True)

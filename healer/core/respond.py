@@ -26,6 +26,7 @@ from healer.core.rules import DetectorCondition, Rule, RuleSet
 from healer.core.signals import Signal
 from healer.core.states import IncidentState
 from healer.core.store import IncidentStore
+from runbooks.verdict import Status
 
 log = logging.getLogger(__name__)
 S = IncidentState
@@ -149,8 +150,12 @@ class Responder:
         if run is None or run.verdict is None:
             return None
         hosts = (run.result or {}).get("diagnosis") or []
-        bad = tuple(h["node"] for h in hosts if isinstance(h, dict) and h.get("status") == "fail")
-        return Verdict(status=run.verdict, bad_nodes=bad)
+        bad = tuple(h["node"] for h in hosts if isinstance(h, dict) and h.get("status") == Status.FAIL.value)
+        try:
+            status = Status(run.verdict)
+        except ValueError:
+            status = Status.ERROR  # a verdict this healer does not know names no host
+        return Verdict(status=status, bad_nodes=bad)
 
     def _refine_first_bad_step(self, incident: Incident, rule: Rule | None) -> Incident:
         """The heartbeats sample steps; the ranks' own records have every step: take the true first bad one (the
@@ -195,10 +200,10 @@ class Responder:
         summary = "; ".join(f"{v.node}: {v.status}: {v.summary}" for v in verdicts) or "no host to diagnose"
         hosts = [v.to_payload() for v in verdicts]
         for v in verdicts:
-            if v.status != "pass":
+            if v.status is not Status.PASS:
                 log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status, v.summary)
-        self.store.finish_runbook_run(run_id, incident_id, verdict.status, summary[:4000], {"diagnosis": hosts})
-        self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status, "diagnosis": hosts},
+        self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
+        self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status.value, "diagnosis": hosts},
                         kind="diagnosed")
 
     def _remediate(self, incident: Incident, decision: Decision, facts: IncidentFacts) -> None:

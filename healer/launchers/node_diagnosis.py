@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
-from healer.core.remediator import STATUS_ORDER, HostVerdict
+from healer.core.remediator import HostVerdict
+from runbooks.verdict import Status
 from healer.launchers.local import Launcher
 
 
@@ -25,20 +26,23 @@ def diagnose_node(launcher: Launcher, run_dir: Path, node: str, runbook: str, ti
         done = launcher.run_on(node, run_dir, ["diagnose", runbook, "--nodes", node, "--json"],
                                timeout.total_seconds())
     except (TimeoutError, OSError) as exc:
-        return HostVerdict(node, "error", f"{runbook} could not run: {exc}", time.monotonic() - t0)
+        return HostVerdict(node, Status.ERROR, f"{runbook} could not run: {exc}", time.monotonic() - t0)
     seconds = time.monotonic() - t0
     try:
         result = json.loads(done.stdout)
-        status, summary = str(result["verdict"]), str(result["summary"])
+        raw, summary = str(result["verdict"]), str(result["summary"])
     except (json.JSONDecodeError, KeyError, TypeError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return HostVerdict(node, "error", f"{runbook} exited {done.returncode} without a result: "
-                                          f"{' | '.join(tail) or 'no output'}", seconds)
-    if status not in STATUS_ORDER:
-        return HostVerdict(node, "error", f"{runbook} gave an unknown verdict {status!r}", seconds)
+        return HostVerdict(node, Status.ERROR, f"{runbook} exited {done.returncode} without a result: "
+                                               f"{' | '.join(tail) or 'no output'}", seconds)
+    try:
+        status = Status(raw)
+    except ValueError:
+        return HostVerdict(node, Status.ERROR, f"{runbook} gave an unknown verdict {raw!r}", seconds)
     # The failing steps say what is wrong; the runbook's own summary only counts them.
+    bad = {Status.FAIL.value, Status.DEGRADED.value, Status.ERROR.value}
     failing = [f"{s['step']}: {s['summary']}" for s in result.get("steps", [])
-               if isinstance(s, dict) and s.get("status") in ("fail", "degraded", "error")]
+               if isinstance(s, dict) and s.get("status") in bad]
     return HostVerdict(node, status, "; ".join(failing) or summary, seconds)
 
 
