@@ -20,6 +20,14 @@ from testbed import freezer, hostns, network, procs, slurm
 from testbed.cmd import BedError, require_root, require_tools
 from testbed.layout import MAX_HOSTS, NETNS_DIR, PREFIX, Host, Layout
 
+def default_shared_tmp() -> tuple[str, ...]:
+    """This checkout and the running environment, if they live under /tmp (a CI clone may)."""
+    import sys
+
+    here = Path(__file__).resolve().parents[1]
+    return tuple(sorted({str(p) for p in (here, Path(sys.prefix).resolve()) if hostns.under_tmp(str(p))}))
+
+
 # The programs the bed starts on the machine; `down` ends those that name the bed's state directory.
 DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
 
@@ -52,6 +60,10 @@ class Bed:
         """How long a silent slurmd (a dead host) takes to be marked DOWN."""
         state_root: str = "/run"
         """The state directory is STATE_ROOT/PREFIX-testbed."""
+        shared_tmp: tuple[str, ...] = field(default_factory=default_shared_tmp)
+        """Directories under the machine's /tmp that every host still sees (each host has a /tmp of its own, which
+        would hide them): a checkout or a virtual environment cloned under /tmp, a test session's temporary
+        directory. Default: this checkout and the running interpreter's environment, where they live under /tmp."""
 
         def __post_init__(self) -> None:
             if not PREFIX.match(self.prefix):
@@ -76,15 +88,20 @@ class Bed:
                 raise ValueError(f"slurmd_timeout must be in [1s, 10m], got {self.slurmd_timeout}")
             if not Path(self.state_root).is_absolute():
                 raise ValueError(f"state_root must be an absolute path, got {self.state_root!r}")
+            for path in self.shared_tmp:
+                if not Path(path).is_absolute() or not hostns.under_tmp(path):
+                    raise ValueError(f"shared_tmp: {path!r} is not an absolute path under /tmp")
 
         def to_payload(self) -> dict[str, Any]:
             data = asdict(self)
             data["slurmd_timeout"] = self.slurmd_timeout.total_seconds()
+            data["shared_tmp"] = list(self.shared_tmp)  # as JSON gives it back, so records compare equal
             return data
 
         @classmethod
         def from_payload(cls, data: dict[str, Any]) -> Bed.Config:
-            return cls(**{**data, "slurmd_timeout": timedelta(seconds=data["slurmd_timeout"])})
+            return cls(**{**data, "slurmd_timeout": timedelta(seconds=data["slurmd_timeout"]),
+                          "shared_tmp": tuple(data.get("shared_tmp", ()))})
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -133,7 +150,7 @@ class Bed:
         hostns.ensure_ns_dir(layout)
         for h in layout.hosts:
             _note(report, network.ensure_host(layout, h), f"host {h.name} {h.address} (namespace, link {h.veth})")
-            _note(report, hostns.ensure_host(layout, h), f"host {h.name} hostname, /etc/hosts, /tmp")
+            _note(report, hostns.ensure_host(layout, h, cfg.shared_tmp), f"host {h.name} hostname, /etc/hosts, /tmp")
         _note(report, slurm.ensure_munge(layout), "munged")
         _note(report, slurm.ensure_slurmctld(layout, cfg.slurmctld_port), f"slurmctld :{cfg.slurmctld_port}")
         for h in layout.hosts:

@@ -65,8 +65,13 @@ def ensure_ns_dir(layout: Layout) -> None:
     run(["mount", "--make-private", str(layout.ns_dir)], what="namespace directory")
 
 
-def ensure_host(layout: Layout, host: Host) -> bool:
-    """The host's UTS and mount namespaces with its hostname, /etc/hosts and /tmp; True when made now."""
+def under_tmp(path: str) -> bool:
+    return os.path.commonpath([os.path.abspath(path), "/tmp"]) == "/tmp" and os.path.abspath(path) != "/tmp"
+
+
+def ensure_host(layout: Layout, host: Host, shared_tmp: tuple[str, ...] = ()) -> bool:
+    """The host's UTS and mount namespaces with its hostname, /etc/hosts and /tmp; True when made now.
+    `shared_tmp`: directories under the machine's /tmp that stay visible in the host's own /tmp."""
     points = mount_points()
     if str(host.uts_ns) in points and str(host.mnt_ns) in points:
         return False
@@ -84,7 +89,17 @@ def ensure_host(layout: Layout, host: Host) -> bool:
     )
     inside = ["nsenter", f"--mount={host.mnt_ns}", "--"]
     run([*inside, "mount", "--bind", str(layout.hosts_file), "/etc/hosts"], what=f"/etc/hosts of {host.name}")
-    run([*inside, "mount", "--bind", str(host.tmp), "/tmp"], what=f"/tmp of {host.name}")
+    # NOTE: a directory the machine keeps under /tmp (a checkout cloned there, a test session's tmp) is mounted
+    # into the host's /tmp at the same path first, while the machine's /tmp is still visible in the namespace;
+    # --rbind then carries it along. The mount lives in the host's namespace only: the machine's copy of
+    # host.tmp keeps an empty directory there, so `down` removing the state directory never reaches into it.
+    for path in shared_tmp:
+        if not os.path.isdir(path):
+            continue
+        target = host.tmp / os.path.relpath(path, "/tmp")
+        target.mkdir(parents=True, exist_ok=True)
+        run([*inside, "mount", "--bind", path, str(target)], what=f"{path} in {host.name}'s /tmp")
+    run([*inside, "mount", "--rbind", str(host.tmp), "/tmp"], what=f"/tmp of {host.name}")
     # NOTE: the new namespace holds copies of the other hosts' namespace mounts; detach them, or each
     # host's namespaces would be kept alive by the next host's and outlive `down`.
     for point in (str(layout.ns_dir), "/run/netns"):

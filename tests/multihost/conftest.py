@@ -18,7 +18,8 @@ import pytest
 
 from tests.conftest import REPO
 from testbed import faults
-from testbed.bed import Bed
+from testbed.bed import Bed, default_shared_tmp
+from testbed.hostns import under_tmp
 
 SCRIPTS = REPO / "tests" / "multihost" / "scripts"
 CONFIG = dict(hosts=4, prefix="mht", subnet="10.214.0.0/24", slurmctld_port=6827)
@@ -31,9 +32,12 @@ def need_root() -> None:
 
 
 @pytest.fixture(scope="session")
-def bed() -> Iterator[Bed]:
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     need_root()
-    the_bed = Bed(Bed.Config(**CONFIG))
+    # The tests' temporary directories (pytest keeps them under /tmp) are the cluster's shared filesystem here:
+    # every host must see them, as it sees the checkout.
+    shared = tuple(sorted({*default_shared_tmp(), str(tmp_path_factory.getbasetemp().parent)}))
+    the_bed = Bed(Bed.Config(**CONFIG, shared_tmp=tuple(p for p in shared if under_tmp(p))))
     the_bed.down()  # whatever a killed session left
     the_bed.up()
     try:

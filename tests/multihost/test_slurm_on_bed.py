@@ -64,3 +64,13 @@ def test_each_host_has_its_own_tmp_and_shares_the_checkout(healthy_bed, tmp_path
     assert on_b == ["TMP", "False", "SHARED", "True"], "a host's /tmp is its own; the checkout is shared"
     assert not (healthy_bed.layout.state_dir / "tmp" / b / name).exists()
     assert (healthy_bed.layout.state_dir / "tmp" / a / name).exists()
+
+
+def test_a_directory_the_machine_keeps_under_tmp_is_shared_with_every_host(healthy_bed, tmp_path) -> None:
+    # pytest's tmp_path (and a checkout a CI clones under /tmp) must stay the shared filesystem on every host,
+    # although each host's /tmp is its own.
+    assert str(tmp_path).startswith("/tmp/")
+    (tmp_path / "from-the-machine").write_text("x")
+    look = f"import os; print(os.path.exists('{tmp_path / 'from-the-machine'}'))"
+    for host in healthy_bed.hosts:
+        assert srun(healthy_bed, "-N1", f"--nodelist={host.name}", python(), "-c", look).stdout.split() == ["True"]
