@@ -13,37 +13,23 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-PROC = Path("/proc")
+from megaheal import procfs
 
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (not a zombie)."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    # NOTE: the state follows the last ')' (the command name itself may hold parentheses).
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+PROC = procfs.PROC
+alive = procfs.alive
+"""Whether `pid` is a live process (not a zombie): the one /proc reader's answer."""
 
 
 def state(pid: int) -> str | None:
     """The kernel's one-letter state of `pid` (R, S, D, T, Z, ...), None when it is gone."""
-    try:
-        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
+    st = procfs.stat(pid)
+    return st.state if st is not None else None
 
 
 def command(pid: int) -> str | None:
-    """The process's command name (/proc/PID/comm), None when it is gone."""
-    try:
-        return (PROC / str(pid) / "comm").read_text().strip()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
+    """The process's command name, None when it is gone."""
+    st = procfs.stat(pid)
+    return st.comm if st is not None else None
 
 
 def read_pid(path: Path) -> int | None:
@@ -62,7 +48,7 @@ def in_namespace(ns_file: Path, kind: str = "net") -> list[int]:
     except FileNotFoundError:
         return []
     found = []
-    for pid in _pids():
+    for pid in procfs.pids():
         try:
             st = os.stat(PROC / str(pid) / "ns" / kind)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -76,13 +62,8 @@ def with_argument(fragment: str, programs: Iterable[str]) -> list[int]:
     """Live processes of `programs` (by command name) with an argument that contains `fragment`."""
     found = []
     names = set(programs)
-    for pid in _pids():
-        try:
-            comm = (PROC / str(pid) / "comm").read_text().strip()
-            args = (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if comm in names and any(fragment.encode() in a for a in args) and alive(pid):
+    for pid in procfs.pids():
+        if command(pid) in names and any(fragment in a for a in procfs.cmdline(pid)) and alive(pid):
             found.append(pid)
     return found
 
