@@ -99,6 +99,10 @@ class HeartbeatForwarder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="megaheal-heartbeat", daemon=True)
 
+    def retarget(self, healer_url: str) -> None:
+        """Send to another healer from now on (one that took the job over)."""
+        self.url = healer_url.rstrip("/") + HEARTBEAT_PATH
+
     @property
     def buffered(self) -> int:
         return len(self._buffer)
@@ -112,7 +116,10 @@ class HeartbeatForwarder:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - NOTE: a batch that cannot be built is skipped, never the thread's end
+                log.error("building or sending a heartbeat batch failed", exc_info=True)
 
     def tick(self) -> None:
         """Queue this interval's batch, then send what the healer will take (at most 5 batches per tick)."""

@@ -182,6 +182,56 @@ class GpuEntry(Struct, frozen=True, kw_only=True, gc=False):
     recovery_action: Finite | None = None
 
 
+MAX_TAIL_LINES = 50
+LogLine = Annotated[str, Meta(max_length=2000, description="a log line of at most 2000 characters")]
+
+
+class RankProcess(Struct, frozen=True, kw_only=True, gc=False):
+    """A rank process of the host's part of an attempt, as its node agent sees it in /proc."""
+
+    rank: Count
+    local_rank: Count
+    pid: Count
+    started: Finite
+    """When the process started, in seconds after boot: with the pid, its identity (a reused pid is another)."""
+    state: Annotated[str, Meta(min_length=1, max_length=1, description="the kernel's one-letter state")]
+    cpu_seconds: Finite
+
+
+class RankExit(Struct, frozen=True, kw_only=True, gc=False):
+    """A rank (or the host's torchrun agent, rank None) that ended, and how."""
+
+    rank: Count | None
+    pid: Count
+    at: Finite
+    """Unix time at which the node agent saw it end."""
+    exit_code: int | None = None
+    """None when a signal ended it, or when its status could not be read (`vanished`)."""
+    signal: Count | None = None
+    vanished: Flag = False
+    """Reaped by its torchrun agent before its status could be read; the agent's failure report may follow."""
+    expected: Flag = False
+    """The healer had ordered the attempt stopped: never a crash."""
+    log_tail: Annotated[list[LogLine], Meta(max_length=MAX_TAIL_LINES)] = []
+
+
+class AttemptReport(Struct, frozen=True, kw_only=True, gc=False):
+    """The host's part of one attempt of a job, in every batch of its node agent (all of it each time: a batch
+    that is lost loses nothing)."""
+
+    job: Name
+    attempt: Count
+    node_rank: Count
+    ranks: list[RankProcess] = []
+    exits: list[RankExit] = []
+    ended: Flag = False
+    """The host's torchrun agent has exited."""
+    exit_code: int | None = None
+    """Its exit code, once ended."""
+    stopping: Flag = False
+    """The healer ordered it stopped."""
+
+
 class HeartbeatBatch(Struct, frozen=True, kw_only=True, gc=False):
     schema: Annotated[Literal[1], Meta(description=f"{HEARTBEAT_SCHEMA}")]  # NOTE: Literal[HEARTBEAT_SCHEMA]
     node: Name
@@ -192,6 +242,10 @@ class HeartbeatBatch(Struct, frozen=True, kw_only=True, gc=False):
     nvml: str | None = None
     """"ok" while the sidecar serves GPU metrics, "absent" without a driver."""
     gpus: list[GpuEntry] = []
+    attempt: AttemptReport | None = None
+    """The host's part of the job's current attempt, when a node agent (not a bare sidecar) sends the batch."""
+    agent_url: str | None = None
+    """Where the node agent takes orders (a healer that takes a job over finds its agents here)."""
 
 
 _BATCH_TYPE = Annotated[HeartbeatBatch, Meta(description="a JSON object")]

@@ -174,10 +174,11 @@ class Healer:
         """Incidents whose restart trained again are resolved (with the step it resumed at and the work lost)."""
         return recover(self.responder, view, _utc(self.clock()))
 
-    def take_over(self) -> list[int]:
-        """Go on with the incidents a healer that died left in flight (after the launcher stopped its processes)."""
+    def take_over(self, adopted: int | None = None) -> list[int]:
+        """Go on with the incidents a healer that died left in flight (after the launcher adopted its running attempt,
+        `adopted`, or stopped what was left of it)."""
         self.start()
-        return take_over(self.responder, _utc(self.clock()))
+        return take_over(self.responder, _utc(self.clock()), adopted)
 
     def tick_notify(self) -> None:
         self.sinks.flush()

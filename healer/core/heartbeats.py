@@ -71,6 +71,8 @@ class NodeBeat:
     jobs: tuple[str, ...]
     gpus: tuple[GpuEntry, ...] = ()
     """The node's GPU health entries as the sidecar sent them (the gpu_fault detector reads them)."""
+    agent_url: str | None = None
+    """Where the host's node agent takes orders (None: a bare sidecar sent the batch)."""
 
     def worst_staleness(self, now: float) -> float:
         return max(0.0, now - self.received_at) + self.max_age_s
@@ -113,13 +115,16 @@ class HeartbeatTable:
         beats = [RankBeat(node=node, received_at=now, entry=e) for e in batch.ranks]
         entry = NodeBeat(node=node, received_at=now, seq=batch.seq, ranks=tuple(beats),
                          max_age_s=max((e.last_seen_age_s for e in batch.ranks), default=0.0),
-                         jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus))
+                         jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus),
+                         agent_url=batch.agent_url)
         with self._lock:
             for beat in beats:
                 self._ranks[(beat.entry.job, beat.entry.rank)] = beat
             self._nodes[node] = entry
             self.batches += 1
             self.records += len(beats)
+        if batch.attempt is not None:
+            self.processes.report(node, batch.attempt, now)
         return len(beats)
 
     def ranks(self) -> list[RankBeat]:

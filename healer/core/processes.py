@@ -12,6 +12,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from exporters.schema import AttemptReport, RankExit
+
 MAX_TAIL_LINES = 50
 
 
@@ -71,6 +73,10 @@ class ProcessView:
     _attempts: dict[str, int] = field(default_factory=dict)
     _pids: dict[str, frozenset[int]] = field(default_factory=dict)
     _stopping: set[str] = field(default_factory=set)
+    _reported: dict[tuple[str, str], tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    """(job, node) -> (pid, rank, local_rank) of every rank its agent reported for the current attempt."""
+    _ended: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(job, node) -> the exit code of the node's part of the current attempt, once its agent reported it ended."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_exit(self, ex: ProcessExit) -> None:
@@ -93,8 +99,54 @@ class ProcessView:
             self._attempts[job] = attempt
             self._pids[job] = frozenset()
             self._stopping.discard(job)
+            for key in [k for k in (*self._reported, *self._ended) if k[0] == job]:
+                self._reported.pop(key, None)
+                self._ended.pop(key, None)
             for key in [k for k, s in self._states.items() if s.job == job and s.attempt != attempt]:
                 del self._states[key]
+
+    def report(self, node: str, r: AttemptReport, now: float) -> None:
+        """A node agent's report of its host's part of the job's current attempt (a report of another attempt, late
+        or early, is left out): the ranks running there and their states, the exits, whether it ended."""
+        with self._lock:
+            if self._attempts.get(r.job) != r.attempt:
+                return
+            for key in [k for k, s in self._states.items() if s.job == r.job and s.node == node]:
+                del self._states[key]
+            for p in r.ranks:
+                self._states[(r.job, p.rank)] = ProcessState(job=r.job, attempt=r.attempt, node=node, rank=p.rank,
+                                                             pid=p.pid, state=p.state, cpu_seconds=p.cpu_seconds,
+                                                             sampled_at=now)
+            ranks = {(p.pid, p.rank, p.local_rank) for p in r.ranks}
+            ranks |= {(e.pid, e.rank, 0) for e in r.exits if e.rank is not None and
+                      not any(x[1] == e.rank for x in ranks)}
+            self._reported[(r.job, node)] = tuple(sorted(ranks))
+            self._pids[r.job] = frozenset(pid for (job, _), rs in self._reported.items() if job == r.job
+                                          for pid, _, _ in rs)
+            if r.ended and r.exit_code is not None:
+                self._ended[(r.job, node)] = r.exit_code
+        for e in r.exits:
+            self._record_reported(node, r, e)
+
+    def _record_reported(self, node: str, r: AttemptReport, e: RankExit) -> None:
+        with self._lock:
+            known = next((x for x in self._exits if (x.job, x.attempt, x.rank, x.node) ==
+                          (r.job, r.attempt, e.rank, node)), None)
+        if known is not None and not (known.vanished and not e.vanished):
+            return  # already in the view (every report carries all of the attempt's exits)
+        self.record_exit(ProcessExit(job=r.job, attempt=r.attempt, node=node, rank=e.rank, pid=e.pid, at=e.at,
+                                     exit_code=e.exit_code, signal=e.signal, log_tail=tuple(e.log_tail),
+                                     expected=e.expected, vanished=e.vanished))
+
+    def reported_ranks(self, job: str) -> list[tuple[str, int, int, int]]:
+        """(node, pid, rank, local_rank) of the job's current attempt, as the agents reported them."""
+        with self._lock:
+            return [(node, *x) for (j, node), rs in self._reported.items() if j == job for x in rs]
+
+    def ended_nodes(self, job: str) -> dict[str, int]:
+        """The hosts whose part of the job's current attempt ended, with their torchrun's exit code."""
+        with self._lock:
+            return {node: code for (j, node), code in self._ended.items() if j == job}
 
     def found(self, job: str, pids: frozenset[int]) -> None:
         """The rank processes of the job's current attempt, as the launcher found them (alive or not)."""

@@ -60,8 +60,9 @@ def recover(responder: Responder, view: TickView, now: datetime) -> list[int]:
     return done
 
 
-def take_over(responder: Responder, now: datetime) -> list[int]:
-    """Go on with the job's incidents that the dead healer left in flight; returns their ids."""
+def take_over(responder: Responder, now: datetime, adopted: int | None = None) -> list[int]:
+    """Go on with the job's incidents that the dead healer left in flight; returns their ids. `adopted`: the attempt
+    the launcher took over running (a restart that started it needs no second one: it recovers as it trains)."""
     r = responder.remediator
     assert r is not None, "only a healer with a launcher takes a job over"
     in_flight = responder.store.of_job(r.job, frozenset({S.OPEN, S.DIAGNOSING, S.REMEDIATING}))
@@ -74,7 +75,7 @@ def take_over(responder: Responder, now: datetime) -> list[int]:
         elif incident.state == S.DIAGNOSING.value:
             _diagnose_again(responder, incident.id, rule, now)
         else:
-            _restart_again(responder, incident.id)
+            _restart_again(responder, incident.id, adopted)
     return [i.id for i in in_flight]
 
 
@@ -86,13 +87,15 @@ def _diagnose_again(responder: Responder, incident_id: int, rule: Rule | None, n
     responder._diagnose(incident, rule.runbook, responder.facts(incident, rule, now))
 
 
-def _restart_again(responder: Responder, incident_id: int) -> None:
+def _restart_again(responder: Responder, incident_id: int, adopted: int | None) -> None:
     r = responder.remediator
     assert r is not None
     rows = [row for row in responder.jobs.restarts(r.job) if row.incident_id == incident_id]
     if not rows or rows[-1].outcome == "recovered":
         return  # a notification waiting for its condition, or already recovered
     last = rows[-1]
+    if adopted is not None and last.attempt == adopted:
+        return  # its attempt outlived the healer and was adopted: it recovers once it trains
     # NOTE: a rollback resumes from its own checkpoint: the ones after it may hold the poisoned weights.
     resume_step = last.from_step if last.resume != "auto" else None
     restart_id = responder.jobs.add_restart(job=r.job, incident_id=incident_id, nodes=list(last.nodes),

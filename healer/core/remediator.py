@@ -110,6 +110,8 @@ class TakenOver:
     dp: int
     attempt: int | None
     """The last attempt the dead healer started."""
+    adopted: bool = False
+    """That attempt still ran on every host and was taken over as it is (nothing restarts)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

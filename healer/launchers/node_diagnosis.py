@@ -1,5 +1,5 @@
 """Diagnosing suspect hosts before a restart: each host runs a runbook (node-health by default) *on that host*,
-through the launcher, while the job is stopped; the per-host verdicts become the policy's Verdict.
+through its node agent, while the job is stopped; the per-host verdicts become the policy's Verdict.
 
 A node whose runbook fails is named bad (the policy leaves it out and takes a spare). A runbook that could
 not run (timeout, crash, unreadable output) is an `error`: it names no node, because a healer that cannot
@@ -9,22 +9,24 @@ diagnose must not take a healthy node out of the job on a guess; the incident ke
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 
 from healer.core.remediator import HostVerdict
 from runbooks.verdict import Status
-from healer.launchers.local import Launcher
+
+RunRunbook = Callable[[str, str, float], "subprocess.CompletedProcess[str]"]
+"""(host, runbook, timeout in seconds) -> `megaheal diagnose RUNBOOK --json` as it ran on that host; TimeoutError or
+OSError when it could not run there."""
 
 
-
-def diagnose_node(launcher: Launcher, run_dir: Path, node: str, runbook: str, timeout: timedelta) -> HostVerdict:
+def diagnose_node(run: RunRunbook, node: str, runbook: str, timeout: timedelta) -> HostVerdict:
     t0 = time.monotonic()
     try:
-        done = launcher.run_on(node, run_dir, ["diagnose", runbook, "--nodes", node, "--json"],
-                               timeout.total_seconds())
+        done = run(node, runbook, timeout.total_seconds())
     except (TimeoutError, OSError) as exc:
         return HostVerdict(node, Status.ERROR, f"{runbook} could not run: {exc}", time.monotonic() - t0)
     seconds = time.monotonic() - t0
@@ -46,11 +48,10 @@ def diagnose_node(launcher: Launcher, run_dir: Path, node: str, runbook: str, ti
     return HostVerdict(node, status, "; ".join(failing) or summary, seconds)
 
 
-def diagnose_nodes(launcher: Launcher, run_dir: Path, nodes: list[str], runbook: str,
-                   timeout: timedelta) -> list[HostVerdict]:
+def diagnose_nodes(run: RunRunbook, nodes: list[str], runbook: str, timeout: timedelta) -> list[HostVerdict]:
     """Every node at once (each is its own machine on a cluster), in `nodes` order."""
     if not nodes:
         return []
     with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="megaheal-diagnose") as pool:
-        return list(pool.map(lambda n: diagnose_node(launcher, run_dir, n, runbook, timeout), nodes))
+        return list(pool.map(lambda n: diagnose_node(run, n, runbook, timeout), nodes))
 

@@ -1,4 +1,4 @@
-"""The local launcher's hands for one job: the core's Remediator over a Supervisor on this machine.
+"""A job's hands: the core's Remediator over the coordinator of its node agents (healer/launchers/coordinator.py).
 
 Orders (stop, diagnose, restart) run one after the other on a worker thread of their own, so the healer's loop
 never waits for a 90 s diagnosis or an attempt that takes its time to die; each reports back through its callback.
@@ -20,7 +20,7 @@ from typing import Any
 from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from healer.launchers import rank_records
 from healer.launchers.node_diagnosis import diagnose_nodes
-from healer.launchers.supervisor import Supervisor, last_start
+from healer.launchers.coordinator import Coordinator, last_start
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,8 @@ class LocalRemediator:
             if self.fault_grace < timedelta(0) or self.diagnosis_timeout <= timedelta(0):
                 raise ValueError("fault_grace must be >= 0 and diagnosis_timeout > 0")
 
-    def __init__(self, cfg: Config, supervisor: Supervisor, token: str) -> None:
-        self.cfg, self.sup, self._token = cfg, supervisor, token
+    def __init__(self, cfg: Config, supervisor: Coordinator, token: str) -> None:
+        self.cfg, self.sup, self.token = cfg, supervisor, token
         self.job = supervisor.cfg.job
         self.nodes, self.spares, self.dp = tuple(cfg.nodes), tuple(cfg.spares), cfg.dp
         self.skip_steps: set[int] = set()
@@ -69,23 +69,23 @@ class LocalRemediator:
 
     def start(self) -> None:
         """The job's first attempt."""
-        self.sup.start(self._token, self.nodes, dp=self.dp)
+        self.sup.start(self.token, self.nodes, dp=self.dp)
 
     def start_next(self, resume: str = "auto") -> None:
         """The next attempt on the current hosts, outside any incident (a take-over found nothing to finish)."""
-        self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+        self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
 
     def take_over(self, excluded: set[str], skip_steps: set[int]) -> TakenOver:
-        """After the job's previous healer died: stop what its last attempt left running, and go on with its hosts,
-        dp degree and skipped batches (a host it left out stays out)."""
-        killed = self.sup.take_over(self._token)
+        """After the job's previous healer died: adopt its last attempt if it still runs, else stop what is left of
+        it; go on with its hosts, dp degree and skipped batches (a host it left out stays out)."""
+        adopted = self.sup.take_over(self.token)
         last = last_start(self.sup.cfg.run_dir)
         if last is not None:
             self.nodes, self.dp = tuple(last["nodes"]), int(last["dp"] or self.dp)
         self.spares = tuple(n for n in self.cfg.spares if n not in self.nodes and n not in excluded)
         self.skip_steps, self.excluded = set(skip_steps), set(excluded)
-        return TakenOver(killed=tuple(killed), nodes=self.nodes, dp=self.dp,
-                         attempt=last["attempt"] if last is not None else None)
+        return TakenOver(killed=(), nodes=self.nodes, dp=self.dp,
+                         attempt=last["attempt"] if last is not None else None, adopted=adopted)
 
     def close(self) -> None:
         """Stop the worker once the orders queued so far are carried out (the job itself is left as it is)."""
@@ -94,7 +94,7 @@ class LocalRemediator:
 
     def signal_rank(self, rank: int, sig: int) -> int:
         """Send `sig` to one rank of the current attempt (fault injection); returns its pid."""
-        return self.sup.kill_rank(self._token, rank, sig)
+        return self.sup.kill_rank(self.token, rank, sig)
 
     def poll(self) -> None:
         self.sup.poll()
@@ -139,7 +139,7 @@ class LocalRemediator:
     def stop(self, reason: str, grace: timedelta) -> None:
         log.warning("stopping %s: %s", self.job, reason)
         self.sup.view.stopping(self.job)
-        self._submit(lambda: self.sup.stop(self._token, grace))
+        self._submit(lambda: self.sup.stop(self.token, grace))
 
     def diagnose(self, nodes: list[str], runbook: str, stop_first: bool,
                  done: Callable[[list[HostVerdict]], None]) -> None:
@@ -150,8 +150,8 @@ class LocalRemediator:
             if stop_first:
                 # NOTE: node-health wants the host idle (a process still holding a device fails it), and a job that
                 # crashed or hangs cannot go on anyway.
-                self.sup.stop(self._token, self.cfg.fault_grace)
-            done(diagnose_nodes(self.sup.launcher, self.sup.cfg.run_dir, nodes, runbook, self.cfg.diagnosis_timeout))
+                self.sup.stop(self.token, self.cfg.fault_grace)
+            done(diagnose_nodes(self.sup.run_runbook, nodes, runbook, self.cfg.diagnosis_timeout))
 
         self._submit(run)
 
@@ -167,7 +167,7 @@ class LocalRemediator:
         self._submit(run)
 
     def _restart(self, order: RestartOrder) -> Started:
-        self.sup.stop(self._token, self.cfg.fault_grace)
+        self.sup.stop(self.token, self.cfg.fault_grace)
         run_dir = self.sup.cfg.run_dir
         if order.resume_step is not None:
             chosen = next(c for c in list_checkpoints(run_dir / "checkpoints")
@@ -181,7 +181,7 @@ class LocalRemediator:
         self.excluded |= set(self.nodes) - set(order.nodes)
         self.nodes, self.dp = tuple(order.nodes), order.dp
         self.skip_steps |= set(order.skip_steps)
-        attempt = self.sup.start(self._token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+        attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC), from_step=from_step,
                        resume=resume, nodes=self.nodes, dp=self.dp)
 

@@ -5,7 +5,6 @@ remediator, the healer and its loop. One place, so the command and the tests bui
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -19,13 +18,13 @@ from healer.core.heartbeats import HeartbeatTable
 from healer.core.metrics import HealerMetrics
 from healer.core.rules import DetectorCondition, RuleSet, load_rule_set
 from healer.core.store import IncidentStore
-from healer.launchers.local import LocalLauncher
+from healer.launchers.coordinator import Coordinator
+from healer.launchers.local_agents import LocalAgents, write_token
 from healer.launchers.remediator import LocalRemediator
-from healer.launchers.sidecars import NodeSidecars
-from healer.launchers.supervisor import Supervisor
 from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.runner.ledger import LedgerWriter
 from healer.runner.loop import LoopConfig, SelfHealingJob
+from healer.runner.reports import ReportServer
 from healer.service.config import DEFAULT_RULES
 from megaheal.typedconfig import from_mapping
 from train.config import TrainConfig, load_config
@@ -102,7 +101,8 @@ def db_url_of(spec: JobSpec) -> str:
 
 
 def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
-    """Everything `megaheal run` runs, wired; nothing started. Raises ConfigError, DatabaseError, ValueError."""
+    """Everything `megaheal run` runs, wired; nothing started (the agents, and the endpoint their batches come to,
+    start with the job). Raises ConfigError, DatabaseError, ValueError."""
     cfg = load_config(spec.config, list(spec.overrides))
     world = cfg.parallel.world_size
     if world % len(spec.nodes):
@@ -111,20 +111,27 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(db_url_of(spec))
     ensure_schema(engine)
-    token = token or secrets.token_hex(16)  # this run's own token: only this process may kill or restart its job
+    # The run's own token, in a file only this user reads: only this healer and its agents may kill or restart the
+    # job. A healer that takes the run over reads it from there.
+    token_file = spec.run_dir / "supervisor" / "token"
+    if token is None and token_file.exists():
+        token = token_file.read_text().strip()
+    token = write_token(token_file, token)
     store = IncidentStore(engine, f"megaheal-run:{socket.gethostname()}:{os.getpid()}", handler=f"run:{spec.job}")
     resend = timedelta(seconds=30)
     sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
     table = HeartbeatTable()
-    sidecars = NodeSidecars([*spec.nodes, *spec.spares], nvml=spec.nvml)
-    launcher = LocalLauncher(extra_env={"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")})
-    sup = Supervisor(Supervisor.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
-                                       nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
-                                       grace=spec.grace),
-                     launcher, table.processes, token, sockets=sidecars.sockets)
+    reports = ReportServer(table, token)
+    rank_env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    agents = LocalAgents(run_dir=spec.run_dir, healer_url="", token_file=token_file, in_process=bool(spec.nvml),
+                         nvml=dict(spec.nvml), extra_env=rank_env)
+    coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
+                                                 nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
+                                                 grace=spec.grace),
+                              table.processes, token, env=rank_env)
     remediator = LocalRemediator(LocalRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
-                                                        valid_dp=valid_dp(cfg)), sup, token)
+                                                        valid_dp=valid_dp(cfg)), coordinator, token)
     healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),
                     remediator=remediator, resend=resend)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)
-    return SelfHealingJob(healer, remediator, sidecars, table, spec.loop, background=[ledger.write])
+    return SelfHealingJob(healer, remediator, agents, reports, table, spec.loop, background=[ledger.write])

@@ -27,8 +27,10 @@ from healer.core.states import IncidentState
 from healer.core.timeline import IncidentTimeline, job_timelines
 from healer.errors import DatabaseError
 from healer.launchers.remediator import LocalRemediator, wait_idle
-from healer.launchers.sidecars import NodeSidecars
-from healer.launchers.supervisor import Supervisor
+from healer.launchers.agent_client import AgentClient
+from healer.launchers.coordinator import Coordinator
+from healer.launchers.local_agents import LocalAgents
+from healer.runner.reports import ReportServer
 
 log = logging.getLogger(__name__)
 S = IncidentState
@@ -48,10 +50,11 @@ class LoopConfig:
 
 
 class SelfHealingJob:
-    def __init__(self, healer: Healer, remediator: LocalRemediator, sidecars: NodeSidecars, table: HeartbeatTable,
-                 cfg: LoopConfig | None = None, background: list[Callable[[], object]] | None = None) -> None:
+    def __init__(self, healer: Healer, remediator: LocalRemediator, agents: LocalAgents, reports: ReportServer,
+                 table: HeartbeatTable, cfg: LoopConfig | None = None,
+                 background: list[Callable[[], object]] | None = None) -> None:
         """`background`: called every `notify_every` off the loop (the goodput ledger writer, say)."""
-        self.healer, self.remediator, self.sidecars, self.table = healer, remediator, sidecars, table
+        self.healer, self.remediator, self.agents, self.reports, self.table = healer, remediator, agents, reports, table
         self.cfg = cfg or LoopConfig()
         self.job = remediator.job
         self.outcome: str | None = None
@@ -60,8 +63,15 @@ class SelfHealingJob:
         self._thread = threading.Thread(target=self._off_loop, name="megaheal-notify", daemon=True)
 
     @property
-    def sup(self) -> Supervisor:
+    def sup(self) -> Coordinator:
         return self.remediator.sup
+
+    def _start_agents(self) -> None:
+        """The endpoint the agents report to, then an agent on every host (spares too: they report their GPUs)."""
+        self.agents.healer_url = self.reports.start()
+        urls = self.agents.start([*self.remediator.cfg.nodes, *self.remediator.cfg.spares])
+        token = self.remediator.token
+        self.sup.agents.update({n: AgentClient(n, url, token) for n, url in urls.items()})
 
     # ---- start ---------------------------------------------------------------------------------------
 
@@ -69,22 +79,25 @@ class SelfHealingJob:
         self.healer.start()
         self.healer.jobs.touch_job(self.job)
         self.healer.jobs.touch_nodes([*self.remediator.nodes, *self.remediator.spares], self.job)
-        self.sidecars.start()
+        self._start_agents()
         self.remediator.start()
 
     def take_over(self) -> list[int]:
-        """Go on with a run whose previous healer died (`megaheal run --resume`), instead of `start`: the launcher
-        stops what its last attempt left running, and the incidents it left in flight (in the store) are finished:
-        an undecided one is decided now, a restart it had ordered is carried out again."""
+        """Go on with a run whose previous healer died (`megaheal run --resume`), instead of `start`: its agents outlived
+        it and are adopted (told to report here); its last attempt is adopted where it still runs, else stopped; and
+        the incidents it left in flight (in the store) are finished: an undecided one is decided now, a restart it had
+        ordered is carried out again unless its attempt is the one that runs."""
         restarts = self.healer.jobs.restarts(self.job)
         excluded = {n for r in restarts for n in (r.excluded or [])}
         skip = {s for r in restarts for s in (r.skip_steps or [])}
+        self.agents.healer_url = self.reports.start()
+        urls = self.agents.adopt([*self.remediator.cfg.nodes, *self.remediator.cfg.spares])
+        self.sup.agents.update({n: AgentClient(n, url, self.remediator.token) for n, url in urls.items()})
         taken = self.remediator.take_over(excluded, skip)
-        self.sidecars.start()
-        in_flight = self.healer.take_over()
-        log.warning("taking over %s: %d incident(s) in flight, %d process(es) of the last attempt stopped",
-                    self.job, len(in_flight), len(taken.killed))
-        if not self.remediator.busy and not self._restart_ordered():
+        in_flight = self.healer.take_over(taken.attempt if taken.adopted else None)
+        log.warning("taking over %s: %d incident(s) in flight; attempt %s %s", self.job, len(in_flight), taken.attempt,
+                    "adopted (it still runs)" if taken.adopted else "stopped")
+        if not taken.adopted and not self.remediator.busy and not self._restart_ordered():
             # Nothing in flight restarts the job: its last attempt was stopped, so start the next one. NOTE: the
             # healer's own doing, not the job's: it spends no restart budget.
             self.remediator.start_next(resume="auto")
@@ -123,12 +136,9 @@ class SelfHealingJob:
             self._stop.set()
             self._thread.join(timeout=60)
             self._off_loop_once()
-            self.sidecars.stop()
         return self.outcome
 
     def tick(self) -> None:
-        for batch in self.sidecars.batches():
-            self.table.ingest(batch)
         self.remediator.poll()
         try:
             view = self.healer.tick_detect()
@@ -166,8 +176,11 @@ class SelfHealingJob:
                 log.warning("background task %s failed", getattr(task, "__qualname__", task), exc_info=True)
 
     def close(self) -> None:
-        """Release what the healer holds (its worker, its database connections); the job's processes are over."""
+        """Release what the healer holds (its worker, its agents, its endpoint, its database connections); the job's
+        processes are over."""
         self.remediator.close()
+        self.agents.stop()
+        self.reports.stop()
         self.healer.store.engine.dispose()
 
     # ---- reading ---------------------------------------------------------------------------------------

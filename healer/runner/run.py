@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from healer.core.rules import load_rule_set
-from healer.launchers.local import LocalLauncher
+from healer.launchers.local_agents import LocalAgents
 from healer.runner.build import JobSpec, build_job
 from healer.runner.chaos import Chaos, load_schedule
 from healer.runner.goodput_metrics import GoodputServer
@@ -71,7 +71,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     job = build_job(spec)
     sup = job.sup
     chaos = Chaos(schedule, job.remediator.signal_rank, run_dir / "checkpoints",
-                  scratch_of=lambda rank: LocalLauncher.scratch_dir(run_dir, sup.node_of_rank(rank))) \
+                  scratch_of=lambda rank: LocalAgents.scratch_dir(run_dir, sup.node_of_rank(rank))) \
         if schedule else None
 
     def incidents() -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from healer.core.goodput import compute
 from healer.core.jobstore import JobStore
 from healer.core.rules import RuleSet
 from healer.oncall.alertmanager import AlertmanagerClient
+from healer.launchers.local_agents import LocalAgents
 from healer.runner.build import JobSpec, build_job
 from healer.runner.build import shipped_rules as rule_set
 from healer.runner.chaos import break_scratch
@@ -168,7 +169,7 @@ def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) ->
 @pytest.mark.timeout(240)
 def test_a_node_that_fails_its_diagnostics_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) -> None:
     loop = make_loop(tmp_path, spares=("n3",))
-    scratch = loop.sup.launcher.scratch_dir(loop.sup.cfg.run_dir, "n2")  # type: ignore[attr-defined]
+    scratch = LocalAgents.scratch_dir(loop.sup.cfg.run_dir, "n2")
     fired, kill = inject_at(9, rank=2, sig=signal.SIGKILL)
 
     def hook(lp: SelfHealingJob) -> None:
@@ -192,7 +193,7 @@ def test_a_node_that_fails_its_diagnostics_is_left_out_and_a_spare_takes_its_pla
 def test_without_a_spare_the_job_comes_back_smaller_on_the_healthy_node_from_a_resharded_checkpoint(
         tmp_path: Path) -> None:
     loop = make_loop(tmp_path)  # n1 and n2, no spare
-    scratch = loop.sup.launcher.scratch_dir(loop.sup.cfg.run_dir, "n2")  # type: ignore[attr-defined]
+    scratch = LocalAgents.scratch_dir(loop.sup.cfg.run_dir, "n2")
     fired, kill = inject_at(9, rank=3, sig=signal.SIGKILL)
 
     def hook(lp: SelfHealingJob) -> None:

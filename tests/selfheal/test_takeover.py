@@ -1,7 +1,8 @@
 """A healer that dies in the middle of an incident, and the one started after it: the real `megaheal run`
-process is SIGKILLed right after it detected a crash (its job's processes live on: they are in sessions of
-their own), and `megaheal run --resume` on the same run directory stops what was left, finds the incident in
-the healer's store, and finishes it and the job."""
+process is SIGKILLed right after it detected a crash, or right after it restarted the job (its node agents, and
+the job's processes under them, live on: they are in sessions of their own), and `megaheal run --resume` on the
+same run directory adopts the agents, finds the incident in the healer's store, and finishes it and the job: an
+attempt that still runs is adopted as it is, one that does not is stopped and the incident decided again."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
     assert inc.state in (("open", "diagnosing") if kill_after == "detected" else ("remediating",))
     if kill_after == "restarted":
         # The attempt it had just started is still starting up (imports, rendezvous): it outlived its healer.
-        assert [p for p in left if procfs.alive(p) and "torch.distributed.run" in procfs.cmdline(p)]
+        agents = [p for p in left if procfs.alive(p) and "agent" in procfs.cmdline(p)]
+        assert agents and [d for a in agents for d in procfs.descendants(a)
+                           if "torch.distributed.run" in procfs.cmdline(d)]
 
     second = megaheal_run(run_dir, "--resume", log=tmp_path / "second.log")
     try:
@@ -86,16 +89,19 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
 
     (final,) = incidents(run_dir)
     assert final.id == inc.id, "the same incident, finished; not a new one"
-    assert final.stages[0] == "detected" and final.stages.count("taken-over") == 1
-    assert final.stages[-2:] == ["restarted", "recovered"]
+    assert final.stages[0] == "detected" and final.stages.count("taken-over") == 1 and final.stages[-1] == "recovered"
+    assert final.stages.count("restarted") == 1, "one restart: the one the dead healer started, or the new one's"
     assert final.state == "resolved" and final.taken_over_at is not None and final.rule == "crash"
     assert final.suspect_ranks == [3] and final.resume_step in (4, 8)
     attempts = [json.loads(x) for x in (run_dir / "supervisor" / "attempts.jsonl").read_text().splitlines()]
     starts = [a["attempt"] for a in attempts if a["event"] == "start"]
+    assert starts == [0, 1]
     if kill_after == "restarted":
-        assert starts == [0, 1, 2] and [a["attempt"] for a in attempts if a.get("taken_over")] == [1]
+        # Attempt 1 outlived its healer and was adopted: it trained on without a second restart.
+        assert not [a for a in attempts if a.get("taken_over")]
     else:
-        assert starts == [0, 1]
+        # Attempt 0 had crashed: what was left of it was stopped, and the new healer restarted the job.
+        assert [a["attempt"] for a in attempts if a.get("taken_over")] == [0]
     # The job finished every step, from the checkpoint, with the loss still going down.
     losses: dict[int, float] = {}
     for line in (run_dir / "ranks" / "0.jsonl").read_text().splitlines():

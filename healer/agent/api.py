@@ -1,0 +1,111 @@
+"""The node agent's HTTP API (Starlette under uvicorn, on a thread of the agent).
+
+    POST /v1/orders          an order (healer/agent/orders.py)                   (token)  202 {state}
+    GET  /v1/orders/{id}     its state: accepted, running, done (result) or failed (error)   (token)
+    GET  /v1/state           the host's part of the current attempt               (token)
+    GET  /healthz
+
+Every order needs the job's token (constant-time comparison); an order whose id is known returns the first one's
+state (a retried POST never starts a second attempt), and an id reused for another order is a 409. Bodies are
+bounded; a malformed one is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from healer.agent.orders import Conflict, decode_order
+
+if TYPE_CHECKING:
+    from healer.agent.node import NodeAgent
+
+MAX_BODY = 64 * 1024
+
+
+def create_app(agent: NodeAgent) -> Starlette:
+    expected = f"Bearer {agent.cfg.token}".encode()
+
+    def authorized(request: Request) -> bool:
+        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+
+    def refuse(status: int, message: str, field: str | None = None) -> JSONResponse:
+        return JSONResponse({"error": message, "field": field}, status_code=status)
+
+    async def post_order(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(401, "missing or wrong bearer token")
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return refuse(413, f"body larger than {MAX_BODY} bytes")
+        try:
+            order = decode_order(body)
+        except msgspec.ValidationError as exc:
+            return refuse(400, str(exc), _field(str(exc)))
+        except msgspec.DecodeError as exc:
+            return refuse(400, f"not a JSON order: {exc}", "body")
+        try:
+            state, _ = agent.orders.submit(order)
+        except Conflict as exc:
+            return refuse(409, str(exc), "id")
+        return JSONResponse(msgspec.to_builtins(state), status_code=202)
+
+    async def get_order(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(401, "missing or wrong bearer token")
+        state = agent.orders.get(request.path_params["id"])
+        if state is None:
+            return refuse(404, "no such order", "id")
+        return JSONResponse(msgspec.to_builtins(state))
+
+    async def get_state(request: Request) -> Response:
+        if not authorized(request):
+            return refuse(401, "missing or wrong bearer token")
+        return JSONResponse(agent.state())
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "node": agent.cfg.node})
+
+    return Starlette(routes=[
+        Route("/v1/orders", post_order, methods=["POST"]),
+        Route("/v1/orders/{id}", get_order, methods=["GET"]),
+        Route("/v1/state", get_state, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ])
+
+
+def _field(message: str) -> str | None:
+    """msgspec says `... - at `$.field``: the field's path, for the 400."""
+    at = message.rpartition("at `$")[2].rstrip("`")
+    return at.lstrip(".") or None if "at `$" in message else None
+
+
+def serve(agent: NodeAgent, listen: str) -> tuple[Any, int]:
+    """uvicorn on a daemon thread; (server, bound port)."""
+    import uvicorn
+
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    config = uvicorn.Config(create_app(agent), access_log=False, log_config=None, limit_concurrency=64,
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="megaheal-agent-api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.01)
+    if not server.started:
+        raise RuntimeError(f"the agent's API did not start on {listen}")
+    return server, int(sock.getsockname()[1])

@@ -1,0 +1,230 @@
+"""The host's part of one attempt: its torchrun agent and the ranks under it, as the node agent runs and watches them.
+
+- start: one torchrun agent for this host (`--nnodes N --node-rank K`, c10d rendezvous on the attempt's first
+  host, `--max-restarts 0`: restarts are the healer's), in a session of its own;
+- poll: finds the ranks under it (their global rank from their environment, their start time for identity),
+  samples their kernel state and CPU time (a SIGSTOPped rank is 'T'), and records every exit: read from the zombie
+  while it is one, else as vanished until the torchrun agent's failure report says how the rank died;
+- stop: SIGTERM to every rank (the trainer saves a final checkpoint and exits 0), SIGKILL to what is left after the
+  grace, then the torchrun agent and whatever it left. Every signal goes only to a process that is still the one
+  found (its pid and start time), never to a pid the kernel gave to someone else since.
+
+Everything is an argument list; no value from the healer reaches a shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from exporters.schema import MAX_TAIL_LINES, AttemptReport, RankExit, RankProcess
+from healer.launchers.agent_log import parse_failures
+from megaheal import procfs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Rank:
+    rank: int
+    local_rank: int
+    pid: int
+    started: float
+
+
+@dataclass(slots=True)
+class HostAttempt:
+    job: str
+    attempt: int
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log_dir: Path
+    """This host's logs of the attempt: torchrun's own output and its per-rank files."""
+    clock: Callable[[], float] = time.time
+    process: subprocess.Popen[bytes] | None = None
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    """pid -> rank, as found under the torchrun agent."""
+    states: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """rank -> (kernel state, CPU seconds) at the last poll, for the ranks still running."""
+    exits: dict[int | None, RankExit] = field(default_factory=dict)
+    """rank (None: the torchrun agent itself) -> how it ended."""
+    stopping: bool = False
+    exit_code: int | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def agent_log(self) -> Path:
+        return self.log_dir / "torchrun.log"
+
+    @property
+    def rank_log_dir(self) -> Path:
+        return self.log_dir / "ranks"
+
+    @property
+    def ended(self) -> bool:
+        return self.exit_code is not None
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.agent_log, "ab")  # noqa: SIM115 - lives as long as the torchrun agent; closed on its exit
+        self.process = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                        stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    # ---- watching ------------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """One look (cheap: /proc reads): new ranks, states, exits."""
+        if self.process is None or self.ended:
+            return
+        now = self.clock()
+        for pid in procfs.children(self.process.pid):
+            if pid in self.ranks:
+                continue
+            env = procfs.environ(pid)
+            st = procfs.stat(pid)
+            rank, local = env.get("RANK", ""), env.get("LOCAL_RANK", "0")
+            if st is not None and rank.isdigit():
+                self.ranks[pid] = _Rank(int(rank), int(local) if local.isdigit() else 0, pid, st.started)
+        for pid, r in self.ranks.items():
+            if r.rank in self.exits:
+                continue
+            st = procfs.stat(pid)
+            if st is not None and st.state not in procfs.NOT_ALIVE and st.started == r.started:
+                self.states[r.rank] = (st.state, st.cpu_seconds)
+                continue
+            self.states.pop(r.rank, None)
+            if self.process.poll() is None:
+                # NOTE: torchrun reports exit statuses only after stopping its other workers: a rank that died is
+                # recorded now, with its status while it is still a zombie, as vanished when torchrun reaped it
+                # first (its failure report, when torchrun exits, then says how).
+                self._rank_ended(r, st if st is not None and st.started == r.started else None, now)
+        code = self.process.poll()
+        if code is not None:
+            self._agent_ended(code, now)
+
+    def _rank_ended(self, r: _Rank, st: procfs.Stat | None, now: float) -> None:
+        known = st is not None and st.wait_status is not None
+        self.exits[r.rank] = RankExit(
+            rank=r.rank, pid=r.pid, at=now, exit_code=st.exit_code if known and st is not None else None,
+            signal=st.signal if known and st is not None else None, vanished=not known, expected=self.stopping,
+            log_tail=self.rank_log_tail(r.local_rank))
+
+    def _agent_ended(self, code: int, now: float) -> None:
+        assert self.process is not None
+        self.exit_code = code
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        lines = _tail(self.agent_log, 400)
+        failures = {f.rank: f for f in parse_failures(lines)}
+        for r in self.ranks.values():
+            f = failures.get(r.rank)
+            old = self.exits.get(r.rank)
+            if old is not None and not (old.vanished and f is not None):
+                continue
+            self.exits[r.rank] = RankExit(
+                rank=r.rank, pid=r.pid, at=now, exit_code=f.exit_code if f else 0, signal=f.signal if f else None,
+                expected=old.expected if old is not None else self.stopping, log_tail=self.rank_log_tail(r.local_rank))
+        self.states.clear()
+        if code != 0 and not failures:
+            # torchrun itself failed (the rendezvous, say): its own log is the evidence.
+            self.exits[None] = RankExit(rank=None, pid=self.process.pid, at=now, exit_code=code if code >= 0 else None,
+                                        signal=-code if code < 0 else None, expected=self.stopping,
+                                        log_tail=lines[-MAX_TAIL_LINES:])
+        log.info("attempt %d of %s: torchrun exited with %d (%d rank failure(s) reported)", self.attempt, self.job,
+                 code, len(failures))
+
+    def rank_log_tail(self, local_rank: int, lines: int = MAX_TAIL_LINES) -> list[str]:
+        """The last lines a local rank wrote to stderr (torchrun's --log-dir layout: .../attempt_0/<lr>/)."""
+        files = sorted(self.rank_log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+        return [line[:2000] for line in _tail(files[-1], lines)] if files else []
+
+    def report(self) -> AttemptReport:
+        return AttemptReport(
+            job=self.job, attempt=self.attempt, node_rank=self.node_rank, ended=self.ended, exit_code=self.exit_code,
+            stopping=self.stopping, exits=list(self.exits.values()),
+            ranks=[RankProcess(rank=r.rank, local_rank=r.local_rank, pid=r.pid, started=r.started,
+                               state=self.states[r.rank][0], cpu_seconds=self.states[r.rank][1])
+                   for r in self.ranks.values() if r.rank in self.states])
+
+    # ---- acting --------------------------------------------------------------------------------------
+
+    def live_ranks(self) -> list[_Rank]:
+        """The ranks that are still the processes found (same pid, same start) and not dead."""
+        return [r for r in self.ranks.values() if procfs.is_same_process(r.pid, r.started) and procfs.alive(r.pid)]
+
+    def signal(self, rank: int, sig: int) -> int:
+        """Send `sig` to one live rank of this attempt; its pid. LookupError when it is not running here."""
+        target = next((r for r in self.live_ranks() if r.rank == rank), None)
+        if target is None:
+            raise LookupError(f"rank {rank} is not running on this host in attempt {self.attempt}")
+        os.kill(target.pid, sig)
+        return target.pid
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM every rank, wait up to `grace_s` for them to save and leave, then SIGKILL what remains and the
+        torchrun agent; returns once all of it is gone."""
+        self.stopping = True
+        if self.process is None or self.ended:
+            _kill_verified(self.live_ranks(), signal.SIGKILL)
+            return
+        _kill_verified(self.live_ranks(), signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not self.ended:
+            time.sleep(0.05)
+            self.poll()
+        if not self.ended:
+            left = self.live_ranks()
+            _kill_verified(left, signal.SIGKILL)
+            for pid in procfs.descendants(self.process.pid):
+                _kill(pid, signal.SIGKILL)
+            _kill(self.process.pid, signal.SIGKILL)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                log.warning("torchrun agent %d did not exit after SIGKILL", self.process.pid)
+            # NOTE: a rank whose torchrun was killed is an orphan: SIGKILL is delivered at once but the kernel still
+            # has to tear it down. Wait for that, so the next attempt never overlaps this one.
+            _wait_gone(left, 30)
+            self.poll()
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_verified(ranks: list[_Rank], sig: int) -> None:
+    for r in ranks:
+        if procfs.is_same_process(r.pid, r.started):
+            _kill(r.pid, sig)
+
+
+def _wait_gone(ranks: list[_Rank], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := [r for r in ranks if procfs.is_same_process(r.pid, r.started) and procfs.alive(r.pid)]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        log.warning("ranks %s still alive %.0f s after SIGKILL", [r.rank for r in left], timeout_s)
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-n:]
+    except FileNotFoundError:
+        return []

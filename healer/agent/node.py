@@ -1,0 +1,259 @@
+"""`megaheal agent`: the node agent of one host. The sidecar grown into an agent: it still takes the ranks' records
+over its datagram socket and serves /metrics, and it also runs and watches the host's part of each attempt
+(healer/agent/host.py), reports all of it to the healer in its heartbeat batches, and carries out the healer's
+orders (healer/agent/orders.py) through its HTTP API (healer/agent/api.py).
+
+An agent that loses the healer keeps its ranks running, keeps its batches (bounded, the oldest dropped and counted)
+and sends them when the healer answers again. It never decides for the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from exporters.heartbeat import HeartbeatForwarder
+from exporters.schema import HeartbeatBatch
+from exporters.sidecar import AUTO, Sidecar
+from healer.agent.host import HostAttempt
+from healer.agent.orders import (
+    Order,
+    OrderBook,
+    ReportOrder,
+    RunbookOrder,
+    ShutdownOrder,
+    SignalOrder,
+    StartOrder,
+    StopOrder,
+)
+
+log = logging.getLogger(__name__)
+
+
+class NodeAgent:
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        node: str
+        """This host's name (its sidecar's, in every series and batch)."""
+        listen: str = "127.0.0.1:0"
+        """HOST:PORT of the orders API; loopback unless told otherwise (on a cluster: the host's cluster address)."""
+        advertise: str | None = None
+        """The address the healer reaches the API at, when not `listen`'s (a wildcard bind, say)."""
+        healer_url: str | None = None
+        """Where the batches go (the healer's /v1/heartbeats). Unset: none are sent."""
+        token: str
+        """The job's token: every order needs it, and the batches carry it."""
+        socket_path: str
+        """The ranks' datagram socket (their MEGAHEAL_SIDECAR_SOCKET)."""
+        work_dir: Path
+        """The agent's own directory (each attempt's logs of this host)."""
+        scratch_dir: Path
+        """The host's local disk: the ranks' TMPDIR (and what node-health tests)."""
+        metrics_addr: str = "127.0.0.1:0"
+        heartbeat_interval_s: float = 0.5
+        poll_interval_s: float = 0.2
+        """How often the host's rank processes are looked at."""
+        python: str = field(default_factory=lambda: sys.executable)
+        cwd: Path = field(default_factory=Path.cwd)
+        """Where torchrun and the runbooks run (the checkout, so `-m train` imports)."""
+        extra_env: dict[str, str] = field(default_factory=dict)
+        """Added to the environment of every rank and runbook (an agent in the healer's process cannot use its own)."""
+
+        def __post_init__(self) -> None:
+            if len(self.token) < 16:
+                raise ValueError("token must be at least 16 characters")
+            if not 0 < self.poll_interval_s <= 10 or not 0 < self.heartbeat_interval_s <= 60:
+                raise ValueError("poll_interval_s must be in (0, 10] and heartbeat_interval_s in (0, 60]")
+
+    def __init__(self, cfg: Config, nvml: Any = AUTO) -> None:
+        self.cfg = cfg
+        self.sidecar = Sidecar(Sidecar.Config(node=cfg.node, socket_path=cfg.socket_path,
+                                              metrics_addr=cfg.metrics_addr), nvml=nvml)
+        self.orders = OrderBook(self._execute)
+        self.attempt: HostAttempt | None = None
+        self._lock = threading.RLock()
+        self.url = ""
+        # NOTE: every batch carries the whole of the current attempt (its exits included): the newest one says all,
+        # so a healer that comes back is sent that, not a backlog of minutes it would have to work through.
+        self.heartbeat = (HeartbeatForwarder(cfg.healer_url, self.batch, cfg.heartbeat_interval_s, 2, token=cfg.token)
+                          if cfg.healer_url else None)
+        self._stop = threading.Event()
+        self._shutdown = threading.Event()
+        self._poller = threading.Thread(target=self._poll_forever, name="megaheal-agent-poll", daemon=True)
+        self._server: Any = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start every part; the orders API's URL."""
+        from healer.agent.api import serve
+
+        self.cfg.scratch_dir.mkdir(parents=True, exist_ok=True)
+        self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
+        self.sidecar.start()
+        self.orders.start()
+        self._server, port = serve(self, self.cfg.listen)
+        host = self.cfg.advertise or self.cfg.listen.rpartition(":")[0]
+        self.url = f"http://{host}:{port}"
+        self._poller.start()
+        if self.heartbeat is not None:
+            self.heartbeat.start()
+        log.info("megaheal agent on %s: orders %s, ranks -> %s, healer %s", self.cfg.node, self.url,
+                 self.cfg.socket_path, self.cfg.healer_url or "none")
+        return self.url
+
+    def stop(self) -> None:
+        """Stop the agent (its ranks are left as they are: the healer decides about them)."""
+        self._stop.set()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self.orders.stop()
+        if self._server is not None:
+            self._server.should_exit = True
+        self.sidecar.stop()
+
+    def serve_forever(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._shutdown.set())
+        url = self.start()
+        print(f"megaheal agent {self.cfg.node}: {url}", flush=True)
+        try:
+            self._shutdown.wait()
+        finally:
+            self.stop()
+
+    def _poll_forever(self) -> None:
+        while not self._stop.wait(self.cfg.poll_interval_s):
+            with self._lock:
+                if self.attempt is not None:
+                    self.attempt.poll()
+
+    # ---- what it reports -----------------------------------------------------------------------------
+
+    def batch(self, seq: int, sent_at: float) -> HeartbeatBatch:
+        """The sidecar's batch, with the host's part of the current attempt and where to send orders."""
+        with self._lock:
+            report = self.attempt.report() if self.attempt is not None else None
+        base = self.sidecar.heartbeat_batch(seq, sent_at)
+        return msgspec.structs.replace(base, attempt=report, agent_url=self.url or None)
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            report = self.attempt.report() if self.attempt is not None else None
+        return {"node": self.cfg.node, "url": self.url, "pid": os.getpid(),
+                "attempt": msgspec.to_builtins(report) if report is not None else None}
+
+    # ---- orders --------------------------------------------------------------------------------------
+
+    def _execute(self, order: Order) -> Any:
+        if isinstance(order, StartOrder):
+            return self._start(order)
+        if isinstance(order, StopOrder):
+            return self._stop_attempt(order)
+        if isinstance(order, ReportOrder):
+            if self.heartbeat is None:
+                self.heartbeat = HeartbeatForwarder(order.healer_url, self.batch, self.cfg.heartbeat_interval_s, 2,
+                                                    token=self.cfg.token)
+                self.heartbeat.start()
+            else:
+                self.heartbeat.retarget(order.healer_url)
+            return {"healer_url": order.healer_url}
+        if isinstance(order, ShutdownOrder):
+            threading.Timer(0.2, self._shutdown.set).start()  # after this answer is out
+            return {"shutdown": True}
+        if isinstance(order, SignalOrder):
+            with self._lock:
+                if self.attempt is None or self.attempt.attempt != order.attempt:
+                    raise LookupError(f"attempt {order.attempt} is not running on {self.cfg.node}")
+                return {"pid": self.attempt.signal(order.rank, getattr(signal, order.signal))}
+        assert isinstance(order, RunbookOrder)
+        return self._runbook(order)
+
+    def _start(self, order: StartOrder) -> dict[str, Any]:
+        with self._lock:
+            if self.attempt is not None and not self.attempt.ended:
+                if self.attempt.attempt == order.attempt:
+                    return {"attempt": order.attempt, "rdzv_endpoint": self._endpoint}
+                raise RuntimeError(f"attempt {self.attempt.attempt} still runs on {self.cfg.node}; stop it first")
+            self._endpoint = order.rdzv_endpoint or f"{self._rdzv_host()}:{_free_port()}"
+            argv = self._argv(order, self._endpoint)
+            env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
+                "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
+                "MEGAHEAL_NODE": self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
+                "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path}
+            self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
+                                       env=env, cwd=self.cfg.cwd,
+                                       log_dir=self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}")
+            self.attempt.start()
+            return {"attempt": order.attempt, "rdzv_endpoint": self._endpoint}
+
+    _endpoint = ""
+
+    def _rdzv_host(self) -> str:
+        host = (self.cfg.advertise or self.cfg.listen).rpartition(":")[0]
+        return host if host not in ("", "0.0.0.0", "[::]") else socket.gethostname()
+
+    def _argv(self, o: StartOrder, endpoint: str) -> list[str]:
+        argv = [self.cfg.python, "-m", "torch.distributed.run", "--nnodes", str(o.nnodes),
+                "--node-rank", str(o.node_rank), "--nproc-per-node", str(o.nproc_per_node),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"{o.job}-{o.attempt}",
+                # The first host holds the rendezvous store; the others only connect to it.
+                "--rdzv-conf", f"is_host={'true' if o.node_rank == 0 else 'false'},join_timeout=120",
+                # NOTE: no restarts inside torchrun: the healer decides (and may change the host set). A short
+                # shutdown grace makes torchrun's failure report (how a rank died) come within a second or two.
+                "--max-restarts", "0", "--monitor-interval", "0.2", "--shutdown-timeout", str(o.shutdown_timeout_s),
+                "--log-dir", str(self.cfg.work_dir / f"{o.job}-attempt-{o.attempt:03d}" / "ranks"),
+                "--redirects", "3", "--tee", "3",
+                "-m", "train", "--config", o.config, "--run-dir", o.run_dir]
+        if o.resume:
+            argv += ["--resume", o.resume]
+        for item in o.overrides:
+            argv += ["--set", item]
+        return argv
+
+    def _stop_attempt(self, order: StopOrder) -> dict[str, Any]:
+        with self._lock:
+            attempt = self.attempt
+        if attempt is None or (order.attempt is not None and attempt.attempt != order.attempt):
+            return {"stopped": None}
+        attempt.stop(order.grace_s)  # NOTE: outside the lock: the poller keeps reporting while it stops
+        return {"stopped": attempt.attempt, "exit_code": attempt.exit_code}
+
+    def _runbook(self, order: RunbookOrder) -> dict[str, Any]:
+        """The runbook on this host, in the environment its ranks get, under a timeout (a separate process group:
+        a timeout takes down whatever it started too)."""
+        argv = [self.cfg.python, "-m", "megaheal", "diagnose", order.runbook, "--nodes", self.cfg.node, "--json"]
+        env = dict(os.environ) | self.cfg.extra_env | {"MEGAHEAL_NODE": self.cfg.node,
+                                                        "TMPDIR": str(self.cfg.scratch_dir.absolute())}
+        with subprocess.Popen(argv, cwd=self.cfg.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+            try:
+                out, err = proc.communicate(timeout=order.timeout_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.communicate()
+                return {"returncode": None, "stdout": "", "stderr": f"ran past {order.timeout_s:g} s",
+                        "timeout": True}
+        return {"returncode": proc.returncode, "stdout": out[-200_000:], "stderr": err[-20_000:], "timeout": False}
+
+
+def _free_port() -> int:
+    # NOTE: a small race (another process may take the port before torchrun binds it); a failed rendezvous shows
+    # as a failed start, which the healer handles like any other.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])

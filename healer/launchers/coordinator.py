@@ -1,0 +1,303 @@
+"""The healer's side of an attempt run by node agents: it orders each host's agent to start its part (the first host
+first: it picks the rendezvous port and says which), to stop, to signal a rank; what the processes do it learns from
+the agents' batches (healer/core/processes.py: ProcessView.report). It never touches a process itself.
+
+It answers like the single-machine supervisor did (start, poll, stop, kill_rank, take_over, the attempt and its
+history), so the remediator and the loop above it do not care where the hosts are. Every call that kills or
+restarts work needs the run's token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from healer.core.processes import ProcessView
+from healer.jsonl import append_jsonl, read_jsonl
+from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 60.0
+
+
+class Unauthorized(PermissionError):
+    """A kill or restart was asked for without the run's token."""
+
+
+@dataclass(slots=True)
+class AgentRank:
+    rank: int
+    local_rank: int
+    node: str
+    pid: int
+
+
+@dataclass(slots=True)
+class AgentAttempt:
+    number: int
+    nodes: tuple[str, ...]
+    started_at: float
+    dp: int | None
+    resume: str | None
+    ranks: dict[int, AgentRank] = field(default_factory=dict)
+    """pid -> rank, as the agents reported them."""
+    ended: set[str] = field(default_factory=set)
+    """Hosts whose part of the attempt has ended (their torchrun agent exited, or the host was lost)."""
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+    """Hosts whose agent could not be reached when the attempt was stopped."""
+    stopping: bool = False
+
+    @property
+    def done(self) -> bool:
+        return set(self.nodes) <= self.ended
+
+    @property
+    def succeeded(self) -> bool:
+        return self.done and not self.lost and all(c == 0 for c in self.exit_codes.values()) and not self.stopping
+
+
+class Coordinator:
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        job: str
+        """The job's name (its ranks report it; the detectors key on it)."""
+        config: str
+        """Training config path (on the shared filesystem: every host reads it)."""
+        run_dir: Path
+        """Shared by every attempt and host: checkpoints and the ranks' JSON lines."""
+        nproc_per_node: int = 2
+        """Ranks per host."""
+        overrides: tuple[str, ...] = ()
+        """`--set` items for every attempt (the dp degree is added per attempt)."""
+        grace: timedelta = timedelta(seconds=30)
+        """SIGTERM to SIGKILL in a graceful stop: time for the final checkpoint."""
+
+        def __post_init__(self) -> None:
+            if self.nproc_per_node < 1:
+                raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+            if self.grace < timedelta(0):
+                raise ValueError(f"grace must be >= 0, got {self.grace}")
+
+    def __init__(self, cfg: Config, view: ProcessView, token: str, agents: dict[str, AgentClient] | None = None,
+                 env: dict[str, str] | None = None, clock: Callable[[], float] = time.time) -> None:
+        """`agents`: one client per host (spares included; filled in when the launcher has started them); `env`:
+        GLOO_/NCCL_/... settings for every rank."""
+        if len(token) < 16:
+            raise ValueError("the coordinator needs the run's token (at least 16 characters)")
+        self.cfg, self.view, self.clock = cfg, view, clock
+        self.agents: dict[str, AgentClient] = dict(agents or {})
+        self.env = dict(env or {})
+        self._token = token
+        self.attempt: AgentAttempt | None = None
+        self.history: list[AgentAttempt] = []
+        self._first_number = 0
+        self._lock = threading.RLock()
+
+    def _check(self, token: str) -> None:
+        if not hmac.compare_digest(token.encode(), self._token.encode()):
+            raise Unauthorized("killing or restarting training needs the run's token")
+
+    def _order_id(self, kind: str, attempt: int, node: str, extra: str = "") -> str:
+        return f"{self.cfg.job}-{attempt}:{kind}:{node}{extra}"
+
+    # ---- start ---------------------------------------------------------------------------------------
+
+    def start(self, token: str, nodes: tuple[str, ...], dp: int | None = None, resume: str | None = "auto",
+              extra: tuple[str, ...] = ()) -> AgentAttempt:
+        """Start the next attempt on `nodes` (the previous one must be over). RuntimeError when a host's agent
+        refuses or cannot be reached (the attempt is then stopped where it did start)."""
+        self._check(token)
+        with self._lock:
+            if self.attempt is not None and not self.attempt.done:
+                raise RuntimeError(f"attempt {self.attempt.number} still runs; stop it first")
+            number = self.attempt.number + 1 if self.attempt is not None else self._first_number
+            overrides = (f"job={self.cfg.job}", *self.cfg.overrides,
+                         *((f"parallel.dp={dp}",) if dp is not None else ()), *extra)
+            self.view.started(self.cfg.job, number)
+            self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=self.clock(), dp=dp, resume=resume)
+            self.history.append(self.attempt)
+            self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": self.attempt.started_at,
+                           "nodes": list(nodes), "dp": dp, "resume": resume,
+                           "agents": {n: self.agents[n].url for n in nodes}})
+        endpoint = None
+        try:
+            for node_rank, node in enumerate(nodes):
+                order = {"kind": "start", "id": self._order_id("start", number, node), "job": self.cfg.job,
+                         "attempt": number, "nnodes": len(nodes), "node_rank": node_rank,
+                         "nproc_per_node": self.cfg.nproc_per_node, "rdzv_endpoint": endpoint,
+                         "config": self.cfg.config, "run_dir": str(Path(self.cfg.run_dir).absolute()),
+                         "resume": resume, "overrides": list(overrides), "env": self.env}
+                result = self.agents[node].run(order, START_TIMEOUT_S)
+                endpoint = endpoint or result["rdzv_endpoint"]
+        except (AgentUnreachable, OrderFailed) as exc:
+            log.error("attempt %d of %s could not start: %s", number, self.cfg.job, exc)
+            self.stop(token, timedelta(0))
+            raise RuntimeError(f"attempt {number} could not start: {exc}") from exc
+        log.info("attempt %d of %s started on %s (resume %s)", number, self.cfg.job, ", ".join(nodes), resume)
+        return self.attempt
+
+    # ---- watch ---------------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Bring the attempt up to date with what the agents reported (cheap: in memory)."""
+        with self._lock:
+            a = self.attempt
+            if a is None:
+                return
+            found = len(a.ranks)
+            for node, pid, rank, local in self.view.reported_ranks(self.cfg.job):
+                a.ranks.setdefault(pid, AgentRank(rank, local, node, pid))
+            for node, code in self.view.ended_nodes(self.cfg.job).items():
+                if node in a.nodes and node not in a.ended:
+                    a.ended.add(node)
+                    a.exit_codes[node] = code
+                    if a.done:
+                        self._journal({"event": "end", "attempt": a.number, "at": self.clock(),
+                                       "exit_codes": a.exit_codes, "stopped": a.stopping})
+            if len(a.ranks) > found:
+                self._journal({"event": "ranks", "attempt": a.number, "at": self.clock(),
+                               "ranks": {str(pid): r.rank for pid, r in a.ranks.items()}})
+
+    # ---- stop ----------------------------------------------------------------------------------------
+
+    def stop(self, token: str, grace: timedelta | None = None) -> None:
+        """Every host stops its part (SIGTERM, SIGKILL after `grace`); returns once all reported it ended, or its agent
+        could not be reached (a lost host: nothing of the attempt can run there with its peers gone)."""
+        self._check(token)
+        with self._lock:
+            a = self.attempt
+            if a is None:
+                return
+            self.view.stopping(self.cfg.job)
+            a.stopping = a.stopping or not a.done
+        grace_s = (self.cfg.grace if grace is None else grace).total_seconds()
+        for node in a.nodes:
+            if node in a.ended:
+                continue
+            try:
+                self.agents[node].order({"kind": "stop", "id": self._order_id("stop", a.number, node),
+                                         "attempt": a.number, "grace_s": grace_s})
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("stopping attempt %d on %s: %s; the host counts as lost", a.number, node, exc)
+                with self._lock:
+                    a.lost.add(node)
+                    a.ended.add(node)
+        deadline = time.monotonic() + grace_s + 30
+        while not a.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+            self.poll()
+        if not a.done:
+            missing = sorted(set(a.nodes) - a.ended)
+            log.warning("attempt %d: no end reported by %s after the stop; counted as lost", a.number, missing)
+            with self._lock:
+                a.lost |= set(missing)
+                a.ended |= set(missing)
+            self._journal({"event": "end", "attempt": a.number, "at": self.clock(), "exit_codes": a.exit_codes,
+                           "stopped": True, "lost": missing})
+
+    def kill_rank(self, token: str, rank: int, sig: int) -> int:
+        """Send `sig` to one rank of the current attempt, through its host's agent (fault injection); its pid."""
+        import signal as signals
+
+        self._check(token)
+        node = self.node_of_rank(rank)
+        a = self.attempt
+        assert a is not None
+        name = signals.Signals(sig).name
+        order = {"kind": "signal", "id": self._order_id("signal", a.number, node, f":{rank}:{name}:{time.time_ns()}"),
+                 "attempt": a.number, "rank": rank, "signal": name}
+        return int(self.agents[node].run(order, 10)["pid"])
+
+    def run_runbook(self, node: str, runbook: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """`megaheal diagnose RUNBOOK --json` on `node`, through its agent, in the environment its ranks get."""
+        order = {"kind": "runbook", "id": f"runbook:{node}:{runbook}:{time.time_ns()}", "runbook": runbook,
+                 "timeout_s": timeout_s}
+        try:
+            result = self.agents[node].run(order, timeout_s + 30)
+        except (AgentUnreachable, OrderFailed) as exc:
+            raise TimeoutError(str(exc)) from exc
+        if result.get("timeout"):
+            raise TimeoutError(f"{runbook} on {node} ran past {timeout_s:g} s")
+        return subprocess.CompletedProcess(["diagnose", runbook], result["returncode"], result["stdout"],
+                                           result["stderr"])
+
+    def rank_pids(self) -> list[int]:
+        return [s.pid for s in self.view.states() if s.job == self.cfg.job]
+
+    def node_of_rank(self, rank: int) -> str:
+        with self._lock:
+            a = self.attempt
+            node = next((r.node for r in (a.ranks.values() if a else []) if r.rank == rank), None)
+        if node is None:
+            raise LookupError(f"rank {rank} is not running")
+        return node
+
+    def ranks_found(self) -> int:
+        with self._lock:
+            return len(self.attempt.ranks) if self.attempt else 0
+
+    # ---- take over -----------------------------------------------------------------------------------
+
+    def take_over(self, token: str) -> bool:
+        """After the job's previous healer died (its agents outlived it): adopt its last attempt where it still runs on
+        every host (the job goes on, nothing restarts), else stop what is left of it (the job then resumes from its
+        newest good checkpoint). Numbers the next attempt after it. True when the attempt was adopted."""
+        self._check(token)
+        entries = [e for e in read_jsonl(Path(self.cfg.run_dir) / "supervisor" / "attempts.jsonl")
+                   if isinstance(e.get("attempt"), int)]
+        if not entries:
+            return False
+        last = max(e["attempt"] for e in entries)
+        self._first_number = last + 1
+        mine = [e for e in entries if e["attempt"] == last]
+        start = next((e for e in mine if e["event"] == "start"), None)
+        if start is None or any(e["event"] == "end" for e in mine):
+            return False
+        nodes = tuple(start["nodes"])
+        if self._runs_everywhere(last, nodes):
+            with self._lock:
+                self.attempt = AgentAttempt(number=last, nodes=nodes, started_at=float(start["at"]),
+                                            dp=start.get("dp"), resume=start.get("resume"))
+                self.history = [self.attempt]
+                self.view.started(self.cfg.job, last)
+            log.warning("took over %s: attempt %d still runs on %s: adopted", self.cfg.job, last, ", ".join(nodes))
+            return True
+        for node in nodes:
+            if node in self.agents:
+                try:
+                    self.agents[node].run({"kind": "stop", "id": self._order_id("stop", last, node, ":take-over"),
+                                           "attempt": last, "grace_s": 0.5}, 60)
+                except (AgentUnreachable, OrderFailed) as exc:
+                    log.warning("take-over: stopping attempt %d on %s: %s", last, node, exc)
+        self._journal({"event": "end", "attempt": last, "at": self.clock(), "exit_codes": {}, "stopped": True,
+                       "taken_over": True})
+        log.warning("took over %s: attempt %d was left by the previous healer; stopped", self.cfg.job, last)
+        return False
+
+    def _runs_everywhere(self, attempt: int, nodes: tuple[str, ...]) -> bool:
+        for node in nodes:
+            try:
+                report = self.agents[node].state()["attempt"] if node in self.agents else None
+            except (AgentUnreachable, OrderFailed):
+                return False
+            if report is None or report["attempt"] != attempt or report["ended"] or report["stopping"]:
+                return False
+        return True
+
+    def _journal(self, entry: dict[str, object]) -> None:
+        append_jsonl(Path(self.cfg.run_dir) / "supervisor" / "attempts.jsonl", entry)
+
+
+def last_start(run_dir: Path) -> dict[str, Any] | None:
+    """The journal's newest attempt start (its hosts, dp and resume), or None."""
+    starts = [e for e in read_jsonl(Path(run_dir) / "supervisor" / "attempts.jsonl") if e.get("event") == "start"]
+    return starts[-1] if starts else None

@@ -1,0 +1,188 @@
+"""The local launcher: every "host" of the job is a node agent process on this machine (`megaheal agent`), each with
+its own scratch directory as its local disk, reporting to the healer over loopback. The same agents, orders and
+reports as on a cluster (healer/launchers/slurm_agents.py starts them with srun), so one code path is tested here.
+
+The agents run in sessions of their own: a healer that dies leaves them (and the job) running, and the next one
+(`megaheal run --resume`) finds them again through the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 60.0
+
+
+def write_token(path: Path, token: str | None = None) -> str:
+    """The job's token in a file only its owner can read (agents read it; it never goes into an environment)."""
+    token = token or secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return token
+
+
+@dataclass(slots=True)
+class LocalAgent:
+    node: str
+    url: str
+    process: subprocess.Popen[bytes] | None = None
+    """The agent's process; None for an agent in this process (`in_process`)."""
+    log_path: Path | None = None
+    _log: IO[bytes] | None = None
+    in_process: Any = None
+
+
+@dataclass(kw_only=True, slots=True)
+class LocalAgents:
+    """One `megaheal agent` process per host, on this machine."""
+
+    run_dir: Path
+    healer_url: str
+    token_file: Path
+    python: str = field(default_factory=lambda: sys.executable)
+    cwd: Path = field(default_factory=Path.cwd)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    in_process: bool = False
+    """Run the agents as threads of this process (tests that hand one a recorded NVML): the same agents, orders and
+    reports, but they die with the healer."""
+    nvml: dict[str, Any] = field(default_factory=dict)
+    """In-process agents only: per host, the NVML handle its sidecar reads (none by default)."""
+    agents: dict[str, LocalAgent] = field(default_factory=dict)
+
+    @staticmethod
+    def scratch_dir(run_dir: Path, node: str) -> Path:
+        """The host's local disk: its ranks' TMPDIR (what a node-local NVMe is on a cluster)."""
+        return run_dir / "nodes" / node / "tmp"
+
+    def work_dir(self, node: str) -> Path:
+        return self.run_dir / "nodes" / node / "agent"
+
+    def start(self, nodes: list[str]) -> dict[str, str]:
+        """Start an agent for each host and wait until they serve; their URLs."""
+        if self.in_process:
+            for node in nodes:
+                self.agents[node] = self._in_process(node)
+            return self._registered()
+        started = [self._spawn(node) for node in nodes]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for node, url_file, agent_log, proc, log_path in started:
+            while not url_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not url_file.exists():
+                proc.kill()
+                tail = log_path.read_text(errors="replace").splitlines()[-5:] if log_path.exists() else []
+                raise RuntimeError(f"the agent of {node} did not start: {' | '.join(tail) or 'no output'}")
+            self.agents[node] = LocalAgent(node, url_file.read_text().strip(), proc, log_path, agent_log)
+        return self._registered()
+
+    def _registered(self) -> dict[str, str]:
+        urls = {n: a.url for n, a in self.agents.items()}
+        self.registry.parent.mkdir(parents=True, exist_ok=True)
+        self.registry.write_text(json.dumps(urls) + "\n")
+        return urls
+
+    def _in_process(self, node: str) -> LocalAgent:
+        import tempfile
+
+        from healer.agent.node import NodeAgent
+
+        work = self.work_dir(node)
+        cfg = NodeAgent.Config(node=node, token=self.token_file.read_text().strip(), work_dir=work,
+                               scratch_dir=self.scratch_dir(self.run_dir, node), healer_url=self.healer_url,
+                               socket_path=str(Path(tempfile.mkdtemp(prefix="mh-agent-")) / "ranks.sock"),
+                               python=self.python, cwd=self.cwd, extra_env=self.extra_env)
+        agent = NodeAgent(cfg, nvml=self.nvml.get(node))
+        return LocalAgent(node, agent.start(), in_process=agent)
+
+    def _spawn(self, node: str) -> tuple[str, Path, IO[bytes], subprocess.Popen[bytes], Path]:
+        work = self.work_dir(node)
+        work.mkdir(parents=True, exist_ok=True)
+        url_file = work / "url"
+        url_file.unlink(missing_ok=True)
+        log_path = work / "agent.log"
+        agent_log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the agent
+        argv = [self.python, "-m", "megaheal", "agent", "--node", node, "--token-file", str(self.token_file),
+                "--work-dir", str(work), "--scratch-dir", str(self.scratch_dir(self.run_dir, node)),
+                "--healer-url", self.healer_url, "--url-file", str(url_file)]
+        env = dict(os.environ) | self.extra_env
+        env.setdefault("OMP_NUM_THREADS", "1")
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=agent_log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        return node, url_file, agent_log, proc, log_path
+
+    def adopt(self, nodes: list[str]) -> dict[str, str]:
+        """After a healer died: its agents outlived it (sessions of their own). Those that still answer, with the run's
+        token, are kept and told to report here; the hosts whose agent is gone get a new one. Their URLs."""
+        known = self.known()
+        token = self.token_file.read_text().strip()
+        for node in nodes:
+            url = known.get(node)
+            if url is None:
+                continue
+            client = AgentClient(node, url, token, timeout_s=3, attempts=1)
+            try:
+                client.run({"kind": "report", "id": f"report:{node}:{time.time_ns()}", "healer_url": self.healer_url},
+                           10)
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("the agent of %s at %s is gone (%s): starting a new one", node, url, exc)
+                continue
+            self.agents[node] = LocalAgent(node, url)
+        missing = [n for n in nodes if n not in self.agents]
+        if missing:
+            self.start(missing)
+        return {n: a.url for n, a in self.agents.items()}
+
+    def known(self) -> dict[str, str]:
+        """The agents this run's launcher last started (`agents.json` in the run's supervisor directory)."""
+        try:
+            return dict(json.loads(self.registry.read_text()))
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    @property
+    def registry(self) -> Path:
+        return self.run_dir / "supervisor" / "agents.json"
+
+    def clients(self, token: str) -> dict[str, AgentClient]:
+        return {n: AgentClient(n, a.url, token) for n, a in self.agents.items()}
+
+    def stop(self) -> None:
+        """End the agents (the job's ranks must already be stopped: an agent leaves them as they are)."""
+        token = self.token_file.read_text().strip() if self.token_file.exists() else ""
+        for agent in self.agents.values():
+            if agent.in_process is not None:
+                agent.in_process.stop()
+            elif agent.process is not None and agent.process.poll() is None:
+                agent.process.send_signal(signal.SIGTERM)
+            elif agent.process is None:  # adopted from a healer that died: not our child, but it takes orders
+                try:
+                    AgentClient(agent.node, agent.url, token, timeout_s=3, attempts=1).order(
+                        {"kind": "shutdown", "id": f"shutdown:{agent.node}:{time.time_ns()}"})
+                except (AgentUnreachable, OrderFailed) as exc:
+                    log.warning("the adopted agent of %s did not take its shutdown: %s", agent.node, exc)
+        for agent in self.agents.values():
+            if agent.process is not None:
+                try:
+                    agent.process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    agent.process.kill()
+                    agent.process.wait(timeout=15)
+            if agent._log is not None:
+                agent._log.close()

@@ -1,0 +1,87 @@
+"""The node agent on its own, against real processes: its orders API (token, malformed orders, idempotent ids), a
+real attempt of 4 ranks started, watched, signalled and stopped through it, a runbook run on its host, and its
+batches carrying the host's part of the attempt to a healer's table."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from healer.agent.node import NodeAgent
+from healer.core.heartbeats import HeartbeatTable
+from healer.launchers.agent_client import AgentClient, OrderFailed
+from healer.oncall.httpclient import request_json
+from healer.errors import SinkError
+from healer.runner.reports import ReportServer
+from tests.conftest import CONFIGS, REPO
+from tests.support import wait_for
+
+TOKEN = "agent-test-token-0123456789"
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Any:
+    table = HeartbeatTable()
+    reports = ReportServer(table, TOKEN)
+    url = reports.start()
+    node = NodeAgent(NodeAgent.Config(node="n1", token=TOKEN, work_dir=tmp_path / "agent", scratch_dir=tmp_path / "tmp",
+                                      healer_url=url, socket_path=str(tmp_path / "r.sock"), cwd=REPO,
+                                      heartbeat_interval_s=0.2, extra_env={"GLOO_SOCKET_IFNAME": "lo"}), nvml=None)
+    node.start()
+    yield node, AgentClient("n1", node.url, TOKEN), table
+    node.stop()
+    reports.stop()
+
+
+def start_order(tmp_path: Path, order_id: str = "j-0:start:n1") -> dict[str, Any]:
+    return {"kind": "start", "id": order_id, "job": "j", "attempt": 0, "nnodes": 1, "node_rank": 0,
+            "nproc_per_node": 4, "config": str(CONFIGS / "tiny-dp4.yaml"), "run_dir": str(tmp_path / "run"),
+            "overrides": ["steps=200", "job=j"]}
+
+
+def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field(agent: Any, tmp_path: Path) -> None:
+    node, client, _ = agent
+    with pytest.raises(SinkError, match="401"):
+        request_json("POST", f"{node.url}/v1/orders", start_order(tmp_path), {"Authorization": "Bearer wrong"})
+    bad = {**start_order(tmp_path), "nproc_per_node": 0}
+    with pytest.raises(OrderFailed, match="400.*nproc_per_node"):
+        client.order(bad)
+    hostile = {**start_order(tmp_path), "env": {"LD_PRELOAD": "/tmp/x.so"}}
+    with pytest.raises(OrderFailed, match="400.*env"):
+        client.order(hostile)  # only GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ settings reach a rank
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_agent(agent: Any, tmp_path: Path) -> None:
+    node, client, table = agent
+    table.processes.started("j", 0)  # what the healer's coordinator does before it orders the start
+    order = start_order(tmp_path)
+    assert client.run(order, 30)["rdzv_endpoint"].startswith("127.0.0.1:")
+    assert client.order(order)["status"] == "done", "the same id again: the first order's state, no second start"
+    with pytest.raises(OrderFailed, match="409"):
+        client.order({**order, "attempt": 1})
+    # The batches carry the host's part of the attempt into the healer's table.
+    wait_for("four ranks in the table", lambda: len(table.processes.reported_ranks("j")) == 4, 60, every_s=0.1)
+    pid = client.run({"kind": "signal", "id": "kill-3", "attempt": 0, "rank": 3, "signal": "SIGKILL"}, 10)["pid"]
+    wait_for("the crash in the batches", lambda: [e for e in table.processes.exits() if e.rank == 3], 30, every_s=0.1)
+    (crashed,) = [e for e in table.processes.exits() if e.rank == 3]
+    assert crashed.pid == pid and (crashed.signal == signal.SIGKILL or crashed.vanished)
+    assert client.run({"kind": "stop", "id": "stop-0", "attempt": 0, "grace_s": 1}, 60)["stopped"] == 0
+    state = client.state()["attempt"]
+    assert state["ended"] and state["ranks"] == []
+    exits = {e["rank"]: e for e in state["exits"]}
+    assert exits[3]["signal"] == signal.SIGKILL and not exits[3]["expected"]
+    time.sleep(0.5)
+    assert table.processes.ended_nodes("j") == {"n1": state["exit_code"]}
+
+
+@pytest.mark.timeout(120)
+def test_a_runbook_runs_on_the_agents_host_and_says_its_verdict(agent: Any) -> None:
+    _, client, _ = agent
+    result = client.run({"kind": "runbook", "id": "rb-1", "runbook": "node-health", "timeout_s": 90}, 120)
+    assert result["returncode"] == 0 and '"verdict": "pass"' in result["stdout"]
