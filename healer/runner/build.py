@@ -1,5 +1,5 @@
-"""Putting `megaheal run` together: the store, the rules, the sinks, the local launcher and its supervisor, the
-remediator, the healer and its loop. One place, so the command and the tests build the same thing.
+"""Putting `megaheal run` together: the store, the rules, the sinks, the local node agents and the coordinator that
+orders them, the endpoint their batches come to, the remediator, the healer and its loop. One place, so the command and the tests build the same thing.
 """
 
 from __future__ import annotations

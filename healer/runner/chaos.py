@@ -9,7 +9,7 @@
       - {at_step: 56, kind: break-node, rank: 2}                # rank 2's node loses its local disk, rank 2 dies
 
 A fault fires once, when every rank of the running attempt has reported `at_step`. Signals go through the
-supervisor (so they need the healer token) to the rank's pid; nothing from the schedule reaches a shell.
+coordinator (so they need the run's token) to the rank's node agent; nothing from the schedule reaches a shell.
 """
 
 from __future__ import annotations
@@ -120,10 +120,10 @@ def break_scratch(scratch: Path) -> Path:
 
 
 class Chaos:
-    """Plays a schedule against a supervisor: call `tick(lowest_step)` from the healing loop."""
+    """Plays a schedule against a job: call `tick(lowest_step)` from the healing loop."""
 
     def __init__(self, schedule: Schedule, kill: Any, ckpt_dir: Path, scratch_of: Any = None) -> None:
-        """`kill(rank, sig) -> pid`: the supervisor's kill_rank with the token bound; `scratch_of(rank) -> Path`:
+        """`kill(rank, sig) -> pid`: the remediator's signal_rank (through the rank's agent); `scratch_of(rank) -> Path`:
         the scratch directory of the node `rank` runs on (needed by break-node faults)."""
         if scratch_of is None and any(f.kind == "break-node" for f in schedule.faults):
             raise ValueError("a break-node fault needs scratch_of (the launcher's node scratch directories)")

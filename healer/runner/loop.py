@@ -1,8 +1,9 @@
 """`megaheal run`'s loop: the one healer (healer.core.engine) embedded with the local launcher, healing the job it
 started itself.
 
-Each tick (a quarter of a second): take the sidecars' heartbeat batches, let the supervisor look at the processes,
-detect, respond to the incidents that are due, and resolve the ones whose restart trained again. Nothing in a tick
+The node agents (one per host, healer/agent/) post their batches to the healer's endpoint (healer/runner/reports.py)
+whenever they like; each tick (a quarter of a second) brings the coordinator up to date with what they reported,
+detects, responds to the incidents that are due, and resolves the ones whose restart trained again. Nothing in a tick
 waits: diagnoses and restarts run on the remediator's worker, notifications (Alertmanager) and the goodput ledger
 on a thread of their own, so a slow runbook or an Alertmanager that does not answer never holds up detection.
 The job ends `finished` (every step done), `escalated` (the healer stopped it and paged: its budget is spent, or

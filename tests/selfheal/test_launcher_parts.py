@@ -1,5 +1,5 @@
-"""The supervisor's parts that need no training job: /proc reading of real processes (a real zombie, a real
-stopped process), the agent's failure report, and the token check."""
+"""The launcher's parts that need no training job: /proc reading of real processes (a real zombie, a real stopped
+process), torchrun's failure report, the ranks' own records, and the coordinator's token check."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import pytest
 
 from megaheal import procfs
 from healer.launchers.agent_log import parse_failures
-from healer.launchers.local import LocalLauncher
-from healer.launchers.supervisor import Supervisor, Unauthorized
 from healer.core.processes import ProcessView
+from healer.launchers.coordinator import Coordinator, Unauthorized
 
 REPORT = """[2026-11-30 03:14:02,118] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9)
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -74,15 +73,15 @@ def test_it_reads_state_cpu_rank_and_a_zombies_exit_status_from_proc() -> None:
     exiting.wait()
 
 
-def test_killing_or_restarting_needs_the_healer_token(tmp_path: Path) -> None:
-    sup = Supervisor(Supervisor.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path),
-                     LocalLauncher(), ProcessView(), token="right")
+def test_killing_or_restarting_needs_the_runs_token(tmp_path: Path) -> None:
+    right = "the-right-token-0123456789"
+    sup = Coordinator(Coordinator.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path), ProcessView(), right)
     for call in (lambda: sup.start("wrong", ("n1",)), lambda: sup.stop("wrong"),
-                 lambda: sup.kill_rank("wrong", 0, signal.SIGKILL)):
+                 lambda: sup.kill_rank("wrong", 0, signal.SIGKILL), lambda: sup.take_over("wrong")):
         with pytest.raises(Unauthorized):
             call()
     with pytest.raises(ValueError, match="token"):
-        Supervisor(Supervisor.Config(job="j", config="c", run_dir=tmp_path), LocalLauncher(), ProcessView(), token="")
+        Coordinator(Coordinator.Config(job="j", config="c", run_dir=tmp_path), ProcessView(), token="short")
 
 
 def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sampled_heartbeats(tmp_path: Path) -> None:
@@ -121,35 +120,3 @@ def test_an_attempts_first_and_highest_step_are_read_from_rank_0s_records_within
     assert (first_step(tmp_path, 0), highest_step(tmp_path, 0)) == (0, 9)
     assert (first_step(tmp_path, 1), highest_step(tmp_path, 1)) == (8, 11)
     assert first_step(tmp_path, 2) is None
-
-
-def test_taking_over_kills_only_the_processes_of_the_journalled_attempt_and_numbers_the_next_one(tmp_path: Path) -> None:
-    import json
-
-    sleep = "import time; time.sleep(120)"
-    # Stand-ins for the agents a dead healer left: one of attempt j-1, and one whose run id only looks alike.
-    ours = subprocess.Popen([sys.executable, "-c", sleep, "--rdzv-id", "j-1"])
-    decoy = subprocess.Popen([sys.executable, "-c", sleep, "--rdzv-id", "j-10"])
-    try:
-        journal = tmp_path / "supervisor" / "attempts.jsonl"
-        journal.parent.mkdir()
-        journal.write_text("\n".join(json.dumps(e) for e in [
-            {"event": "start", "attempt": 0, "at": 1.0, "nodes": ["n1"], "dp": 1, "agents": {"n1": 1}},
-            {"event": "end", "attempt": 0, "at": 2.0, "exit_codes": {"n1": 1}},
-            {"event": "start", "attempt": 1, "at": 3.0, "nodes": ["n1", "n2"], "dp": 2,
-             "agents": {"n1": ours.pid, "n2": decoy.pid}},
-        ]) + "\n{\"event\": \"ranks\", \"atte")  # the dead healer's last line, cut short
-        sup = Supervisor(Supervisor.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path),
-                         LocalLauncher(), ProcessView(), token="right")
-        with pytest.raises(Unauthorized):
-            sup.take_over("wrong")
-        assert sup.take_over("right") == [ours.pid]
-        assert ours.wait(timeout=10) == -signal.SIGKILL and decoy.poll() is None
-        end = json.loads(journal.read_text().splitlines()[-1])
-        assert end["attempt"] == 1 and end["taken_over"] and end["killed"] == [ours.pid]
-        assert sup._first_number == 2  # the next attempt is j-2: no rendezvous id is used twice
-        assert sup.take_over("right") == []  # attempt 1 is closed now: nothing more to do
-    finally:
-        for p in (ours, decoy):
-            p.kill()
-            p.wait()
