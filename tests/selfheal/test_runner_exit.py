@@ -5,6 +5,7 @@ directory is refused, naming the first. The lock itself, held by a live process 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from healer.launchers import journal, kill
 from healer.runner.shutdown import RunDirBusy, RunDirLock
 from megaheal import procfs
+from megaheal.names import derive_name
 from tests.conftest import REPO, job_env, kill_job
 from tests.support import wait_for
 
@@ -60,10 +62,11 @@ def _read(path: Path) -> list[dict]:  # type: ignore[type-arg]
 
 @pytest.mark.distributed
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize(("sig", "dirname"), [(signal.SIGINT, "2024-06-01"), (signal.SIGTERM, "run")])
+@pytest.mark.parametrize(("sig", "dirname"), [(signal.SIGINT, "2024-06-01"), (signal.SIGTERM, "my run")])
 def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile(
         tmp_path: Path, sig: int, dirname: str) -> None:
-    """2024-06-01: a run directory named after a date (the job name once became a YAML date in every rank)."""
+    """The run directories are the issue's: one named after a date (the job name became a YAML date in every rank,
+    which failed its config) and one with a space (a name the wire refused: the job ran unwatched)."""
     run_dir = tmp_path / dirname
     first = megaheal_run(run_dir, tmp_path / "first.log")
     try:
@@ -77,13 +80,15 @@ def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile
         code = first.wait(timeout=180)
     except BaseException:
         kill_job(first)
-        _kill_left(run_dir, dirname)
+        _kill_left(run_dir, derive_name(dirname))
         raise
     out = (tmp_path / "first.log").read_text(errors="replace")
     assert code == 128 + sig, out[-3000:]
     assert "outcome: interrupted" in out and "--resume" in out
+    # The ranks reported under the job's name: the healer had rank 3's step and loss (its live view's last frame).
+    assert re.search(r"│ 3\s+│ n2\s+│ \d+\s+│ \d+\.\d{4} ", out), out[-3000:]
     left = [p for p in pids if procfs.alive(p)]
-    _kill_left(run_dir, dirname)
+    _kill_left(run_dir, derive_name(dirname))
     assert not left, "the job's ranks and agents were all stopped"
     end = _read(journal.path(run_dir))[-1]
     assert end["event"] == "end" and end["attempt"] == 0 and end["stopped"]
