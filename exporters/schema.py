@@ -36,6 +36,7 @@ from msgspec import Meta, Struct
 # NOTE: SchemaError is re-exported: receivers catch it from here, beside the decoders that raise it.
 from exporters.wire_errors import SchemaError as SchemaError
 from exporters.wire_errors import explain, json_syntax_error
+from megaheal.names import NAME_PATTERN
 
 RECORD_SCHEMA: Final = 2
 HEARTBEAT_SCHEMA: Final = 1
@@ -46,7 +47,6 @@ MAX_RANKS_PER_BATCH = 4096
 # The trainer's phases in the order one step runs them (see train/trainer.py).
 PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "dp_reduce", "grad_norm_clip", "optimizer",
                "checkpoint")
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,252}$"
 
 # ---- field types -------------------------------------------------------------------------------------------
 # NOTE: msgspec has no "finite" constraint; the largest float as both bounds refuses NaN and the infinities.
@@ -56,6 +56,7 @@ Count = Annotated[int, Meta(ge=0, description="an integer >= 0")]
 Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max, description="a finite number")]
 Flag = Annotated[bool, Meta(description="true or false")]
 Number = Annotated[float, Meta(description="a number (NaN and infinities allowed)")]
+# NOTE: the one name rule of jobs and nodes (megaheal/names.py), here as the decoders check it.
 Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="a name (letters, digits, . _ : @ / -, at most 253)")]
 Mesh = Annotated[dict[str, Count], Meta(description='an object of coordinates, e.g. {"pp": 0, "dp": 1, "tp": 0}')]
 Phases = Annotated[dict[str, Finite], Meta(max_length=MAX_PHASES,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -30,9 +29,10 @@ from exporters.nvml_collector import NvmlCollector, open_nvml
 from exporters.rank_collector import RankCollector, SidecarCollector
 from exporters.ranks import RankTable
 from exporters.receiver import DatagramReceiver
-from exporters.schema import HEARTBEAT_SCHEMA, NAME_PATTERN, HeartbeatBatch, Message, StepRecord
+from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepRecord
 from exporters.traces import StepTracer, otlp_exporter
 from exporters.xid import XidWatcher
+from megaheal.names import check_name
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,7 @@ class Sidecar:
 
         def __post_init__(self) -> None:
             # NOTE: the healer refuses a whole batch whose node is not a name: refuse such a sidecar at start instead.
-            if not re.fullmatch(NAME_PATTERN, self.node):
-                raise ValueError("node must be a non-empty printable name: letters, digits, . _ : @ / - (at most 253), "
-                                 f"got {self.node!r}")
+            check_name(self.node, "node")
             if not self.socket_path:
                 raise ValueError("socket_path must be set")
             host, _, port = self.metrics_addr.rpartition(":")

@@ -143,12 +143,13 @@ def run(
 
     from healer.errors import DatabaseError
     from healer.runner.run import run_job  # torch, rich: imported only here
+    from healer.runner.shutdown import RunDirBusy
 
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
                        resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()))
-    except (ConfigError, ValueError, DatabaseError) as exc:
+    except (ConfigError, ValueError, DatabaseError, RunDirBusy) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)

@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
+from megaheal.names import derive_name
 from train.checkpoint.manager import Checkpointer
 from train.checkpoint.state import ModelParts, capture, config_hash, load_template, model_hash, restore
 from train.config import TrainConfig
@@ -100,8 +101,8 @@ class Trainer:
         self.writer = StepRecordWriter(run_dir, self.place.rank)
         # The node sidecar's client: a null object unless MEGAHEAL_SIDECAR_SOCKET is set; never blocks.
         self.telemetry = RankClient.from_env(
-            cfg.job or run_dir.resolve().name, self.place.rank, self.place.local_rank, self.place.world_size,
-            self.place.coords(),
+            cfg.job or derive_name(run_dir.resolve().name), self.place.rank, self.place.local_rank,
+            self.place.world_size, self.place.coords(),
         )
         self.telemetry.hello()
         self.table = StepTable() if self.place.rank == 0 else None

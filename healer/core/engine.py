@@ -104,8 +104,9 @@ class Healer:
 
     def evaluate_detectors(self) -> tuple[TickView, list[tuple[Rule, Evaluation]]]:
         """One detection cycle over this tick's view of the jobs, in memory only (timed into the cycle histogram).
-        NOTE: the service runs this on the event loop that also ingests heartbeats, so it never waits for the
-        GIL behind a busy ingest thread; the database writes it leads to happen in `apply_detections`."""
+        NOTE: the service runs it on a thread of its own, off the event loop: a cycle over 12,288 ranks takes long
+        enough that heartbeats, /healthz and every other request would wait for it there. The database writes it
+        leads to happen in `apply_detections`."""
         now = self.clock()
         started = time.perf_counter()
         view = TickView.of(self.table)
@@ -128,6 +129,11 @@ class Healer:
 
     def apply_detections(self, view: TickView, results: list[tuple[Rule, Evaluation]]) -> None:
         """Open or join incidents for what fires, resolve the ones whose thing is healthy again."""
+        # NOTE: what fired is remembered only to resolve its incident when its key is healthy again; once that
+        # incident is over (resolved by anyone, purged) the entry is of no use, and would grow with every job and
+        # attempt ever seen. Pruned here, on the one thread that writes it.
+        known = self._known
+        self._fired = {k: fp for k, fp in self._fired.items() if fp in known}
         for rule, result in results:
             for f in result.firing:
                 # NOTE: under a launcher the attempt is part of the identity: the same fault in a later attempt

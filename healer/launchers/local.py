@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from megaheal.names import check_name
+
 log = logging.getLogger(__name__)
 
 
@@ -46,14 +48,22 @@ class LaunchSpec:
     """Per node, its sidecar's socket (the ranks' MEGAHEAL_SIDECAR_SOCKET)."""
 
     def __post_init__(self) -> None:
+        check_name(self.job, "job")
         if not self.nodes:
             raise ValueError("nodes must name at least one node")
+        for node in self.nodes:
+            check_name(node, "node")
         if len(set(self.nodes)) != len(self.nodes):
             raise ValueError(f"nodes must be distinct, got {list(self.nodes)}")
         if self.nproc_per_node < 1:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
         if self.attempt < 0:
             raise ValueError(f"attempt must be >= 0, got {self.attempt}")
+
+    @property
+    def run_id(self) -> str:
+        """torchrun's rendezvous id of this attempt, which every worker carries (TORCHELASTIC_RUN_ID)."""
+        return f"{self.job}-{self.attempt}"
 
     @property
     def attempt_dir(self) -> Path:
@@ -147,7 +157,7 @@ class LocalLauncher(Launcher):
                 "--nnodes", str(len(spec.nodes)), "--node-rank", str(node_rank),
                 "--nproc-per-node", str(spec.nproc_per_node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.host}:{port}",
-                "--rdzv-id", f"{spec.job}-{spec.attempt}",
+                "--rdzv-id", spec.run_id,
                 # The first node hosts the rendezvous store; the others only connect to it.
                 "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'},join_timeout=120",
                 # NOTE: no restarts inside torchrun: the supervisor decides (and may change the node set).

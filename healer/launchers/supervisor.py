@@ -29,6 +29,8 @@ from typing import Any
 
 from healer.jsonl import append_jsonl, read_jsonl
 from megaheal import procfs
+from megaheal.names import check_name
+from healer.launchers import journal, kill
 from healer.launchers.agent_log import parse_failures
 from healer.launchers.local import Launcher, LaunchSpec, NodeHandle
 from healer.core.processes import (
@@ -51,6 +53,11 @@ class _Rank:
     local_rank: int
     node: str
     pid: int
+    started: float
+    """When the process started (procfs start time): with the pid and the run id, what a signal is checked against."""
+
+    def target(self, run_id: str) -> kill.Target:
+        return kill.Target(self.pid, self.started, run_id)
 
 
 @dataclass(slots=True)
@@ -76,6 +83,10 @@ class Attempt:
         return len(self.ended) == len(self.handles)
 
     @property
+    def run_id(self) -> str:
+        return self.spec.run_id
+
+    @property
     def succeeded(self) -> bool:
         return self.done and all(code == 0 for code in self.exit_codes.values()) and not self.stopping
 
@@ -99,6 +110,7 @@ class Supervisor:
         """Log lines kept per exited rank."""
 
         def __post_init__(self) -> None:
+            check_name(self.job, "job")
             if self.nproc_per_node < 1:
                 raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
             if self.grace < timedelta(0):
@@ -117,6 +129,8 @@ class Supervisor:
         self.history: list[Attempt] = []
         self._first_number = 0
         """The number of the first attempt this supervisor starts (after a take-over: the next one)."""
+        self.closed = False
+        """Set on the way out (`close`): no attempt starts any more, so a restart in flight cannot outlive us."""
         self._lock = threading.RLock()
 
     def _check(self, token: str) -> None:
@@ -130,6 +144,8 @@ class Supervisor:
         """Start the next attempt on `nodes` (the previous one must be over)."""
         self._check(token)
         with self._lock:
+            if self.closed:
+                raise RuntimeError(f"the supervisor of {self.cfg.job} is shutting down: no new attempt")
             if self.attempt is not None and not self.attempt.done:
                 raise RuntimeError(f"attempt {self.attempt.number} still runs; stop it first")
             number = self.attempt.number + 1 if self.attempt is not None else self._first_number
@@ -141,9 +157,11 @@ class Supervisor:
             handles = self.launcher.start(spec)
             self.attempt = Attempt(number=number, spec=spec, handles=handles, started_at=self.clock())
             self.history.append(self.attempt)
+            # The agents' start times: a healer that takes over checks them before it signals those pids.
             self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": self.attempt.started_at,
-                           "nodes": list(nodes),
-                           "dp": dp, "resume": resume, "agents": {h.node: h.process.pid for h in handles}})
+                           "nodes": list(nodes), "dp": dp, "resume": resume,
+                           "agents": {h.node: h.process.pid for h in handles},
+                           "agents_started": {h.node: procfs.start_time(h.process.pid) for h in handles}})
             log.info("attempt %d of %s started on %s (resume %s)", number, self.cfg.job, ", ".join(nodes), resume)
             return self.attempt
 
@@ -163,8 +181,13 @@ class Supervisor:
                     continue
                 for pid in procfs.children(h.process.pid):
                     if pid not in a.ranks and (rank := procfs.worker_rank(pid)) is not None:
+                        # NOTE: a worker of this attempt (its run id), and when it started: every signal to it
+                        # later is checked against both, so a pid reused after it died is never signalled.
+                        if (t := kill.identify(pid, a.run_id)) is None:
+                            continue
                         env_local = procfs.environ(pid).get("LOCAL_RANK", "0")
-                        a.ranks[pid] = _Rank(rank, int(env_local) if env_local.isdigit() else 0, h.node, pid)
+                        a.ranks[pid] = _Rank(rank, int(env_local) if env_local.isdigit() else 0, h.node, pid,
+                                             t.started)
                 for pid, r in a.ranks.items():
                     if r.node != h.node or r.rank in a.recorded:
                         continue
@@ -184,7 +207,8 @@ class Supervisor:
                 self.view.found(self.cfg.job, frozenset(a.ranks))
                 # A healer that comes back after dying must find (and stop) the processes it left behind.
                 self._journal({"event": "ranks", "attempt": a.number, "at": now,
-                               "ranks": {str(pid): r.rank for pid, r in a.ranks.items()}})
+                               "ranks": {str(pid): r.rank for pid, r in a.ranks.items()},
+                               "started": {str(pid): r.started for pid, r in a.ranks.items()}})
             self.view.update_states(states)
 
     def _agent_ended(self, a: Attempt, h: NodeHandle, code: int, now: float) -> None:
@@ -218,7 +242,7 @@ class Supervisor:
 
     def _journal(self, entry: dict[str, object]) -> None:
         """`<run_dir>/supervisor/attempts.jsonl`: when each attempt started and ended (the goodput ledger's clock)."""
-        append_jsonl(self.cfg.run_dir / "supervisor" / "attempts.jsonl", entry)
+        append_jsonl(journal.path(self.cfg.run_dir), entry)
 
     def _rank_ended(self, a: Attempt, h: NodeHandle, r: _Rank, st: procfs.Stat | None, now: float) -> None:
         a.recorded.add(r.rank)
@@ -244,11 +268,11 @@ class Supervisor:
 
         A healer that comes back never adopts processes it did not start (it cannot wait for them, nor read
         their exit status): it stops them, and the job resumes from its newest good checkpoint. A pid is only
-        killed when it still belongs to the attempt (its torchrun run id, `JOB-ATTEMPT`), never a reused one.
+        killed when it still belongs to the attempt (its torchrun run id, `JOB-ATTEMPT`, and the start time the
+        journal recorded for it), never a reused one.
         """
         self._check(token)
-        entries = [e for e in read_jsonl(self.cfg.run_dir / "supervisor" / "attempts.jsonl")
-                   if isinstance(e.get("attempt"), int)]
+        entries = [e for e in read_jsonl(journal.path(self.cfg.run_dir)) if isinstance(e.get("attempt"), int)]
         if not entries:
             return []
         last = max(e["attempt"] for e in entries)
@@ -256,16 +280,11 @@ class Supervisor:
         mine = [e for e in entries if e["attempt"] == last]
         if any(e["event"] == "end" for e in mine):
             return []
-        run_id = f"{self.cfg.job}-{last}"
-        agents = [int(p) for e in mine if e["event"] == "start" for p in (e.get("agents") or {}).values()]
-        ranks = [int(p) for e in mine if e["event"] == "ranks" for p in (e.get("ranks") or {})]
-        ours = [p for p in agents if run_id in procfs.cmdline(p)]  # an argument of its own: --rdzv-id JOB-N
-        ours += [p for p in {*ranks, *(d for a in ours for d in procfs.descendants(a))}
-                 if procfs.environ(p).get("TORCHELASTIC_RUN_ID") == run_id]
-        live = sorted({p for p in ours if procfs.alive(p)})
-        for pid in live:
-            _signal(pid, signal.SIGKILL)
-        _wait_gone(live, timeout_s=30)
+        targets = journal.targets(mine, f"{self.cfg.job}-{last}")
+        for t in targets:
+            kill.send(t, signal.SIGKILL)
+        kill.wait_gone(targets, timeout_s=30)
+        live = sorted(t.pid for t in targets)
         self._journal({"event": "end", "attempt": last, "at": self.clock(), "exit_codes": {}, "stopped": True,
                        "taken_over": True, "killed": live})
         log.warning("took over %s: attempt %d was left running by the previous healer; killed %d process(es)",
@@ -274,8 +293,15 @@ class Supervisor:
 
     # ---- stop ----------------------------------------------------------------------------------------
 
-    def stop(self, token: str, grace: timedelta | None = None) -> None:
-        """SIGTERM every rank, wait up to `grace` for them to save and leave, then SIGKILL what remains."""
+    def close(self) -> None:
+        """No attempt starts from now on (`megaheal run` is on its way out): a restart ordered before cannot start
+        one after the job was stopped."""
+        with self._lock:
+            self.closed = True
+
+    def stop(self, token: str, grace: timedelta | None = None, hurry: Callable[[], bool] = lambda: False) -> None:
+        """SIGTERM every rank, wait up to `grace` for them to save and leave, then SIGKILL what remains (at once
+        when `hurry()` turns true: a second Ctrl-C). Every signal is checked first (see healer.launchers.kill)."""
         self._check(token)
         with self._lock:
             a = self.attempt
@@ -287,53 +313,64 @@ class Supervisor:
         if done:
             # Every agent has left; a rank orphaned by a killed agent may not have, and it has no one to
             # answer a SIGTERM to: take it down now.
-            leftover = self.rank_pids()
-            for pid in leftover:
-                _signal(pid, signal.SIGKILL)
-            _wait_gone(leftover, timeout_s=30)
+            leftover = self.rank_targets()
+            for t in leftover:
+                kill.send(t, signal.SIGKILL)
+            kill.wait_gone(leftover, timeout_s=30)
             return
         grace_s = (self.cfg.grace if grace is None else grace).total_seconds()
-        pids = self.rank_pids()
-        for pid in pids:
-            _signal(pid, signal.SIGTERM)
+        targets = self.rank_targets()
+        for t in targets:
+            kill.send(t, signal.SIGTERM)
         deadline = self.clock() + grace_s
-        while self.clock() < deadline and not self.attempt.done:  # type: ignore[union-attr]
+        while self.clock() < deadline and not a.done and not hurry():
             time.sleep(0.1)
             self.poll()
         if not a.done:
-            pids = sorted(set(self.rank_pids() + pids))
-            for pid in pids:
-                _signal(pid, signal.SIGKILL)
-            for h in a.handles:
-                if h.process.poll() is None:
-                    for pid in procfs.descendants(h.process.pid):
-                        _signal(pid, signal.SIGKILL)
-                    _signal(h.process.pid, signal.SIGKILL)
-            for h in a.handles:
-                try:
-                    h.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    log.warning("agent of %s did not exit after SIGKILL", h.node, exc_info=True)
-            # NOTE: a rank whose agent was killed is an orphan: SIGKILL is delivered at once but the kernel
-            # still has to tear the process down. Wait for that, so the next attempt never overlaps this one.
-            _wait_gone(pids, timeout_s=30)
-            self.poll()
+            self._kill_attempt(a, targets)
+
+    def _kill_attempt(self, a: Attempt, targets: list[kill.Target]) -> None:
+        targets = list({t.pid: t for t in [*targets, *self.rank_targets()]}.values())
+        for t in targets:
+            kill.send(t, signal.SIGKILL)
+        for h in a.handles:
+            if h.process.poll() is None:
+                # Whatever the agent started that still carries the attempt's run id (a rank's own children too).
+                for pid in procfs.descendants(h.process.pid):
+                    if (child := kill.identify(pid, a.run_id)) is not None:
+                        kill.send(child, signal.SIGKILL)
+                # NOTE: the agent is our child: until we reap it, its pid cannot name another process.
+                h.process.kill()
+        for h in a.handles:
+            try:
+                h.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                log.warning("agent of %s did not exit after SIGKILL", h.node, exc_info=True)
+        # NOTE: a rank whose agent was killed is an orphan: SIGKILL is delivered at once but the kernel
+        # still has to tear the process down. Wait for that, so the next attempt never overlaps this one.
+        kill.wait_gone(targets, timeout_s=30)
+        self.poll()
 
     def kill_rank(self, token: str, rank: int, sig: int) -> int:
-        """Send `sig` to one rank of the current attempt (fault injection); returns its pid."""
+        """Send `sig` to one rank of the current attempt (fault injection), checked first; returns its pid."""
         self._check(token)
         with self._lock:
             a = self.attempt
-            pid = next((p for p, r in (a.ranks.items() if a else []) if r.rank == rank), None)
-        if pid is None:
+            r = next((r for r in (a.ranks.values() if a else []) if r.rank == rank), None)
+            target = r.target(a.run_id) if r is not None and a is not None else None
+        if target is None or not kill.send(target, sig):
             raise LookupError(f"rank {rank} is not running")
-        os.kill(pid, sig)
-        return pid
+        return target.pid
 
-    def rank_pids(self) -> list[int]:
+    def rank_targets(self) -> list[kill.Target]:
+        """The current attempt's ranks that are still the processes found (alive, pid not reused)."""
         with self._lock:
             a = self.attempt
-            return [] if a is None else [p for p in a.ranks if procfs.alive(p)]
+            found = [] if a is None else [r.target(a.run_id) for r in a.ranks.values()]
+        return [t for t in found if kill.is_current(t)]
+
+    def rank_pids(self) -> list[int]:
+        return [t.pid for t in self.rank_targets()]
 
     def node_of_rank(self, rank: int) -> str:
         """The node `rank` of the current attempt runs on; LookupError when it is not running."""
@@ -347,27 +384,6 @@ class Supervisor:
     def ranks_found(self) -> int:
         with self._lock:
             return len(self.attempt.ranks) if self.attempt else 0
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def last_start(run_dir: Path) -> dict[str, Any] | None:
-    """The journal's newest attempt start (its nodes, dp and resume), or None."""
-    starts = [e for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl") if e.get("event") == "start"]
-    return starts[-1] if starts else None
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (left := [p for p in pids if procfs.alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        log.warning("ranks %s still alive %.0f s after SIGKILL", left, timeout_s)
 
 
 def _tail(path: Path, n: int) -> list[str]:

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Callable
+from concurrent import futures
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -21,7 +22,6 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 
 from healer.service.api import create_app
 from healer.service.config import HealerConfig, read_token, split_listen
@@ -94,6 +94,8 @@ class Service:
         self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
                                              job_defaults={"coalesce": True, "max_instances": 1})
         self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
+        # One thread: cycles never overlap (each reads and updates the detectors' memory).
+        self._detect_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="megaheal-detect")
         self.app = create_app(self.healer, self.readiness, self.token, cfg.max_body_bytes)
         self.app.router.lifespan_context = self._lifespan
         self._started = False
@@ -143,18 +145,23 @@ class Service:
         self.scheduler.add_job(self.readiness.probe, "interval", seconds=c.probe_interval.total_seconds(), id="probe")
 
     async def _detect_forever(self) -> None:
-        """Detection on the event loop (see Healer.evaluate_detectors); database writes in a worker thread."""
+        """Detection cycles, each on the detection thread (see Healer.evaluate_detectors): never on the event loop,
+        which must keep taking heartbeats and answering /healthz however long a cycle over many ranks takes."""
         every = self.cfg.detect_interval.total_seconds()
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every)
             if not (self.readiness.ready and self._started):
                 continue
             try:
-                view, results = self.healer.evaluate_detectors()
-                await run_in_threadpool(self._guard("detect", lambda: self.healer.apply_detections(view, results)))
+                await loop.run_in_executor(self._detect_thread, self._detect_once)
             except Exception:  # noqa: BLE001 - NOTE: this loop must outlive a bad cycle; the error is logged and counted
                 self.metrics.tick_errors.labels("detect").inc()
                 log.error("detection cycle failed", exc_info=True)
+
+    def _detect_once(self) -> None:
+        view, results = self.healer.evaluate_detectors()
+        self._guard("detect", lambda: self.healer.apply_detections(view, results))()
 
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -167,6 +174,7 @@ class Service:
             yield
         finally:
             detect.cancel()
+            self._detect_thread.shutdown(wait=False, cancel_futures=True)
             self.scheduler.shutdown(wait=False)
             if self.diagnoser is not None:
                 self.diagnoser.shutdown()
