@@ -5,7 +5,8 @@ the local launcher (healer.runner.build): every detector the rules enable (the s
 them), diagnostics on the suspect hosts after a crash or a hang, the remediation policy, the restart budget. With
 `--chaos FILE` the schedule's faults are injected into the real processes. Incidents live in the healer's
 database (`--db`, SQLite in the run directory by default) and page through Alertmanager (`--alertmanager`). At the
-end it prints the incident table and the goodput ledger (ETTR) and writes them to `<run_dir>/report.json`. While
+end it prints the incident table and the goodput ledger (ETTR), writes them to `<run_dir>/report.json`, and writes
+the run's pages as one file, `<run_dir>/report.html` (healer/pages/), whose path it prints last. While
 it runs, the same ledger is served as Prometheus metrics (healer/runner/goodput_metrics.py) on
 127.0.0.1:`--metrics-port`.
 """
@@ -26,7 +27,7 @@ from healer.runner.chaos import Chaos, load_schedule
 from healer.runner.goodput_metrics import GoodputServer
 from healer.runner.liveview import LiveView
 from healer.runner.loop import SelfHealingJob
-from healer.runner.report import report
+from healer.runner.report import report, write_html
 from train.config import load_config
 
 NODES = ("n1", "n2")
@@ -99,5 +100,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
                 metrics.stop()
     ledger = report(run_dir, incidents())
     job.close()
+    html = write_html(run_dir, run_dir / "report.html", db_url)
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")
+    print(f"html report: {html}")  # NOTE: the last line, so `make demo` ends with the page to open
     return 0 if outcome == "finished" and all(i["state"] == "resolved" for i in ledger.incidents) else 1
