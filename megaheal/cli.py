@@ -159,16 +159,19 @@ def run(
 def report(
     run_dir: Annotated[str, typer.Argument(help="run directory of a supervised run")],
     db: Annotated[Optional[str], typer.Option("--db", help="the healer's database the run used [default: RUN_DIR/healer.db]")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="also write the run's pages as one self-contained HTML file here")] = None,
 ) -> None:
     """Print a supervised run's incidents and goodput ledger (ETTR); write them to RUN_DIR/report.json."""
     from pathlib import Path
 
     from healer.errors import DatabaseError
-    from healer.runner.report import load_incidents
+    from healer.runner.report import load_incidents, write_html
     from healer.runner.report import report as make_report
 
     try:
         make_report(Path(run_dir), load_incidents(Path(run_dir), db))
+        if html:
+            typer.echo(f"html report: {write_html(Path(run_dir), Path(html), db)}")
     except (FileNotFoundError, ValueError, DatabaseError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -206,9 +206,12 @@ class Supervisor:
             if len(a.ranks) > found:
                 self.view.found(self.cfg.job, frozenset(a.ranks))
                 # A healer that comes back after dying must find (and stop) the processes it left behind.
+                # `nodes`: which host each rank ran on, for the pages' heat maps (a rank's own records name the
+                # machine, and on one machine every local "host" is the same machine).
                 self._journal({"event": "ranks", "attempt": a.number, "at": now,
                                "ranks": {str(pid): r.rank for pid, r in a.ranks.items()},
-                               "started": {str(pid): r.started for pid, r in a.ranks.items()}})
+                               "started": {str(pid): r.started for pid, r in a.ranks.items()},
+                               "nodes": {str(r.rank): r.node for r in a.ranks.values()}})
             self.view.update_states(states)
 
     def _agent_ended(self, a: Attempt, h: NodeHandle, code: int, now: float) -> None:

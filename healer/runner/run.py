@@ -5,7 +5,8 @@ the local launcher (healer.runner.build): every detector the rules enable (the s
 them), diagnostics on the suspect hosts after a crash or a hang, the remediation policy, the restart budget. With
 `--chaos FILE` the schedule's faults are injected into the real processes. Incidents live in the healer's
 database (`--db`, SQLite in the run directory by default) and page through Alertmanager (`--alertmanager`). At the
-end it prints the incident table and the goodput ledger (ETTR) and writes them to `<run_dir>/report.json`. While
+end it prints the incident table and the goodput ledger (ETTR), writes them to `<run_dir>/report.json`, and writes
+the run's pages as one file, `<run_dir>/report.html` (healer/pages/), whose path it prints last. While
 it runs, the same ledger is served as Prometheus metrics (healer/runner/goodput_metrics.py) on
 127.0.0.1:`--metrics-port`.
 """
@@ -28,7 +29,7 @@ from healer.runner.chaos import Chaos, Schedule, load_schedule
 from healer.runner.goodput_metrics import GoodputServer
 from healer.runner.liveview import LiveView
 from healer.runner.loop import SelfHealingJob
-from healer.runner.report import report, run_job_name
+from healer.runner.report import report, run_job_name, write_html
 from healer.runner.shutdown import Interrupts, RunDirLock
 from megaheal.names import derive_name
 from train.config import TrainConfig, load_config
@@ -138,9 +139,12 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
                 metrics.stop()
     ledger = report(run_dir, incidents())
     job.close()
+    html = write_html(run_dir, run_dir / "report.html", db_url)
     if outcome == "interrupted":
         print(f"outcome: interrupted by {signal.Signals(interrupts.signum or signal.SIGINT).name}: the job was "
               f"stopped; go on with it: megaheal run --run-dir {run_dir} --resume")
+        print(f"html report: {html}")
         return interrupts.exit_code
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")
+    print(f"html report: {html}")  # NOTE: the last line, so `make demo` ends with the page to open
     return 0 if outcome == "finished" and all(i["state"] == "resolved" for i in ledger.incidents) else 1

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent import futures
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
@@ -23,7 +24,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 
+from healer.pages.views import Sources
 from healer.service.api import create_app
+from healer.service.pages import page_routes
 from healer.service.config import HealerConfig, read_token, split_listen
 from healer.core.db import default_db_url, ensure_schema, make_engine, safe_url
 from healer.service.diagnosis import LocalRunbookDiagnoser
@@ -97,6 +100,9 @@ class Service:
         # One thread: cycles never overlap (each reads and updates the detectors' memory).
         self._detect_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="megaheal-detect")
         self.app = create_app(self.healer, self.readiness, self.token, cfg.max_body_bytes)
+        # The incident and job pages (healer/service/pages.py), beside the API.
+        self.app.router.routes.extend(page_routes(self.healer, self.readiness, self.token, Sources(
+            engine=self.engine, run_roots=tuple(Path(r) for r in cfg.run_roots), grafana_url=cfg.grafana_url)))
         self.app.router.lifespan_context = self._lifespan
         self._started = False
 

@@ -59,7 +59,10 @@ class HealerConfig:
     grafana_token_file: str | None = None
     """Service-account token for Grafana."""
     public_url: str | None = None
-    """Base URL of this healer as people reach it (links in alerts). Default: http://LISTEN."""
+    """Base URL of this healer as people reach it (alerts link to its incident pages). Default: http://LISTEN."""
+    run_roots: list[str] = field(default_factory=list)
+    """Directories holding jobs' run directories, each named after its job (as `megaheal run` names them; e.g. the
+    shared filesystem's runs/): the pages draw heat maps, loss plots and the ledger from the records there."""
     instance: str | None = None
     """Name of this healer in incident events (which replica acted). Default: HOSTNAME:PID."""
     detect_interval: timedelta = timedelta(seconds=1)
