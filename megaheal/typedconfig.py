@@ -107,12 +107,19 @@ def parse_duration(value: Any, where: str) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return timedelta(seconds=value)
+        return _seconds(value, value, where)
     if isinstance(value, str):
         match = _DURATION.match(value)
         if match:
-            return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+            return _seconds(float(match.group(1)) * _UNITS[match.group(2)], value, where)
     raise ConfigError(f"{where}: expected a duration such as 30s, 500ms, 2m, 1h or 7d, got {value!r}")
+
+
+def _seconds(seconds: float, given: Any, where: str) -> timedelta:
+    try:
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError):  # NaN, infinities, or past timedelta's 999,999,999 days
+        raise ConfigError(f"{where}: expected a finite duration shorter than 999,999,999 days, got {given!r}") from None
 
 
 def _coerce(hint: Any, value: Any, where: str, line: str = "") -> Any:
