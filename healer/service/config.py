@@ -91,8 +91,8 @@ class HealerConfig:
     max_body_bytes: int = 1 << 20
     """Requests with a larger body are refused with 413."""
     max_connections: int = 1000
-    """Open HTTP connections at most (uvicorn's limit_concurrency: beyond it, 503 at once). Every sidecar and
-    Alertmanager replica may hold one; raise it (and the file descriptor limit) for more than ~900 nodes."""
+    """Open HTTP connections at most (uvicorn's limit_concurrency: beyond it, 503 at once). A sidecar opens one per
+    batch and closes it; keep-alive clients (Alertmanager, Prometheus, a proxy) hold theirs while idle."""
 
     def __post_init__(self) -> None:
         split_listen(self.listen)
