@@ -246,6 +246,9 @@ def decode_batch(data: bytes) -> HeartbeatBatch:
         raise _batch_version_error(_peek(msgspec.json.decode, data).schema) or explain(exc, _BATCH_TYPE) from exc
     except msgspec.DecodeError as exc:
         raise json_syntax_error(data, exc) from exc
+    except RecursionError:
+        # NOTE: msgspec recurses into values it skips too (an unknown field holding "[" * 200000).
+        raise SchemaError("", "JSON nested too deeply") from None
 
 
 def convert_batch(obj: Any) -> HeartbeatBatch:

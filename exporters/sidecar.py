@@ -1,7 +1,7 @@
 """The node sidecar: receives rank records, serves /metrics, forwards heartbeats and traces.
 
     megaheal sidecar --node NAME [--socket PATH] [--metrics-addr 127.0.0.1:9400] [--healer-url URL]
-                     [--otlp-endpoint URL]
+                     [--healer-token-file FILE] [--otlp-endpoint URL]
 
 One per node, beside torchrun; ranks find it through MEGAHEAL_SIDECAR_SOCKET. Each part runs on
 its own thread (receiver, HTTP server, heartbeat, Xid watcher, span batching) so that none can hold
@@ -33,6 +33,7 @@ from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepReco
 from exporters.traces import StepTracer, otlp_exporter
 from exporters.xid import XidWatcher
 from megaheal.names import check_name
+from megaheal.secretfile import check_token, read_secret
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class Sidecar:
         """HOST:PORT of /metrics; loopback unless told otherwise. Port 0 picks a free one."""
         healer_url: str | None = None
         """Base URL of the healer; heartbeat batches go to its /v1/heartbeats. Unset: no heartbeats."""
+        healer_token_file: str | None = None
+        """File holding the healer's bearer token (megaheal.secretfile's rules). Unset: MEGAHEAL_TOKEN, which
+        every same-uid process (the ranks) can read in /proc/PID/environ: prefer the file."""
         otlp_endpoint: str | None = None
         """OTLP/HTTP collector URL for step traces. Unset: no traces."""
         heartbeat_interval_s: float = 1.0
@@ -106,12 +110,17 @@ class Sidecar:
         self.tracer = StepTracer(cfg.node, span_exporter) if span_exporter is not None else None
         self.heartbeat = (
             HeartbeatForwarder(cfg.healer_url, self.heartbeat_batch, cfg.heartbeat_interval_s, cfg.heartbeat_buffer,
-                               token=os.environ.get(TOKEN_ENV))
+                               token=self._token())
             if cfg.healer_url else None
         )
         self.receiver = DatagramReceiver(Path(cfg.socket_path), self._on_message)
         self._httpd: Any = None
         self._stopped = threading.Event()
+
+    def _token(self) -> str | None:
+        if self.cfg.healer_token_file:
+            return check_token(read_secret(self.cfg.healer_token_file, "healer token"), self.cfg.healer_token_file)
+        return os.environ.get(TOKEN_ENV)
 
     def _start_nvml(self, nvml: Any) -> tuple[NvmlCollector | None, XidWatcher | None]:
         if nvml is None:

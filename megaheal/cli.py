@@ -63,6 +63,7 @@ def sidecar(
     socket_path: Annotated[Optional[str], typer.Option("--socket", help="rank socket; ranks get it as MEGAHEAL_SIDECAR_SOCKET [default: $TMPDIR/megaheal-UID/sidecar.sock]")] = None,
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics (loopback unless told otherwise)")] = "127.0.0.1:9400",
     healer_url: Annotated[Optional[str], typer.Option("--healer-url", help="healer base URL for heartbeat batches")] = None,
+    healer_token_file: Annotated[Optional[str], typer.Option("--healer-token-file", help="file with the healer's bearer token [default: MEGAHEAL_TOKEN]")] = None,
     otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="OTLP/HTTP collector URL for step traces")] = None,
 ) -> None:
     """Run this node's telemetry sidecar: rank records in, /metrics, heartbeats and traces out."""
@@ -71,11 +72,15 @@ def sidecar(
 
     from exporters.receiver import SocketInUseError
     from exporters.sidecar import Sidecar, default_socket_path  # prometheus/otel: imported only here
+    from megaheal.secretfile import forbid_inspection
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # NOTE: the ranks run under the sidecar's uid: keep them out of its memory and mounts (the token) in /proc.
+    forbid_inspection()
     try:
         cfg = Sidecar.Config(node=node or socket.gethostname(), socket_path=socket_path or default_socket_path(),
-                             metrics_addr=metrics_addr, healer_url=healer_url, otlp_endpoint=otlp_endpoint)
+                             metrics_addr=metrics_addr, healer_url=healer_url, healer_token_file=healer_token_file,
+                             otlp_endpoint=otlp_endpoint)
         service = Sidecar(cfg)
     except (ValueError, SocketInUseError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)

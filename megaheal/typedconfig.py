@@ -127,18 +127,22 @@ def parse_duration(value: Any, where: str) -> timedelta:
     """A duration from "30s", "500ms", "2m", "1h", "7d", a number of seconds, or a timedelta."""
     if isinstance(value, timedelta):
         return value
-    seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = value
-    elif isinstance(value, str) and (match := _DURATION.match(value)):
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds is not None:
-        try:
-            return timedelta(seconds=seconds)
-        # NOTE: NaN, infinities and anything past timedelta's 999,999,999 days (found by tests/fuzz).
-        except (OverflowError, ValueError):
-            raise ConfigError(f"{where}: duration {_shown_value(value)} is out of range") from None
+        return _seconds(value, value, where)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return _seconds(float(match.group(1)) * _UNITS[match.group(2)], value, where)
     raise ConfigError(f"{where}: expected a duration such as 30s, 500ms, 2m, 1h or 7d, got {_shown_value(value)}")
+
+
+def _seconds(seconds: float, given: Any, where: str) -> timedelta:
+    try:
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError):  # NaN, infinities, or past timedelta's 999,999,999 days
+        raise ConfigError(
+            f"{where}: expected a finite duration shorter than 999,999,999 days, got {_shown_value(given)}"
+        ) from None
 
 
 def _coerce(hint: Any, value: Any, where: str, line: str = "") -> Any:
