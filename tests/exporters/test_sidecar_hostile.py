@@ -12,6 +12,8 @@ import stat
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -44,6 +46,26 @@ def make_sidecar(socket_path, **kw) -> Sidecar:
     return Sidecar(cfg, nvml=None)
 
 
+@contextmanager
+def running_sidecar(tmp_path, **kw) -> Iterator[tuple[Sidecar, Callable[[int], RankClient]]]:
+    """A started sidecar on tmp_path/s.sock and a maker of rank clients of job-a (this process) for it; all closed
+    and stopped on the way out."""
+    sidecar = make_sidecar(tmp_path / "s.sock", **kw)
+    sidecar.start()
+    clients: list[RankClient] = []
+
+    def client(rank: int) -> RankClient:
+        clients.append(RankClient(str(tmp_path / "s.sock"), "job-a", rank, rank, 2, {"pp": 0, "dp": rank, "tp": 0}))
+        return clients[-1]
+
+    try:
+        yield sidecar, client
+    finally:
+        for c in clients:
+            c.close()
+        sidecar.stop()
+
+
 def metrics(sidecar: Sidecar) -> str:
     return urllib.request.urlopen(sidecar.metrics_url, timeout=5).read().decode()
 
@@ -58,21 +80,17 @@ def forged_records() -> list[bytes]:
 
 @as_root
 def test_it_refuses_every_datagram_another_user_sends(tmp_path) -> None:
-    sidecar = make_sidecar(tmp_path / "s.sock")
-    sidecar.start()
-    own = RankClient(str(tmp_path / "s.sock"), "job-a", 1, 1, 2, {"pp": 0, "dp": 1, "tp": 0})
+    records = forged_records()
     # NOTE: the private directory already keeps nobody away from the socket; the forger is handed a socket connected
     # to it, as a looser directory or a leaked descriptor would, so that the kernel's credentials are what is tested.
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    conn.connect(str(tmp_path / "s.sock"))
-    records = forged_records()
-    try:
+    with running_sidecar(tmp_path) as (sidecar, client), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as conn:
+        conn.connect(str(tmp_path / "s.sock"))
         forger = subprocess.run(["/usr/bin/python3", "-c", FORGER, str(conn.fileno())], pass_fds=[conn.fileno()],
                                 user=NOBODY, group=NOBODY, extra_groups=[], cwd="/", capture_output=True, text=True,
                                 input="".join(r.hex() + "\n" for r in records), timeout=60)
         assert forger.returncode == 0, forger.stderr
         assert forger.stdout.split() == [str(NOBODY), str(len(records))]
-        own.hello()
+        client(1).hello()
         text = wait_for("every forged datagram refused", lambda: (t := metrics(sidecar)) and
                         f'megaheal_sidecar_rejected_senders_total{{node="node-1"}} {float(len(records))}' in t and t,
                         timeout_s=20)
@@ -80,27 +98,16 @@ def test_it_refuses_every_datagram_another_user_sends(tmp_path) -> None:
         assert [(s.job, s.rank) for s in sidecar.table.snapshot()] == [("job-a", 1)], "only our own rank is known"
         assert "forged-job" not in text and 'megaheal_loss{' not in text, "no forged rank, no forged NaN loss"
         assert sidecar.heartbeat_batch(1, time.time()).ranks[0].nonfinite == {}
-    finally:
-        conn.close()
-        own.close()
-        sidecar.stop()
 
 
 def test_it_refuses_a_record_that_claims_a_pid_other_than_its_senders(tmp_path) -> None:
-    sidecar = make_sidecar(tmp_path / "s.sock")
-    sidecar.start()
-    honest = RankClient(str(tmp_path / "s.sock"), "job-a", 0, 0, 2, {"pp": 0, "dp": 0, "tp": 0})
-    liar = RankClient(str(tmp_path / "s.sock"), "job-a", 1, 1, 2, {"pp": 0, "dp": 1, "tp": 0})
-    liar.pid = 1  # speaks for init: alive forever, so such a rank would never look dead
-    try:
+    with running_sidecar(tmp_path) as (sidecar, client):
+        honest, liar = client(0), client(1)
+        liar.pid = 1  # speaks for init: alive forever, so such a rank would never look dead
         honest.step(step_record(3, rank=0))
         liar.step(step_record(3, rank=1, loss=float("nan")))
         wait_for("the lie refused", lambda: sidecar.receiver.refused.get("pid-mismatch") == 2, timeout_s=10)
         assert [(s.rank, s.pid) for s in sidecar.table.snapshot()] == [(0, os.getpid())]
-    finally:
-        honest.close()
-        liar.close()
-        sidecar.stop()
 
 
 def test_it_creates_its_socket_directory_private_and_the_socket_for_its_user_only(tmp_path) -> None:
@@ -132,35 +139,24 @@ def test_it_refuses_a_socket_directory_another_user_owns_or_may_write(tmp_path) 
 
 
 def test_it_forgets_a_rank_that_goes_silent_though_its_process_lives(tmp_path) -> None:
-    sidecar = make_sidecar(tmp_path / "s.sock", forget_after_s=1.0)
-    sidecar.start()
-    client = RankClient(str(tmp_path / "s.sock"), "job-a", 0, 0, 1, {"pp": 0, "dp": 0, "tp": 0})
-    try:
-        client.hello()  # then silence, from this very live process
+    with running_sidecar(tmp_path, forget_after_s=1.0) as (sidecar, client):
+        client(0).hello()  # then silence, from this very live process
         wait_for("the rank to be seen", lambda: 'megaheal_rank_up{job="job-a"' in metrics(sidecar), timeout_s=10)
         text = wait_for("the silent rank forgotten", lambda: (t := metrics(sidecar)) and
                         'megaheal_rank_up{' not in t and t, timeout_s=10)
         assert 'megaheal_sidecar_forgotten_ranks_total{node="node-1"} 1.0' in text
         assert sidecar.heartbeat_batch(1, time.time()).ranks == []
-    finally:
-        client.close()
-        sidecar.stop()
 
 
 def test_it_keeps_only_the_trainers_phase_names_and_counts_the_rest(tmp_path) -> None:
-    sidecar = make_sidecar(tmp_path / "s.sock")
-    sidecar.start()
-    client = RankClient(str(tmp_path / "s.sock"), "job-a", 0, 0, 1, {"pp": 0, "dp": 0, "tp": 0})
-    try:
+    with running_sidecar(tmp_path) as (sidecar, client):
+        rank = client(0)
         for step in range(5):  # five new names every step: five new series a step, were they taken
             phases = {"forward_backward": 0.25, **{f"made_up_{step}_{i}": 0.001 for i in range(5)}}
-            client.step(step_record(step, phases=phases))
+            rank.step(step_record(step, phases=phases))
         wait_for("every step received", lambda: sidecar.receiver.received == 6, timeout_s=10)
         text = metrics(sidecar)
         seconds = [line for line in text.splitlines() if line.startswith("megaheal_step_seconds{")]
         assert {line.split('phase="')[1].split('"')[0] for line in seconds} == {"total", "forward_backward"}
         assert 'megaheal_sidecar_rejected_phases_total{node="node-1"} 25.0' in text
         assert sidecar.heartbeat_batch(1, time.time()).ranks[0].phases == {"forward_backward": 0.25}
-    finally:
-        client.close()
-        sidecar.stop()
