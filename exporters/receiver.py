@@ -46,7 +46,7 @@ def private_directory(directory: Path) -> None:
         pass
     st = os.lstat(directory)  # NOTE: lstat: a symlink planted in place of the directory is refused, not followed
     if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeSocketDirError(f"socket directory {directory} is not a directory (a symlink or a file); refusing it")
+        raise UnsafeSocketDirError(f"socket directory {directory} is not a directory (a symlink or a file): refused")
     if st.st_uid != os.geteuid():
         raise UnsafeSocketDirError(
             f"socket directory {directory} belongs to uid {st.st_uid}, not to uid {os.geteuid()} that this sidecar "

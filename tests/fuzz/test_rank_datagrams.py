@@ -30,7 +30,8 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5)
 def valid_records() -> list[dict]:
     """One record of each kind, as plain objects a fuzzer can change a field of."""
     records = [
-        build_record("hello", "job-a", 3, os.getpid(), 0, {"local_rank": 3, "node": "h", "world_size": 4, "mesh": {"dp": 3}}),
+        build_record("hello", "job-a", 3, os.getpid(), 0,
+                     {"local_rank": 3, "node": "h", "world_size": 4, "mesh": {"dp": 3}}),
         build_record("step", "job-a", 3, os.getpid(), 2, step_record(7, rank=3, loss=float("nan"))),
         build_record("event", "job-a", 3, os.getpid(), 0, {"name": "exception", "time": 1.0, "fields": {"type": "X"}}),
     ]
