@@ -215,6 +215,21 @@ encode_batch = msgspec.json.Encoder().encode
 """The JSON body of a HeartbeatBatch."""
 
 
+def known_phases_only(message: Message) -> tuple[Message, int]:
+    """`message` with only the trainer's own phases (PHASE_ORDER) in a step record, and how many it left out.
+
+    NOTE: every phase name becomes a Prometheus series and a span name: a sender inventing names each step would
+    grow both without bound, so names the trainer does not use are refused, not stored."""
+    if not isinstance(message, StepRecord):
+        return message, 0
+    known = {name: seconds for name, seconds in message.body.phases.items() if name in PHASE_ORDER}
+    unknown = len(message.body.phases) - len(known)
+    if not unknown:
+        return message, 0
+    body = msgspec.structs.replace(message.body, phases=known)
+    return msgspec.structs.replace(message, body=body), unknown
+
+
 def ordered_phases(phases: dict[str, float]) -> list[str]:
     """Phases in the order the trainer runs them; unknown ones (a later trainer's) after, by name."""
     return [p for p in PHASE_ORDER if p in phases] + sorted(p for p in phases if p not in PHASE_ORDER)
@@ -236,6 +251,10 @@ def decode(data: bytes) -> Message:
         raise _record_version_error(data) or (
             explain(exc, _RECORD_TYPE) if isinstance(exc, msgspec.ValidationError) else
             SchemaError("", f"not a MessagePack record: {exc}")) from exc
+    except RecursionError as exc:
+        # NOTE: msgspec recurses into nested arrays and maps (an event's free-form fields, any field a newer sender
+        # adds): 16 KiB of one-byte arrays nest deeper than the interpreter allows (tests/fuzz/test_rank_datagrams.py).
+        raise SchemaError("", "nested too deeply to be a rank record") from exc
 
 
 def decode_batch(data: bytes) -> HeartbeatBatch:
@@ -263,7 +282,7 @@ def convert_batch(obj: Any) -> HeartbeatBatch:
 def _peek(decode_fn: Any, data: bytes) -> _Versions:
     try:
         return decode_fn(data, type=_Versions)  # type: ignore[no-any-return]
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return _Versions()
 
 
@@ -274,7 +293,7 @@ def _record_version_error(data: bytes) -> SchemaError | None:
     v = _peek(msgspec.msgpack.decode, data).v
     if v is None or v == RECORD_SCHEMA:
         return None
-    return SchemaError("v", f"unknown schema version {v!r} (this sidecar reads {RECORD_SCHEMA})")
+    return SchemaError("v", f"unknown schema version {repr(v)[:40]} (this sidecar reads {RECORD_SCHEMA})")
 
 
 def _batch_version_error(schema: Any) -> SchemaError | None:

@@ -29,7 +29,7 @@ from exporters.nvml_collector import NvmlCollector, open_nvml
 from exporters.rank_collector import RankCollector, SidecarCollector
 from exporters.ranks import RankTable
 from exporters.receiver import DatagramReceiver
-from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepRecord
+from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepRecord, known_phases_only
 from exporters.traces import StepTracer, otlp_exporter
 from exporters.xid import XidWatcher
 from megaheal.names import check_name
@@ -72,7 +72,7 @@ class Sidecar:
         heartbeat_buffer: int = 60
         """Heartbeat batches kept for retry while the healer is unreachable (the oldest are dropped)."""
         forget_after_s: float = 600.0
-        """A rank whose process is gone and that has been silent this long leaves the metrics."""
+        """A rank silent this long leaves the metrics and heartbeats, whether its process lives or not."""
         max_ranks: int = 256
         """Ranks tracked at most (bounds the series a misbehaving sender can create)."""
 
@@ -114,6 +114,8 @@ class Sidecar:
             if cfg.healer_url else None
         )
         self.receiver = DatagramReceiver(Path(cfg.socket_path), self._on_message)
+        self.rejected_phases = 0
+        """Phase names left out of step records because the trainer has no such phase (see known_phases_only)."""
         self._httpd: Any = None
         self._stopped = threading.Event()
 
@@ -197,6 +199,8 @@ class Sidecar:
     # ------------------------------------------------------------ data
 
     def _on_message(self, message: Message) -> None:
+        message, unknown = known_phases_only(message)
+        self.rejected_phases += unknown
         self.table.observe(message)
         if self.tracer is not None and isinstance(message, StepRecord):
             self.tracer.record(message)
@@ -213,7 +217,8 @@ class Sidecar:
         hb = self.heartbeat
         return {
             "received": self.receiver.received, "malformed": self.receiver.malformed,
-            "rejected_ranks": self.table.rejected, "ranks": len(self.table),
+            "rejected_senders": self.receiver.rejected_senders, "rejected_phases": self.rejected_phases,
+            "rejected_ranks": self.table.rejected, "forgotten_ranks": self.table.forgotten, "ranks": len(self.table),
             "heartbeats_sent": hb.sent if hb else 0, "heartbeat_failures": hb.failures if hb else 0,
             "heartbeats_dropped": hb.dropped if hb else 0, "heartbeats_buffered": hb.buffered if hb else 0,
             "nvml_up": 1 if self.nvml_collector is not None else 0,

@@ -162,7 +162,9 @@ class Trainer:
         path = self.checkpointer.resume_path(model_hash(self.cfg.model))
         if path is None:
             return 0, 0
-        saved_world = json.loads((path / "manifest.json").read_text())["layout"]["world_size"]
+        # NOTE: rank 0 validated the manifest before choosing it (catalog.manifest_problems); an old one may lack
+        # its layout: then the state is loaded as if resharded, which works for any layout.
+        saved_world = json.loads((path / "manifest.json").read_text()).get("layout", {}).get("world_size")
         state = load_template(self.parts, self.optimizer, self.lr_scheduler, self.place.rank,
                               same_world=saved_world == self.place.world_size)
         self.checkpointer.load(state, path)
