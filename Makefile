@@ -1,4 +1,5 @@
-# make demo: create .venv on first use, then run the self-healing demo job under its chaos schedule.
+# make demo: create .venv on first use, then run the self-healing demo job under its chaos schedule; it ends by
+# printing the path of the run's HTML report (RUN_DIR/report.html: its incidents, heat maps, goodput waterfall).
 # make test: same set-up, then the whole test suite (the multi-host tier on a 4-host namespace bed when root).
 # make test-multihost: only that tier (root: it brings its own bed up and down).
 VENV   ?= .venv
@@ -22,7 +23,7 @@ system-deps:
 	scripts/install-system-deps.sh
 
 test: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -rs
 
 test-multihost: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q tests/multihost

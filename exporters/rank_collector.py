@@ -36,7 +36,8 @@ LABELS = ["job", "node", "rank"]
 
 
 def exported_phases(phases: dict[str, float]) -> list[str]:
-    """The phases that get a series: the trainer's own first, then others by name, MAX_PHASES at most."""
+    """The phases that get a series, in the trainer's order, MAX_PHASES at most (the sidecar keeps only the
+    trainer's own phase names: exporters/schema.py, known_phases_only)."""
     return ordered_phases(phases)[:MAX_PHASES]
 
 
@@ -127,7 +128,11 @@ class SidecarCollector(Collector):
         counters = {
             "received": "Datagrams received from ranks.",
             "malformed": "Datagrams rejected as not a record of a known schema version.",
+            "rejected_senders": "Datagrams refused for their sender: another user, or a pid other than the one the "
+                                "record claims (kernel credentials, SCM_CREDENTIALS).",
+            "rejected_phases": "Phase names left out of step records because the trainer has no such phase.",
             "rejected_ranks": "Records refused because the sidecar already tracks its maximum number of ranks.",
+            "forgotten_ranks": "Ranks dropped after going silent for the sidecar's forget_after_s.",
             "heartbeats_sent": "Heartbeat batches the healer accepted.",
             "heartbeat_failures": "Heartbeat posts that failed (healer down, slow or refusing).",
             "heartbeats_dropped": "Heartbeat batches dropped from the full retry buffer.",

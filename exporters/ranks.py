@@ -48,6 +48,10 @@ class RankTable:
 
     A rank is alive while its process is (procfs.alive: a zombie, dead but not yet reaped, is not).
     NOTE: that needs the sidecar in the ranks' PID namespace (same host, or a pod sharing its PID namespace).
+
+    A rank silent for forget_after_s is forgotten, whether its process lives or not: a process that stopped
+    sending is not a rank the table must keep a place for (a live pid may even be a later process given the same
+    number). A hung rank is not lost to the healer by this: it keeps the rank's last heartbeat and watches it age.
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class RankTable:
         self._ranks: dict[tuple[str, int], RankState] = {}
         self._lock = threading.Lock()
         self.rejected = 0  # records refused because the table already holds max_ranks ranks
+        self.forgotten = 0  # ranks dropped after forget_after_s of silence
 
     def observe(self, message: Message) -> None:
         key = (message.job, message.rank)
@@ -73,6 +78,8 @@ class RankTable:
         with self._lock:
             state = self._ranks.get(key)
             if state is None or state.pid != message.pid:
+                if state is None and len(self._ranks) >= self._max_ranks:
+                    self._forget_silent(now)  # make room from ranks gone silent before refusing a new one
                 if state is None and len(self._ranks) >= self._max_ranks:
                     self.rejected += 1
                     return
@@ -93,18 +100,23 @@ class RankTable:
                 state.last_event = message.body
 
     def snapshot(self) -> list[RankState]:
-        """Copies of every rank's state, with age, liveness and dp-reduce lag filled in; forgets long-dead ranks."""
+        """Copies of every rank's state, with age, liveness and dp-reduce lag filled in; forgets silent ranks."""
         now = self._clock()
         with self._lock:
-            for key, state in list(self._ranks.items()):
-                if now - state.last_seen > self._forget_after_s and not self._is_alive(state.pid):
-                    del self._ranks[key]
+            self._forget_silent(now)
             states = [replace(s, events=Counter(s.events), mesh=dict(s.mesh)) for s in self._ranks.values()]
         for state in states:
             state.age_seconds = now - state.last_seen
             state.alive = self._is_alive(state.pid)
         _fill_reduce_lag(states)
         return sorted(states, key=lambda s: (s.job, s.rank))
+
+    def _forget_silent(self, now: float) -> None:
+        """Drop ranks not heard from for forget_after_s (caller holds the lock)."""
+        for key, state in list(self._ranks.items()):
+            if now - state.last_seen > self._forget_after_s:
+                del self._ranks[key]
+                self.forgotten += 1
 
     def __len__(self) -> int:
         with self._lock:

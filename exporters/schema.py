@@ -36,6 +36,7 @@ from msgspec import Meta, Struct
 # NOTE: SchemaError is re-exported: receivers catch it from here, beside the decoders that raise it.
 from exporters.wire_errors import SchemaError as SchemaError
 from exporters.wire_errors import explain, json_syntax_error
+from megaheal.names import NAME_PATTERN
 
 RECORD_SCHEMA: Final = 2
 HEARTBEAT_SCHEMA: Final = 1
@@ -46,7 +47,6 @@ MAX_RANKS_PER_BATCH = 4096
 # The trainer's phases in the order one step runs them (see train/trainer.py).
 PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "dp_reduce", "grad_norm_clip", "optimizer",
                "checkpoint")
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,252}$"
 
 # ---- field types -------------------------------------------------------------------------------------------
 # NOTE: msgspec has no "finite" constraint; the largest float as both bounds refuses NaN and the infinities.
@@ -56,6 +56,7 @@ Count = Annotated[int, Meta(ge=0, description="an integer >= 0")]
 Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max, description="a finite number")]
 Flag = Annotated[bool, Meta(description="true or false")]
 Number = Annotated[float, Meta(description="a number (NaN and infinities allowed)")]
+# NOTE: the one name rule of jobs and nodes (megaheal/names.py), here as the decoders check it.
 Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="a name (letters, digits, . _ : @ / -, at most 253)")]
 Mesh = Annotated[dict[str, Count], Meta(description='an object of coordinates, e.g. {"pp": 0, "dp": 1, "tp": 0}')]
 Phases = Annotated[dict[str, Finite], Meta(max_length=MAX_PHASES,
@@ -268,6 +269,21 @@ encode_batch = msgspec.json.Encoder().encode
 """The JSON body of a HeartbeatBatch."""
 
 
+def known_phases_only(message: Message) -> tuple[Message, int]:
+    """`message` with only the trainer's own phases (PHASE_ORDER) in a step record, and how many it left out.
+
+    NOTE: every phase name becomes a Prometheus series and a span name: a sender inventing names each step would
+    grow both without bound, so names the trainer does not use are refused, not stored."""
+    if not isinstance(message, StepRecord):
+        return message, 0
+    known = {name: seconds for name, seconds in message.body.phases.items() if name in PHASE_ORDER}
+    unknown = len(message.body.phases) - len(known)
+    if not unknown:
+        return message, 0
+    body = msgspec.structs.replace(message.body, phases=known)
+    return msgspec.structs.replace(message, body=body), unknown
+
+
 def ordered_phases(phases: dict[str, float]) -> list[str]:
     """Phases in the order the trainer runs them; unknown ones (a later trainer's) after, by name."""
     return [p for p in PHASE_ORDER if p in phases] + sorted(p for p in phases if p not in PHASE_ORDER)
@@ -289,6 +305,10 @@ def decode(data: bytes) -> Message:
         raise _record_version_error(data) or (
             explain(exc, _RECORD_TYPE) if isinstance(exc, msgspec.ValidationError) else
             SchemaError("", f"not a MessagePack record: {exc}")) from exc
+    except RecursionError as exc:
+        # NOTE: msgspec recurses into nested arrays and maps (an event's free-form fields, any field a newer sender
+        # adds): 16 KiB of one-byte arrays nest deeper than the interpreter allows (tests/fuzz/test_rank_datagrams.py).
+        raise SchemaError("", "nested too deeply to be a rank record") from exc
 
 
 def decode_batch(data: bytes) -> HeartbeatBatch:
@@ -299,6 +319,9 @@ def decode_batch(data: bytes) -> HeartbeatBatch:
         raise _batch_version_error(_peek(msgspec.json.decode, data).schema) or explain(exc, _BATCH_TYPE) from exc
     except msgspec.DecodeError as exc:
         raise json_syntax_error(data, exc) from exc
+    except RecursionError:
+        # NOTE: msgspec recurses into values it skips too (an unknown field holding "[" * 200000).
+        raise SchemaError("", "JSON nested too deeply") from None
 
 
 def convert_batch(obj: Any) -> HeartbeatBatch:
@@ -313,7 +336,7 @@ def convert_batch(obj: Any) -> HeartbeatBatch:
 def _peek(decode_fn: Any, data: bytes) -> _Versions:
     try:
         return decode_fn(data, type=_Versions)  # type: ignore[no-any-return]
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return _Versions()
 
 
@@ -324,7 +347,7 @@ def _record_version_error(data: bytes) -> SchemaError | None:
     v = _peek(msgspec.msgpack.decode, data).v
     if v is None or v == RECORD_SCHEMA:
         return None
-    return SchemaError("v", f"unknown schema version {v!r} (this sidecar reads {RECORD_SCHEMA})")
+    return SchemaError("v", f"unknown schema version {repr(v)[:40]} (this sidecar reads {RECORD_SCHEMA})")
 
 
 def _batch_version_error(schema: Any) -> SchemaError | None:

@@ -1,7 +1,7 @@
 """The node sidecar: receives rank records, serves /metrics, forwards heartbeats and traces.
 
     megaheal sidecar --node NAME [--socket PATH] [--metrics-addr 127.0.0.1:9400] [--healer-url URL]
-                     [--otlp-endpoint URL]
+                     [--healer-token-file FILE] [--otlp-endpoint URL]
 
 One per node, beside torchrun; ranks find it through MEGAHEAL_SIDECAR_SOCKET. Each part runs on
 its own thread (receiver, HTTP server, heartbeat, Xid watcher, span batching) so that none can hold
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -30,9 +29,11 @@ from exporters.nvml_collector import NvmlCollector, open_nvml
 from exporters.rank_collector import RankCollector, SidecarCollector
 from exporters.ranks import RankTable
 from exporters.receiver import DatagramReceiver
-from exporters.schema import HEARTBEAT_SCHEMA, NAME_PATTERN, HeartbeatBatch, Message, StepRecord
+from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepRecord, known_phases_only
 from exporters.traces import StepTracer, otlp_exporter
 from exporters.xid import XidWatcher
+from megaheal.names import check_name
+from megaheal.secretfile import check_token, read_secret
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class Sidecar:
         """HOST:PORT of /metrics; loopback unless told otherwise. Port 0 picks a free one."""
         healer_url: str | None = None
         """Base URL of the healer; heartbeat batches go to its /v1/heartbeats. Unset: no heartbeats."""
+        healer_token_file: str | None = None
+        """File holding the healer's bearer token (megaheal.secretfile's rules). Unset: MEGAHEAL_TOKEN, which
+        every same-uid process (the ranks) can read in /proc/PID/environ: prefer the file."""
         otlp_endpoint: str | None = None
         """OTLP/HTTP collector URL for step traces. Unset: no traces."""
         heartbeat_interval_s: float = 1.0
@@ -68,15 +72,13 @@ class Sidecar:
         heartbeat_buffer: int = 60
         """Heartbeat batches kept for retry while the healer is unreachable (the oldest are dropped)."""
         forget_after_s: float = 600.0
-        """A rank whose process is gone and that has been silent this long leaves the metrics."""
+        """A rank silent this long leaves the metrics and heartbeats, whether its process lives or not."""
         max_ranks: int = 256
         """Ranks tracked at most (bounds the series a misbehaving sender can create)."""
 
         def __post_init__(self) -> None:
             # NOTE: the healer refuses a whole batch whose node is not a name: refuse such a sidecar at start instead.
-            if not re.fullmatch(NAME_PATTERN, self.node):
-                raise ValueError("node must be a non-empty printable name: letters, digits, . _ : @ / - (at most 253), "
-                                 f"got {self.node!r}")
+            check_name(self.node, "node")
             if not self.socket_path:
                 raise ValueError("socket_path must be set")
             host, _, port = self.metrics_addr.rpartition(":")
@@ -108,12 +110,19 @@ class Sidecar:
         self.tracer = StepTracer(cfg.node, span_exporter) if span_exporter is not None else None
         self.heartbeat = (
             HeartbeatForwarder(cfg.healer_url, self.heartbeat_batch, cfg.heartbeat_interval_s, cfg.heartbeat_buffer,
-                               token=os.environ.get(TOKEN_ENV))
+                               token=self._token())
             if cfg.healer_url else None
         )
         self.receiver = DatagramReceiver(Path(cfg.socket_path), self._on_message)
+        self.rejected_phases = 0
+        """Phase names left out of step records because the trainer has no such phase (see known_phases_only)."""
         self._httpd: Any = None
         self._stopped = threading.Event()
+
+    def _token(self) -> str | None:
+        if self.cfg.healer_token_file:
+            return check_token(read_secret(self.cfg.healer_token_file, "healer token"), self.cfg.healer_token_file)
+        return os.environ.get(TOKEN_ENV)
 
     def _start_nvml(self, nvml: Any) -> tuple[NvmlCollector | None, XidWatcher | None]:
         if nvml is None:
@@ -190,6 +199,8 @@ class Sidecar:
     # ------------------------------------------------------------ data
 
     def _on_message(self, message: Message) -> None:
+        message, unknown = known_phases_only(message)
+        self.rejected_phases += unknown
         self.table.observe(message)
         if self.tracer is not None and isinstance(message, StepRecord):
             self.tracer.record(message)
@@ -206,7 +217,8 @@ class Sidecar:
         hb = self.heartbeat
         return {
             "received": self.receiver.received, "malformed": self.receiver.malformed,
-            "rejected_ranks": self.table.rejected, "ranks": len(self.table),
+            "rejected_senders": self.receiver.rejected_senders, "rejected_phases": self.rejected_phases,
+            "rejected_ranks": self.table.rejected, "forgotten_ranks": self.table.forgotten, "ranks": len(self.table),
             "heartbeats_sent": hb.sent if hb else 0, "heartbeat_failures": hb.failures if hb else 0,
             "heartbeats_dropped": hb.dropped if hb else 0, "heartbeats_buffered": hb.buffered if hb else 0,
             "nvml_up": 1 if self.nvml_collector is not None else 0,

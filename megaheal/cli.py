@@ -63,6 +63,7 @@ def sidecar(
     socket_path: Annotated[Optional[str], typer.Option("--socket", help="rank socket; ranks get it as MEGAHEAL_SIDECAR_SOCKET [default: $TMPDIR/megaheal-UID/sidecar.sock]")] = None,
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics (loopback unless told otherwise)")] = "127.0.0.1:9400",
     healer_url: Annotated[Optional[str], typer.Option("--healer-url", help="healer base URL for heartbeat batches")] = None,
+    healer_token_file: Annotated[Optional[str], typer.Option("--healer-token-file", help="file with the healer's bearer token [default: MEGAHEAL_TOKEN]")] = None,
     otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="OTLP/HTTP collector URL for step traces")] = None,
 ) -> None:
     """Run this node's telemetry sidecar: rank records in, /metrics, heartbeats and traces out."""
@@ -71,11 +72,15 @@ def sidecar(
 
     from exporters.receiver import SocketInUseError
     from exporters.sidecar import Sidecar, default_socket_path  # prometheus/otel: imported only here
+    from megaheal.secretfile import forbid_inspection
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # NOTE: the ranks run under the sidecar's uid: keep them out of its memory and mounts (the token) in /proc.
+    forbid_inspection()
     try:
         cfg = Sidecar.Config(node=node or socket.gethostname(), socket_path=socket_path or default_socket_path(),
-                             metrics_addr=metrics_addr, healer_url=healer_url, otlp_endpoint=otlp_endpoint)
+                             metrics_addr=metrics_addr, healer_url=healer_url, healer_token_file=healer_token_file,
+                             otlp_endpoint=otlp_endpoint)
         service = Sidecar(cfg)
     except (ValueError, SocketInUseError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -194,12 +199,13 @@ def run(
 
     from healer.errors import DatabaseError
     from healer.runner.run import run_job  # torch, rich: imported only here
+    from healer.runner.shutdown import RunDirBusy
 
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
                        resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()))
-    except (ConfigError, ValueError, DatabaseError) as exc:
+    except (ConfigError, ValueError, DatabaseError, RunDirBusy) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)
@@ -209,16 +215,19 @@ def run(
 def report(
     run_dir: Annotated[str, typer.Argument(help="run directory of a supervised run")],
     db: Annotated[Optional[str], typer.Option("--db", help="the healer's database the run used [default: RUN_DIR/healer.db]")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="also write the run's pages as one self-contained HTML file here")] = None,
 ) -> None:
     """Print a supervised run's incidents and goodput ledger (ETTR); write them to RUN_DIR/report.json."""
     from pathlib import Path
 
     from healer.errors import DatabaseError
-    from healer.runner.report import load_incidents
+    from healer.runner.report import load_incidents, write_html
     from healer.runner.report import report as make_report
 
     try:
         make_report(Path(run_dir), load_incidents(Path(run_dir), db))
+        if html:
+            typer.echo(f"html report: {write_html(Path(run_dir), Path(html), db)}")
     except (FileNotFoundError, ValueError, DatabaseError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

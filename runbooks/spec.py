@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from megaheal.typedconfig import ConfigError, from_mapping, load_yaml
+from megaheal.typedconfig import ConfigError, Override, from_mapping, load_yaml
 from runbooks.registry import CheckRegistry, default_registry
 
 LIBRARY = Path(__file__).resolve().parent / "library"
@@ -127,9 +127,8 @@ def load_runbook(
 
 
 def _apply_overrides(data: dict[str, Any], overrides: list[str], path: Path) -> None:
-    """Set `params.PARAM` of the step named STEP for each "STEP.PARAM=VALUE" (VALUE read as YAML)."""
-    import yaml
-
+    """Set `params.PARAM` of the step named STEP for each "STEP.PARAM=VALUE" (VALUE typed by the check's Config
+    field: text for a string, YAML for the rest; see megaheal.typedconfig.Override)."""
     steps = data.get("steps") if isinstance(data.get("steps"), list) else []
     by_name = {s.get("name"): s for s in steps if isinstance(s, dict)}
     for item in overrides:
@@ -141,10 +140,7 @@ def _apply_overrides(data: dict[str, Any], overrides: list[str], path: Path) -> 
             raise ConfigError(
                 f"--set {item!r}: {path} has no step {step_name!r}; steps: " f"{', '.join(str(n) for n in by_name)}"
             )
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: value is not valid YAML: {exc}") from exc
+        value = Override(item, raw)
         params = by_name[step_name].setdefault("params", {})
         if not isinstance(params, dict):
             raise ConfigError(f"{path}: steps ({step_name}).params must be a mapping")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the real services the tests run against (Debian packages), when they are missing.
-# Slurm and munge are for the multi-host test bed, which starts its own daemons from its own config.
+# Slurm and munge are for the multi-host test bed, which starts its own daemons from its own config; Chromium is
+# for the browser tests of the healer's pages.
 # Run by `make test` (and so by .ci/run) on every machine; a no-op where everything is present.
 # Tests start and stop their own instances on 127.0.0.1; nothing here starts a service.
 set -euo pipefail
@@ -18,6 +19,10 @@ command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
 command -v srun >/dev/null 2>&1 && command -v sinfo >/dev/null 2>&1 || need+=(slurm-client)
 command -v munged >/dev/null 2>&1 || need+=(munge)
+# The browser tests (tests/pages/) drive Debian's headless Chromium through Playwright (pointed at /usr/bin/chromium:
+# a browser download step cannot reach its servers from these machines). chromium-driver is for Selenium/WebDriver.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -29,12 +29,13 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: flo
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last!r})")
 
 
-def service_ready(url: str, proc: subprocess.Popen[bytes], name: str) -> bool:
-    """Whether a Prometheus or Alertmanager we started answers /-/ready; fails at once if it exited."""
+def service_ready(url: str, proc: subprocess.Popen[bytes], name: str, path: str = "/-/ready") -> bool:
+    """Whether a service we started (Prometheus, Alertmanager: /-/ready; the healer: /readyz) answers `path`; fails
+    at once if it exited."""
     if proc.poll() is not None:
         raise AssertionError(f"{name} exited with {proc.returncode}")
     try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
+        with urllib.request.urlopen(f"{url}{path}", timeout=2) as r:
             return r.status == 200
     except OSError:
         return False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from megaheal.names import check_name
 from megaheal.typedconfig import apply_overrides, from_mapping, load_yaml
 from train.checkpoint.manager import CheckpointConfig
 from train.data import DataConfig
@@ -21,7 +23,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     job: str | None = None
-    """Job name in telemetry and incidents; default: the run directory's name."""
+    """Job name in telemetry and incidents (megaheal/names.py's rule); default: made from the run directory's name."""
     steps: int = 20
     """Optimizer steps to run."""
     global_batch: int = 8
@@ -54,6 +56,11 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
+        # NOTE: YAML reads .nan and .inf: a NaN learning rate or an infinite collective timeout passed every
+        # range check below and failed (or silently broke) every rank at start.
+        _check_finite(self)
+        if self.job is not None:
+            check_name(self.job, "job")
         for name in ("steps", "global_batch", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -79,6 +86,17 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _check_finite(config: Any, prefix: str = "") -> None:
+    """ValueError naming the dotted key of the first float in the config tree that is NaN or infinite."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(x, float) and not math.isfinite(x) for x in items):
+            raise ValueError(f"{prefix}{f.name} must be a finite number, got {value}")
+        if is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:

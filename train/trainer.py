@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
+from megaheal.names import derive_name
 from train.checkpoint.manager import Checkpointer
 from train.checkpoint.state import ModelParts, capture, config_hash, load_template, model_hash, restore
 from train.config import TrainConfig
@@ -100,8 +101,8 @@ class Trainer:
         self.writer = StepRecordWriter(run_dir, self.place.rank)
         # The node sidecar's client: a null object unless MEGAHEAL_SIDECAR_SOCKET is set; never blocks.
         self.telemetry = RankClient.from_env(
-            cfg.job or run_dir.resolve().name, self.place.rank, self.place.local_rank, self.place.world_size,
-            self.place.coords(),
+            cfg.job or derive_name(run_dir.resolve().name), self.place.rank, self.place.local_rank,
+            self.place.world_size, self.place.coords(),
         )
         self.telemetry.hello()
         self.table = StepTable() if self.place.rank == 0 else None
@@ -161,7 +162,9 @@ class Trainer:
         path = self.checkpointer.resume_path(model_hash(self.cfg.model))
         if path is None:
             return 0, 0
-        saved_world = json.loads((path / "manifest.json").read_text())["layout"]["world_size"]
+        # NOTE: rank 0 validated the manifest before choosing it (catalog.manifest_problems); an old one may lack
+        # its layout: then the state is loaded as if resharded, which works for any layout.
+        saved_world = json.loads((path / "manifest.json").read_text()).get("layout", {}).get("world_size")
         state = load_template(self.parts, self.optimizer, self.lr_scheduler, self.place.rank,
                               same_world=saved_world == self.place.world_size)
         self.checkpointer.load(state, path)

@@ -54,7 +54,7 @@ def create_app(agent: NodeAgent) -> Starlette:
         except msgspec.DecodeError as exc:
             return refuse(400, f"not a JSON order: {exc}", "body")
         try:
-            state, _ = agent.orders.submit(order)
+            state, _ = agent.submit(order)
         except Conflict as exc:
             return refuse(409, str(exc), "id")
         return JSONResponse(msgspec.to_builtins(state), status_code=202)

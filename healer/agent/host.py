@@ -7,7 +7,8 @@
   while it is one, else as vanished until the torchrun agent's failure report says how the rank died;
 - stop: SIGTERM to every rank (the trainer saves a final checkpoint and exits 0), SIGKILL to what is left after the
   grace, then the torchrun agent and whatever it left. Every signal goes only to a process that is still the one
-  found (its pid and start time), never to a pid the kernel gave to someone else since.
+  found (its pid and start time) and carries the attempt's run id, through a pidfd (healer.launchers.kill), never
+  to a pid the kernel gave to someone else since.
 
 Everything is an argument list; no value from the healer reaches a shell.
 """
@@ -18,6 +19,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from exporters.schema import MAX_TAIL_LINES, AttemptReport, RankExit, RankProcess
+from healer.launchers import kill
 from healer.launchers.agent_log import parse_failures
 from megaheal import procfs
 
@@ -37,6 +40,9 @@ class _Rank:
     local_rank: int
     pid: int
     started: float
+
+    def target(self, run_id: str) -> kill.Target:
+        return kill.Target(self.pid, self.started, run_id)
 
 
 @dataclass(slots=True)
@@ -58,8 +64,15 @@ class HostAttempt:
     exits: dict[int | None, RankExit] = field(default_factory=dict)
     """rank (None: the torchrun agent itself) -> how it ended."""
     stopping: bool = False
+    hurry: threading.Event = field(default_factory=threading.Event)
+    """Set: a stop in progress gives up its grace and kills now."""
     exit_code: int | None = None
     _log: IO[bytes] | None = None
+
+    @property
+    def run_id(self) -> str:
+        """torchrun's rendezvous id of this attempt, which every worker carries (TORCHELASTIC_RUN_ID)."""
+        return run_id(self.job, self.attempt)
 
     @property
     def agent_log(self) -> Path:
@@ -89,11 +102,14 @@ class HostAttempt:
         for pid in procfs.children(self.process.pid):
             if pid in self.ranks:
                 continue
+            # NOTE: a worker of this attempt (its run id), and when it started: every signal to it later is checked
+            # against both, so a pid reused after it died is never signalled.
+            if (t := kill.identify(pid, self.run_id)) is None:
+                continue
             env = procfs.environ(pid)
-            st = procfs.stat(pid)
             rank, local = env.get("RANK", ""), env.get("LOCAL_RANK", "0")
-            if st is not None and rank.isdigit():
-                self.ranks[pid] = _Rank(int(rank), int(local) if local.isdigit() else 0, pid, st.started)
+            if rank.isdigit():
+                self.ranks[pid] = _Rank(int(rank), int(local) if local.isdigit() else 0, pid, t.started)
         for pid, r in self.ranks.items():
             if r.rank in self.exits:
                 continue
@@ -158,66 +174,60 @@ class HostAttempt:
 
     # ---- acting --------------------------------------------------------------------------------------
 
-    def live_ranks(self) -> list[_Rank]:
+    def live_ranks(self) -> list[kill.Target]:
         """The ranks that are still the processes found (same pid, same start) and not dead."""
-        return [r for r in self.ranks.values() if procfs.is_same_process(r.pid, r.started) and procfs.alive(r.pid)]
+        return [t for r in self.ranks.values() if kill.is_current(t := r.target(self.run_id))]
 
     def signal(self, rank: int, sig: int) -> int:
-        """Send `sig` to one live rank of this attempt; its pid. LookupError when it is not running here."""
-        target = next((r for r in self.live_ranks() if r.rank == rank), None)
-        if target is None:
+        """Send `sig` to one live rank of this attempt, checked first; its pid. LookupError when it is not running
+        here."""
+        r = next((r for r in self.ranks.values() if r.rank == rank), None)
+        if r is None or not kill.send(r.target(self.run_id), sig):
             raise LookupError(f"rank {rank} is not running on this host in attempt {self.attempt}")
-        os.kill(target.pid, sig)
-        return target.pid
+        return r.pid
 
     def stop(self, grace_s: float) -> None:
-        """SIGTERM every rank, wait up to `grace_s` for them to save and leave, then SIGKILL what remains and the
-        torchrun agent; returns once all of it is gone."""
+        """SIGTERM every rank, wait up to `grace_s` (or until `hurry` is set) for them to save and leave, then
+        SIGKILL what remains and the torchrun agent; returns once all of it is gone."""
         self.stopping = True
         if self.process is None or self.ended:
-            _kill_verified(self.live_ranks(), signal.SIGKILL)
+            # torchrun has left; a rank it orphaned may not have, and has no one to answer a SIGTERM to.
+            _send(left := self.live_ranks(), signal.SIGKILL)
+            kill.wait_gone(left, 30)
             return
-        _kill_verified(self.live_ranks(), signal.SIGTERM)
+        _send(self.live_ranks(), signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and not self.ended:
+        while time.monotonic() < deadline and not self.ended and not self.hurry.is_set():
             time.sleep(0.05)
             self.poll()
         if not self.ended:
             left = self.live_ranks()
-            _kill_verified(left, signal.SIGKILL)
+            _send(left, signal.SIGKILL)
+            # Whatever torchrun started that still carries the attempt's run id (a rank's own children too).
             for pid in procfs.descendants(self.process.pid):
-                _kill(pid, signal.SIGKILL)
-            _kill(self.process.pid, signal.SIGKILL)
+                if (child := kill.identify(pid, self.run_id)) is not None:
+                    kill.send(child, signal.SIGKILL)
+                    left.append(child)
+            # NOTE: torchrun is our child: until we reap it, its pid cannot name another process.
+            self.process.kill()
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 log.warning("torchrun agent %d did not exit after SIGKILL", self.process.pid)
             # NOTE: a rank whose torchrun was killed is an orphan: SIGKILL is delivered at once but the kernel still
             # has to tear it down. Wait for that, so the next attempt never overlaps this one.
-            _wait_gone(left, 30)
+            kill.wait_gone(left, 30)
             self.poll()
 
 
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+def run_id(job: str, attempt: int) -> str:
+    """torchrun's rendezvous id of attempt `attempt` of `job` (`--rdzv-id`), the same on every host."""
+    return f"{job}-{attempt}"
 
 
-def _kill_verified(ranks: list[_Rank], sig: int) -> None:
-    for r in ranks:
-        if procfs.is_same_process(r.pid, r.started):
-            _kill(r.pid, sig)
-
-
-def _wait_gone(ranks: list[_Rank], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (left := [r for r in ranks if procfs.is_same_process(r.pid, r.started) and procfs.alive(r.pid)]) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        log.warning("ranks %s still alive %.0f s after SIGKILL", [r.rank for r in left], timeout_s)
+def _send(targets: list[kill.Target], sig: int) -> None:
+    for t in targets:
+        kill.send(t, sig)
 
 
 def _tail(path: Path, n: int) -> list[str]:

@@ -26,7 +26,7 @@ import msgspec
 from exporters.heartbeat import HeartbeatForwarder
 from exporters.schema import HeartbeatBatch
 from exporters.sidecar import AUTO, Sidecar
-from healer.agent.host import HostAttempt
+from healer.agent.host import HostAttempt, run_id
 from healer.agent.orders import (
     Order,
     OrderBook,
@@ -37,6 +37,7 @@ from healer.agent.orders import (
     StartOrder,
     StopOrder,
 )
+from megaheal import procfs
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,16 @@ class NodeAgent:
 
     # ---- orders --------------------------------------------------------------------------------------
 
+    def submit(self, order: Order) -> tuple[Any, bool]:
+        """Queue `order` (OrderBook.submit). A stop with no grace cuts short a stop in progress (a second Ctrl-C):
+        orders are carried out one after another, so it takes effect here, before it queues behind that stop."""
+        if isinstance(order, StopOrder) and order.grace_s == 0:
+            with self._lock:
+                attempt = self.attempt
+            if attempt is not None and (order.attempt is None or attempt.attempt == order.attempt):
+                attempt.hurry.set()
+        return self.orders.submit(order)
+
     def _execute(self, order: Order) -> Any:
         if isinstance(order, StartOrder):
             return self._start(order)
@@ -184,43 +195,35 @@ class NodeAgent:
         with self._lock:
             if self.attempt is not None and not self.attempt.ended:
                 if self.attempt.attempt == order.attempt:
-                    return {"attempt": order.attempt, "rdzv_endpoint": self._endpoint}
+                    return self._started(order.attempt)
                 raise RuntimeError(f"attempt {self.attempt.attempt} still runs on {self.cfg.node}; stop it first")
             self._endpoint = order.rdzv_endpoint or f"{self._rdzv_host()}:{_free_port()}"
-            argv = self._argv(order, self._endpoint)
+            argv = torchrun_argv(order, self._endpoint, self.cfg.python, self._attempt_dir(order) / "ranks")
             env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
                 "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
                 "MEGAHEAL_NODE": self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
                 "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path}
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
                                        env=env, cwd=self.cfg.cwd,
-                                       log_dir=self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}")
+                                       log_dir=self._attempt_dir(order))
             self.attempt.start()
-            return {"attempt": order.attempt, "rdzv_endpoint": self._endpoint}
+            return self._started(order.attempt)
+
+    def _started(self, attempt: int) -> dict[str, Any]:
+        """The answer to a start: the rendezvous endpoint, and the torchrun agent's pid and start time (what a healer
+        that takes over checks before it signals it)."""
+        assert self.attempt is not None and self.attempt.process is not None
+        pid = self.attempt.process.pid
+        return {"attempt": attempt, "rdzv_endpoint": self._endpoint, "pid": pid, "started": procfs.start_time(pid)}
 
     _endpoint = ""
+
+    def _attempt_dir(self, order: StartOrder) -> Path:
+        return self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}"
 
     def _rdzv_host(self) -> str:
         host = (self.cfg.advertise or self.cfg.listen).rpartition(":")[0]
         return host if host not in ("", "0.0.0.0", "[::]") else socket.gethostname()
-
-    def _argv(self, o: StartOrder, endpoint: str) -> list[str]:
-        argv = [self.cfg.python, "-m", "torch.distributed.run", "--nnodes", str(o.nnodes),
-                "--node-rank", str(o.node_rank), "--nproc-per-node", str(o.nproc_per_node),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"{o.job}-{o.attempt}",
-                # The first host holds the rendezvous store; the others only connect to it.
-                "--rdzv-conf", f"is_host={'true' if o.node_rank == 0 else 'false'},join_timeout=120",
-                # NOTE: no restarts inside torchrun: the healer decides (and may change the host set). A short
-                # shutdown grace makes torchrun's failure report (how a rank died) come within a second or two.
-                "--max-restarts", "0", "--monitor-interval", "0.2", "--shutdown-timeout", str(o.shutdown_timeout_s),
-                "--log-dir", str(self.cfg.work_dir / f"{o.job}-attempt-{o.attempt:03d}" / "ranks"),
-                "--redirects", "3", "--tee", "3",
-                "-m", "train", "--config", o.config, "--run-dir", o.run_dir]
-        if o.resume:
-            argv += ["--resume", o.resume]
-        for item in o.overrides:
-            argv += ["--set", item]
-        return argv
 
     def _stop_attempt(self, order: StopOrder) -> dict[str, Any]:
         with self._lock:
@@ -249,6 +252,26 @@ class NodeAgent:
                 return {"returncode": None, "stdout": "", "stderr": f"ran past {order.timeout_s:g} s",
                         "timeout": True}
         return {"returncode": proc.returncode, "stdout": out[-200_000:], "stderr": err[-20_000:], "timeout": False}
+
+
+def torchrun_argv(o: StartOrder, endpoint: str, python: str, log_dir: Path) -> list[str]:
+    """The host's torchrun agent for start order `o` (an argument list: nothing reaches a shell); `log_dir`: the
+    ranks' log files (torchrun's --log-dir)."""
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(o.nnodes),
+            "--node-rank", str(o.node_rank), "--nproc-per-node", str(o.nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id(o.job, o.attempt),
+            # The first host holds the rendezvous store; the others only connect to it.
+            "--rdzv-conf", f"is_host={'true' if o.node_rank == 0 else 'false'},join_timeout=120",
+            # NOTE: no restarts inside torchrun: the healer decides (and may change the host set). A short
+            # shutdown grace makes torchrun's failure report (how a rank died) come within a second or two.
+            "--max-restarts", "0", "--monitor-interval", "0.2", "--shutdown-timeout", str(o.shutdown_timeout_s),
+            "--log-dir", str(log_dir), "--redirects", "3", "--tee", "3",
+            "-m", "train", "--config", o.config, "--run-dir", o.run_dir]
+    if o.resume:
+        argv += ["--resume", o.resume]
+    for item in o.overrides:
+        argv += ["--set", item]
+    return argv
 
 
 def _free_port() -> int:

@@ -131,7 +131,7 @@ class OrderBook:
                 if known[0] != order:
                     raise Conflict(f"order id {order.id!r} is already used for another {known[1].kind} order")
                 return known[1], False
-            state = OrderState(id=order.id, kind=type(order).__struct_config__.tag, received_at=self._clock())
+            state = OrderState(id=order.id, kind=str(type(order).__struct_config__.tag), received_at=self._clock())
             self._orders[order.id] = (order, state)
             while len(self._orders) > self._keep:
                 self._orders.popitem(last=False)

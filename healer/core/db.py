@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,11 @@ log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 PG_CONNECT_TIMEOUT_S = 5
+# NOTE: TCP keepalives and a user timeout, so a database host that vanished (power, a partition) breaks the
+# connection within ~30 s instead of the kernel's ~2 h: statement timeouts are the server's, and a server that
+# cannot be reached never sends one.
+PG_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+                 "tcp_user_timeout": 30000}
 
 
 def default_db_url() -> str:
@@ -40,8 +46,13 @@ def safe_url(url: str | sa.URL) -> str:
         return "<unparseable database URL>"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`: sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB. Raises DatabaseError."""
+def make_engine(url: str, timeout: timedelta | None = None, password: str | None = None) -> Engine:
+    """An engine for `url`: sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB. Raises DatabaseError.
+
+    PostgreSQL only: `timeout` bounds every statement and lock wait (the server cancels it: an OperationalError
+    the healer answers with 503), and how long a request waits for a pooled connection; None for no limit (the
+    migration commands, which may rewrite big tables). `password` is given to the driver directly, so it never
+    sits in the URL or the environment."""
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
@@ -53,9 +64,16 @@ def make_engine(url: str) -> Engine:
         # NOTE: the dialect's driver, not the URL's: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3.
         if parsed.get_dialect().driver != "psycopg":
             raise DatabaseError(f"{safe_url(parsed)}: use the psycopg 3 driver, postgresql+psycopg://...")
+        connect_args: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **PG_KEEPALIVES}
+        if timeout is not None:
+            ms = max(1, int(timeout.total_seconds() * 1000))
+            connect_args["options"] = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+        if password is not None:
+            connect_args["password"] = password
+        pool_timeout = timeout.total_seconds() if timeout is not None else 30.0
         try:
-            return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                                    connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S})
+            return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=pool_timeout,
+                                    connect_args=connect_args)
         except NoSuchModuleError as exc:
             raise DatabaseError(f"{safe_url(parsed)}: psycopg is not installed") from exc
     raise DatabaseError(f"{safe_url(parsed)}: unsupported database {backend!r}; use sqlite or postgresql+psycopg")
@@ -166,6 +184,15 @@ def ensure_schema(engine: Engine, create_if_empty: bool = True) -> str:
     raise DatabaseNotAtHead(
         f"database {safe_url(engine.url)} is at revision {current or 'none (tables without alembic_version)'}, "
         f"this healer needs {head}: run `megaheal db upgrade --db {safe_url(engine.url)}` (back it up first)")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether `exc` says the database cannot be used right now (down, unreachable, a statement or a wait for a
+    pooled connection timed out), as opposed to refusing one statement: the request should be retried later."""
+    if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError,
+                        sa.exc.DisconnectionError)):
+        return True
+    return isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
 
 
 def _reason(exc: BaseException) -> str:

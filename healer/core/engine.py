@@ -13,6 +13,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from healer.core.db import unreachable
 from healer.core.detectors.base import Detector, Evaluation
 from healer.core.detectors.registry import DetectorRegistry, default_registry
 from healer.core.heartbeats import HeartbeatTable
@@ -27,6 +30,7 @@ from healer.core.rules import AlertCondition, DetectorCondition, PromqlCondition
 from healer.core.signals import Signal, from_rule
 from healer.core.states import IncidentState
 from healer.core.store import IncidentStore, incident_dict
+from healer.errors import HealerError
 from healer.oncall.alertmanager import INCIDENT_ALERTNAME, WebhookAlert, parse_webhook
 from healer.oncall.sinks import Change, Sinks
 
@@ -80,10 +84,16 @@ class Healer:
         self.metrics.heartbeat_records.inc(taken)
         return taken
 
-    def handle_alertmanager(self, body: Any) -> dict[str, int]:
-        """Match each alert against the alert rules: firing ones open or join incidents, resolved ones resolve."""
-        counts = {"firing": 0, "resolved": 0, "unmatched": 0, "ignored": 0}
-        for alert in parse_webhook(body):
+    def handle_alertmanager(self, body: Any) -> dict[str, Any]:
+        """Match each alert against the alert rules: firing ones open or join incidents, resolved ones resolve.
+
+        Each alert is stored on its own: one that the database refuses is counted under `failed` (which one in
+        `errors`, why in the log) and the others still go in, since Alertmanager would resend the whole batch, for
+        ever, if it were refused. A database that cannot be reached fails the request (503), and Alertmanager's
+        retry then joins the incidents already stored instead of duplicating them."""
+        counts: dict[str, Any] = {"firing": 0, "resolved": 0, "unmatched": 0, "ignored": 0, "failed": 0}
+        errors: list[dict[str, Any]] = []
+        for index, alert in enumerate(parse_webhook(body)):
             if alert.name == INCIDENT_ALERTNAME:
                 counts["ignored"] += 1  # our own incidents routed back to us: never an incident about an incident
                 continue
@@ -92,20 +102,32 @@ class Healer:
             if not rules:
                 counts["unmatched"] += 1
             for rule in rules:
-                signal = _alert_signal(rule, alert)
-                if alert.status == "firing":
-                    self._fire(signal)
-                else:
-                    self._clear(signal.fingerprint, {"reason": "Alertmanager resolved the alert", "alert": alert.labels})
+                try:
+                    self._take_alert(rule, alert)
+                except (SQLAlchemyError, HealerError) as exc:
+                    if unreachable(exc):
+                        raise
+                    log.error("alert %d (%s) of rule %s not stored", index, alert.name, rule.name, exc_info=True)
+                    counts["failed"] += 1
+                    errors.append({"alert": index, "rule": rule.name, "error": type(exc).__name__})
+                    continue
                 counts[alert.status] += 1
-        return counts
+        return {**counts, "errors": errors} if errors else counts
+
+    def _take_alert(self, rule: Rule, alert: WebhookAlert) -> None:
+        signal = _alert_signal(rule, alert)
+        if alert.status == "firing":
+            self._fire(signal)
+        else:
+            self._clear(signal.fingerprint, {"reason": "Alertmanager resolved the alert", "alert": alert.labels})
 
     # ---- ticks -----------------------------------------------------------------------------------------
 
     def evaluate_detectors(self) -> tuple[TickView, list[tuple[Rule, Evaluation]]]:
         """One detection cycle over this tick's view of the jobs, in memory only (timed into the cycle histogram).
-        NOTE: the service runs this on the event loop that also ingests heartbeats, so it never waits for the
-        GIL behind a busy ingest thread; the database writes it leads to happen in `apply_detections`."""
+        NOTE: the service runs it on a thread of its own, off the event loop: a cycle over 12,288 ranks takes long
+        enough that heartbeats, /healthz and every other request would wait for it there. The database writes it
+        leads to happen in `apply_detections`."""
         now = self.clock()
         started = time.perf_counter()
         view = TickView.of(self.table)
@@ -128,6 +150,11 @@ class Healer:
 
     def apply_detections(self, view: TickView, results: list[tuple[Rule, Evaluation]]) -> None:
         """Open or join incidents for what fires, resolve the ones whose thing is healthy again."""
+        # NOTE: what fired is remembered only to resolve its incident when its key is healthy again; once that
+        # incident is over (resolved by anyone, purged) the entry is of no use, and would grow with every job and
+        # attempt ever seen. Pruned here, on the one thread that writes it.
+        known = self._known
+        self._fired = {k: fp for k, fp in self._fired.items() if fp in known}
         for rule, result in results:
             for f in result.firing:
                 # NOTE: under a launcher the attempt is part of the identity: the same fault in a later attempt

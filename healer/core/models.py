@@ -2,7 +2,8 @@
 a test checks that autogenerate finds no difference between these models and the newest migration.
 
 Times are stored in UTC (`UTCDateTime` gives back aware datetimes on SQLite too). Evidence and
-labels are JSON. Incident state is a short string checked by `healer.core.states`, not a database enum,
+labels are JSON. Text columns are `Label(n)` and `Prose` (healer.core.columns): values are made to fit on the way
+in, so no input can make PostgreSQL refuse a write. Incident state is a short string checked by `healer.core.states`, not a database enum,
 so adding a state later needs no type migration on PostgreSQL.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, MetaData, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, MetaData, TypeDecorator, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from healer.core.columns import Label, Prose
 
 # NOTE: fixed constraint names, so migrations (and their downgrades) name the same objects on every backend.
 NAMING = {
@@ -55,7 +58,7 @@ class Job(Base):
 
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(Label(200), unique=True)
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
 
@@ -67,13 +70,13 @@ class Node(Base):
 
     __tablename__ = "nodes"
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(253), unique=True)
-    last_job: Mapped[str | None] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(Label(253), unique=True)
+    last_job: Mapped[str | None] = mapped_column(Label(200))
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
     ranks: Mapped[int] = mapped_column(Integer, default=0)
     excluded_at: Mapped[datetime | None]
-    excluded_reason: Mapped[str | None] = mapped_column(Text)
+    excluded_reason: Mapped[str | None] = mapped_column(Prose)
     excluded_by: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
     """The incident whose remediation left the node out."""
 
@@ -85,13 +88,13 @@ class NodeIncident(Base):
     __tablename__ = "node_incidents"
     __table_args__ = (UniqueConstraint("node", "job", "incident_ref"), Index("ix_node_incidents_node_at", "node", "at"))
     id: Mapped[int] = mapped_column(primary_key=True)
-    node: Mapped[str] = mapped_column(String(253))
-    job: Mapped[str] = mapped_column(String(200))
-    incident_ref: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(Label(253))
+    job: Mapped[str] = mapped_column(Label(200))
+    incident_ref: Mapped[str] = mapped_column(Label(64))
     """Which incident of that job (its id in the database that recorded it; a label, not a key: history may be
     imported from elsewhere)."""
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
-    kind: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(Label(100))
     at: Mapped[datetime]
 
 
@@ -102,16 +105,16 @@ class Incident(Base):
 
     __tablename__ = "incidents"
     id: Mapped[int] = mapped_column(primary_key=True)
-    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
-    active_fingerprint: Mapped[str | None] = mapped_column(String(64), unique=True)
-    rule: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(100))
-    severity: Mapped[str] = mapped_column(String(20))
-    page: Mapped[str] = mapped_column(String(20))
-    state: Mapped[str] = mapped_column(String(20), index=True)
-    job: Mapped[str | None] = mapped_column(String(200))
-    node: Mapped[str | None] = mapped_column(String(253))
-    summary: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(Label(64), index=True)
+    active_fingerprint: Mapped[str | None] = mapped_column(Label(64), unique=True)
+    rule: Mapped[str] = mapped_column(Label(200))
+    kind: Mapped[str] = mapped_column(Label(100))
+    severity: Mapped[str] = mapped_column(Label(20))
+    page: Mapped[str] = mapped_column(Label(20))
+    state: Mapped[str] = mapped_column(Label(20), index=True)
+    job: Mapped[str | None] = mapped_column(Label(200))
+    node: Mapped[str | None] = mapped_column(Label(253))
+    summary: Mapped[str] = mapped_column(Prose)
     labels: Mapped[dict[str, Any]]
     evidence: Mapped[dict[str, Any]]
     occurrences: Mapped[int] = mapped_column(Integer, default=1)
@@ -120,12 +123,12 @@ class Incident(Base):
     state_since: Mapped[datetime]
     next_action_at: Mapped[datetime | None] = mapped_column(index=True)
     resolved_at: Mapped[datetime | None]
-    owner: Mapped[str | None] = mapped_column(String(200))
-    acknowledged_by: Mapped[str | None] = mapped_column(String(200))
+    owner: Mapped[str | None] = mapped_column(Label(200))
+    acknowledged_by: Mapped[str | None] = mapped_column(Label(200))
     notified_resolved: Mapped[bool] = mapped_column(default=False)
     attempt: Mapped[int | None]
     """The job's attempt the fault happened in, when a launcher runs the job (None for the service alone)."""
-    handler: Mapped[str | None] = mapped_column(String(200), index=True)
+    handler: Mapped[str | None] = mapped_column(Label(200), index=True)
     """Which healer acts on it: None for the service (any of its replicas), `run:JOB` for the healer embedded in
     `megaheal run` that started JOB (a service on the same database leaves those alone, and that run leaves the
     service's alone)."""
@@ -141,10 +144,10 @@ class IncidentEvent(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"))
     at: Mapped[datetime]
-    kind: Mapped[str] = mapped_column(String(20))
-    from_state: Mapped[str | None] = mapped_column(String(20))
-    to_state: Mapped[str | None] = mapped_column(String(20))
-    actor: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(Label(20))
+    from_state: Mapped[str | None] = mapped_column(Label(20))
+    to_state: Mapped[str | None] = mapped_column(Label(20))
+    actor: Mapped[str] = mapped_column(Label(200))
     evidence: Mapped[dict[str, Any]]
     incident: Mapped[Incident] = relationship(back_populates="events")
 
@@ -155,12 +158,12 @@ class RunbookRun(Base):
     __tablename__ = "runbook_runs"
     id: Mapped[int] = mapped_column(primary_key=True)
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"), index=True)
-    runbook: Mapped[str] = mapped_column(String(200))
+    runbook: Mapped[str] = mapped_column(Label(200))
     nodes: Mapped[list[Any]]
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
-    verdict: Mapped[str | None] = mapped_column(String(20))
-    summary: Mapped[str | None] = mapped_column(Text)
+    verdict: Mapped[str | None] = mapped_column(Label(20))
+    summary: Mapped[str | None] = mapped_column(Prose)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
@@ -170,10 +173,10 @@ class Remediation(Base):
     __tablename__ = "remediations"
     id: Mapped[int] = mapped_column(primary_key=True)
     incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"), index=True)
-    action: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(Label(100))
     decided_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
-    outcome: Mapped[str | None] = mapped_column(String(20))
+    outcome: Mapped[str | None] = mapped_column(Label(20))
     basis: Mapped[dict[str, Any]]
 
 
@@ -185,7 +188,7 @@ class Restart(Base):
 
     __tablename__ = "restarts"
     id: Mapped[int] = mapped_column(primary_key=True)
-    job: Mapped[str] = mapped_column(String(200), index=True)
+    job: Mapped[str] = mapped_column(Label(200), index=True)
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
     requested_at: Mapped[datetime]
     resumed_at: Mapped[datetime | None]
@@ -193,13 +196,13 @@ class Restart(Base):
     resumed_step: Mapped[int | None]
     nodes: Mapped[list[Any]]
     excluded: Mapped[list[Any]]
-    outcome: Mapped[str | None] = mapped_column(String(20))
-    cause: Mapped[str] = mapped_column(String(20), default="remediation")
+    outcome: Mapped[str | None] = mapped_column(Label(20))
+    cause: Mapped[str] = mapped_column(Label(20), default="remediation")
     attempt: Mapped[int | None]
     """The attempt this restart started (None until it started)."""
     started_at: Mapped[datetime | None]
     dp: Mapped[int | None]
-    resume: Mapped[str | None] = mapped_column(Text)
+    resume: Mapped[str | None] = mapped_column(Prose)
     """What the ranks were told to resume from: auto (the newest good checkpoint) or a checkpoint path."""
     skip_steps: Mapped[list[Any]]
     """Steps whose batches every later attempt passes over (a rollback's, accumulated)."""
@@ -214,8 +217,8 @@ class GoodputInterval(Base):
     __tablename__ = "goodput_intervals"
     __table_args__ = (UniqueConstraint("job", "kind", "started_at"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    job: Mapped[str] = mapped_column(String(200), index=True)
-    kind: Mapped[str] = mapped_column(String(20))
+    job: Mapped[str] = mapped_column(Label(200), index=True)
+    kind: Mapped[str] = mapped_column(Label(20))
     started_at: Mapped[datetime]
     ended_at: Mapped[datetime]
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))

@@ -73,7 +73,7 @@ class ProcessView:
     _attempts: dict[str, int] = field(default_factory=dict)
     _pids: dict[str, frozenset[int]] = field(default_factory=dict)
     _stopping: set[str] = field(default_factory=set)
-    _reported: dict[tuple[str, str], tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    _reported: dict[tuple[str, str], tuple[tuple[int, int, int, float | None], ...]] = field(default_factory=dict)
     """(job, node) -> (pid, rank, local_rank) of every rank its agent reported for the current attempt."""
     _ended: dict[tuple[str, str], int] = field(default_factory=dict)
     """(job, node) -> the exit code of the node's part of the current attempt, once its agent reported it ended."""
@@ -102,8 +102,8 @@ class ProcessView:
             for key in [k for k in (*self._reported, *self._ended) if k[0] == job]:
                 self._reported.pop(key, None)
                 self._ended.pop(key, None)
-            for key in [k for k, s in self._states.items() if s.job == job and s.attempt != attempt]:
-                del self._states[key]
+            for rank_key in [k for k, s in self._states.items() if s.job == job and s.attempt != attempt]:
+                del self._states[rank_key]
 
     def report(self, node: str, r: AttemptReport, now: float) -> None:
         """A node agent's report of its host's part of the job's current attempt (a report of another attempt, late
@@ -117,12 +117,13 @@ class ProcessView:
                 self._states[(r.job, p.rank)] = ProcessState(job=r.job, attempt=r.attempt, node=node, rank=p.rank,
                                                              pid=p.pid, state=p.state, cpu_seconds=p.cpu_seconds,
                                                              sampled_at=now)
-            ranks = {(p.pid, p.rank, p.local_rank) for p in r.ranks}
-            ranks |= {(e.pid, e.rank, 0) for e in r.exits if e.rank is not None and
-                      not any(x[1] == e.rank for x in ranks)}
-            self._reported[(r.job, node)] = tuple(sorted(ranks))
-            self._pids[r.job] = frozenset(pid for (job, _), rs in self._reported.items() if job == r.job
-                                          for pid, _, _ in rs)
+            ranks: dict[int, tuple[int, int, int, float | None]] = {
+                p.rank: (p.pid, p.rank, p.local_rank, p.started) for p in r.ranks}
+            for e in r.exits:
+                if e.rank is not None and e.rank not in ranks:
+                    ranks[e.rank] = (e.pid, e.rank, 0, None)
+            self._reported[(r.job, node)] = tuple(sorted(ranks.values(), key=lambda x: x[1]))
+            self._pids[r.job] = frozenset(x[0] for (job, _), rs in self._reported.items() if job == r.job for x in rs)
             if r.ended and r.exit_code is not None:
                 self._ended[(r.job, node)] = r.exit_code
         for e in r.exits:
@@ -138,8 +139,9 @@ class ProcessView:
                                      exit_code=e.exit_code, signal=e.signal, log_tail=tuple(e.log_tail),
                                      expected=e.expected, vanished=e.vanished))
 
-    def reported_ranks(self, job: str) -> list[tuple[str, int, int, int]]:
-        """(node, pid, rank, local_rank) of the job's current attempt, as the agents reported them."""
+    def reported_ranks(self, job: str) -> list[tuple[str, int, int, int, float | None]]:
+        """(node, pid, rank, local_rank, started) of the job's current attempt, as the agents reported them (started:
+        the process's start time, None for a rank only known by its exit)."""
         with self._lock:
             return [(node, *x) for (j, node), rs in self._reported.items() if j == job for x in rs]
 

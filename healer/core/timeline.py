@@ -81,12 +81,19 @@ def _ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
+def suspects(evidence: Any, node: str | None) -> tuple[list[int], list[str]]:
+    """The ranks and hosts an incident names, from its detector's evidence and its node."""
+    ev = evidence if isinstance(evidence, dict) else {}
+    ranks = ev.get("suspect_ranks") or ([ev["suspect_rank"]] if ev.get("suspect_rank") is not None else [])
+    nodes = sorted({n for n in [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), node] if n})
+    return list(ranks), nodes
+
+
 def _timeline(i: Incident, runs: list[RunbookRun], restarts: list[Restart]) -> IncidentTimeline:
     ev = i.evidence if isinstance(i.evidence, dict) else {}
-    ranks = ev.get("suspect_ranks") or ([ev["suspect_rank"]] if ev.get("suspect_rank") is not None else [])
-    nodes = sorted({n for n in [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), i.node] if n})
+    ranks, nodes = suspects(ev, i.node)
     t = IncidentTimeline(id=i.id, kind=i.kind, rule=i.rule, summary=i.summary, state=i.state, attempt=i.attempt,
-                         suspect_nodes=nodes, suspect_ranks=list(ranks), evidence=ev,
+                         suspect_nodes=nodes, suspect_ranks=ranks, evidence=ev,
                          detected_at=i.opened_at.timestamp(), resolved_at=_ts(i.resolved_at))
     if runs:
         t.verdict = runs[-1].verdict

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import signal
 import subprocess
 import threading
 import time
@@ -19,10 +20,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from healer.agent.host import run_id
 from healer.core.processes import ProcessView
 from healer.jsonl import append_jsonl, read_jsonl
+from healer.launchers import journal, kill
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
-
+from megaheal.names import check_name
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -38,6 +42,8 @@ class AgentRank:
     local_rank: int
     node: str
     pid: int
+    started: float | None
+    """The process's start time on its host (None: only known by its exit)."""
 
 
 @dataclass(slots=True)
@@ -80,8 +86,12 @@ class Coordinator:
         """`--set` items for every attempt (the dp degree is added per attempt)."""
         grace: timedelta = timedelta(seconds=30)
         """SIGTERM to SIGKILL in a graceful stop: time for the final checkpoint."""
+        hosts_are_local: bool = False
+        """Every host's processes are this machine's (local agents): at a take-over, what a host whose agent is gone
+        left running is found from the journal and killed here, checked like every signal (healer.launchers.kill)."""
 
         def __post_init__(self) -> None:
+            check_name(self.job, "job")
             if self.nproc_per_node < 1:
                 raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
             if self.grace < timedelta(0):
@@ -100,6 +110,8 @@ class Coordinator:
         self.attempt: AgentAttempt | None = None
         self.history: list[AgentAttempt] = []
         self._first_number = 0
+        self.closed = False
+        """Set on the way out (`close`): no attempt starts any more, so a restart in flight cannot outlive us."""
         self._lock = threading.RLock()
 
     def _check(self, token: str) -> None:
@@ -117,33 +129,48 @@ class Coordinator:
         refuses or cannot be reached (the attempt is then stopped where it did start)."""
         self._check(token)
         with self._lock:
+            if self.closed:
+                raise RuntimeError(f"the coordinator of {self.cfg.job} is shutting down: no new attempt")
             if self.attempt is not None and not self.attempt.done:
                 raise RuntimeError(f"attempt {self.attempt.number} still runs; stop it first")
             number = self.attempt.number + 1 if self.attempt is not None else self._first_number
-            overrides = (f"job={self.cfg.job}", *self.cfg.overrides,
-                         *((f"parallel.dp={dp}",) if dp is not None else ()), *extra)
+            overrides = self.overrides(dp, extra)
             self.view.started(self.cfg.job, number)
             self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=self.clock(), dp=dp, resume=resume)
             self.history.append(self.attempt)
             self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": self.attempt.started_at,
                            "nodes": list(nodes), "dp": dp, "resume": resume,
-                           "agents": {n: self.agents[n].url for n in nodes}})
+                           "agent_urls": {n: self.agents[n].url for n in nodes}})
         endpoint = None
         try:
             for node_rank, node in enumerate(nodes):
-                order = {"kind": "start", "id": self._order_id("start", number, node), "job": self.cfg.job,
-                         "attempt": number, "nnodes": len(nodes), "node_rank": node_rank,
-                         "nproc_per_node": self.cfg.nproc_per_node, "rdzv_endpoint": endpoint,
-                         "config": self.cfg.config, "run_dir": str(Path(self.cfg.run_dir).absolute()),
-                         "resume": resume, "overrides": list(overrides), "env": self.env}
+                order = self.start_order(number, nodes, node_rank, endpoint, resume, overrides)
                 result = self.agents[node].run(order, START_TIMEOUT_S)
                 endpoint = endpoint or result["rdzv_endpoint"]
+                # Each host's torchrun and when it started: what a take-over checks before it signals that pid.
+                self._journal({"event": "launched", "attempt": number, "at": self.clock(),
+                               "agents": {node: result["pid"]}, "agents_started": {node: result["started"]}})
         except (AgentUnreachable, OrderFailed) as exc:
             log.error("attempt %d of %s could not start: %s", number, self.cfg.job, exc)
             self.stop(token, timedelta(0))
             raise RuntimeError(f"attempt {number} could not start: {exc}") from exc
         log.info("attempt %d of %s started on %s (resume %s)", number, self.cfg.job, ", ".join(nodes), resume)
         return self.attempt
+
+    def overrides(self, dp: int | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The `--set` items of an attempt: the job's name first (the ranks report under it), the run's, the dp degree
+        of the attempt, and `extra` (batches to skip after a rollback)."""
+        return (f"job={self.cfg.job}", *self.cfg.overrides, *((f"parallel.dp={dp}",) if dp is not None else ()), *extra)
+
+    def start_order(self, number: int, nodes: tuple[str, ...], node_rank: int, endpoint: str | None,
+                    resume: str | None, overrides: tuple[str, ...]) -> dict[str, Any]:
+        """The start order of host `nodes[node_rank]` for attempt `number` (healer/agent/orders.py: StartOrder)."""
+        node = nodes[node_rank]
+        return {"kind": "start", "id": self._order_id("start", number, node), "job": self.cfg.job, "attempt": number,
+                "nnodes": len(nodes), "node_rank": node_rank, "nproc_per_node": self.cfg.nproc_per_node,
+                "rdzv_endpoint": endpoint, "config": self.cfg.config,
+                "run_dir": str(Path(self.cfg.run_dir).absolute()), "resume": resume, "overrides": list(overrides),
+                "env": self.env}
 
     # ---- watch ---------------------------------------------------------------------------------------
 
@@ -154,8 +181,8 @@ class Coordinator:
             if a is None:
                 return
             found = len(a.ranks)
-            for node, pid, rank, local in self.view.reported_ranks(self.cfg.job):
-                a.ranks.setdefault(pid, AgentRank(rank, local, node, pid))
+            for node, pid, rank, local, started in self.view.reported_ranks(self.cfg.job):
+                a.ranks.setdefault(pid, AgentRank(rank, local, node, pid, started))
             for node, code in self.view.ended_nodes(self.cfg.job).items():
                 if node in a.nodes and node not in a.ended:
                     a.ended.add(node)
@@ -164,14 +191,24 @@ class Coordinator:
                         self._journal({"event": "end", "attempt": a.number, "at": self.clock(),
                                        "exit_codes": a.exit_codes, "stopped": a.stopping})
             if len(a.ranks) > found:
+                # `started`: for a take-over's checks; `nodes`: which host each rank ran on (the pages' heat maps).
                 self._journal({"event": "ranks", "attempt": a.number, "at": self.clock(),
-                               "ranks": {str(pid): r.rank for pid, r in a.ranks.items()}})
+                               "ranks": {str(pid): r.rank for pid, r in a.ranks.items()},
+                               "started": {str(pid): r.started for pid, r in a.ranks.items() if r.started is not None},
+                               "nodes": {str(r.rank): r.node for r in a.ranks.values()}})
 
     # ---- stop ----------------------------------------------------------------------------------------
 
-    def stop(self, token: str, grace: timedelta | None = None) -> None:
-        """Every host stops its part (SIGTERM, SIGKILL after `grace`); returns once all reported it ended, or its agent
-        could not be reached (a lost host: nothing of the attempt can run there with its peers gone)."""
+    def close(self) -> None:
+        """No attempt starts from now on (`megaheal run` is on its way out): a restart ordered before cannot start
+        one after the job was stopped."""
+        with self._lock:
+            self.closed = True
+
+    def stop(self, token: str, grace: timedelta | None = None, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Every host stops its part (SIGTERM, SIGKILL after `grace`, or at once when `hurry()` turns true: a second
+        Ctrl-C); returns once all reported it ended, or its agent could not be reached (a lost host: nothing of the
+        attempt can run there with its peers gone)."""
         self._check(token)
         with self._lock:
             a = self.attempt
@@ -192,7 +229,11 @@ class Coordinator:
                     a.lost.add(node)
                     a.ended.add(node)
         deadline = time.monotonic() + grace_s + 30
+        hurried = grace_s == 0
         while not a.done and time.monotonic() < deadline:
+            if not hurried and hurry():
+                hurried = True
+                self._hurry(a)
             time.sleep(0.05)
             self.poll()
         if not a.done:
@@ -204,15 +245,22 @@ class Coordinator:
             self._journal({"event": "end", "attempt": a.number, "at": self.clock(), "exit_codes": a.exit_codes,
                            "stopped": True, "lost": missing})
 
+    def _hurry(self, a: AgentAttempt) -> None:
+        """A stop with no grace to every host still stopping: it cuts short the stop in progress there."""
+        for node in sorted(set(a.nodes) - a.ended):
+            try:
+                self.agents[node].order({"kind": "stop", "id": self._order_id("stop", a.number, node, ":now"),
+                                         "attempt": a.number, "grace_s": 0})
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("hurrying the stop of attempt %d on %s: %s", a.number, node, exc)
+
     def kill_rank(self, token: str, rank: int, sig: int) -> int:
         """Send `sig` to one rank of the current attempt, through its host's agent (fault injection); its pid."""
-        import signal as signals
-
         self._check(token)
         node = self.node_of_rank(rank)
         a = self.attempt
         assert a is not None
-        name = signals.Signals(sig).name
+        name = signal.Signals(sig).name
         order = {"kind": "signal", "id": self._order_id("signal", a.number, node, f":{rank}:{name}:{time.time_ns()}"),
                  "attempt": a.number, "rank": rank, "signal": name}
         return int(self.agents[node].run(order, 10)["pid"])
@@ -247,21 +295,21 @@ class Coordinator:
 
     # ---- take over -----------------------------------------------------------------------------------
 
-    def take_over(self, token: str) -> bool:
+    def take_over(self, token: str) -> tuple[bool, tuple[int, ...]]:
         """After the job's previous healer died (its agents outlived it): adopt its last attempt where it still runs on
         every host (the job goes on, nothing restarts), else stop what is left of it (the job then resumes from its
-        newest good checkpoint). Numbers the next attempt after it. True when the attempt was adopted."""
+        newest good checkpoint). Numbers the next attempt after it. Whether the attempt was adopted, and the pids
+        killed here (of hosts whose agent was gone, when they are this machine's)."""
         self._check(token)
-        entries = [e for e in read_jsonl(Path(self.cfg.run_dir) / "supervisor" / "attempts.jsonl")
-                   if isinstance(e.get("attempt"), int)]
+        entries = [e for e in read_jsonl(journal.path(Path(self.cfg.run_dir))) if isinstance(e.get("attempt"), int)]
         if not entries:
-            return False
+            return False, ()
         last = max(e["attempt"] for e in entries)
         self._first_number = last + 1
         mine = [e for e in entries if e["attempt"] == last]
         start = next((e for e in mine if e["event"] == "start"), None)
         if start is None or any(e["event"] == "end" for e in mine):
-            return False
+            return False, ()
         nodes = tuple(start["nodes"])
         if self._runs_everywhere(last, nodes):
             with self._lock:
@@ -270,18 +318,34 @@ class Coordinator:
                 self.history = [self.attempt]
                 self.view.started(self.cfg.job, last)
             log.warning("took over %s: attempt %d still runs on %s: adopted", self.cfg.job, last, ", ".join(nodes))
-            return True
+            return True, ()
+        unreached = []
         for node in nodes:
-            if node in self.agents:
-                try:
-                    self.agents[node].run({"kind": "stop", "id": self._order_id("stop", last, node, ":take-over"),
-                                           "attempt": last, "grace_s": 0.5}, 60)
-                except (AgentUnreachable, OrderFailed) as exc:
-                    log.warning("take-over: stopping attempt %d on %s: %s", last, node, exc)
+            try:
+                if node not in self.agents:
+                    raise AgentUnreachable(f"no agent for {node}")
+                result = self.agents[node].run({"kind": "stop", "id": self._order_id("stop", last, node, ":take-over"),
+                                                "attempt": last, "grace_s": 0.5}, 60)
+                if result.get("stopped") != last:
+                    # A new agent on that host (the old one died): it never ran the attempt, and cannot stop it.
+                    raise AgentUnreachable(f"the agent of {node} does not know attempt {last}")
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("take-over: stopping attempt %d on %s: %s", last, node, exc)
+                unreached.append(node)
+        killed: list[int] = []
+        if unreached and self.cfg.hosts_are_local:
+            # NOTE: an agent that died with the healer leaves its torchrun and ranks running (their own session):
+            # the journal names them, and each is killed only if it is still that process of that attempt.
+            targets = journal.targets(mine, run_id(self.cfg.job, last))
+            for t in targets:
+                kill.send(t, signal.SIGKILL)
+            kill.wait_gone(targets, timeout_s=30)
+            killed = [t.pid for t in targets]
         self._journal({"event": "end", "attempt": last, "at": self.clock(), "exit_codes": {}, "stopped": True,
-                       "taken_over": True})
-        log.warning("took over %s: attempt %d was left by the previous healer; stopped", self.cfg.job, last)
-        return False
+                       "taken_over": True, "killed": killed, "lost": unreached})
+        log.warning("took over %s: attempt %d was left by the previous healer; stopped (%d process(es) of hosts "
+                    "without an agent killed)", self.cfg.job, last, len(killed))
+        return False, tuple(killed)
 
     def _runs_everywhere(self, attempt: int, nodes: tuple[str, ...]) -> bool:
         for node in nodes:
@@ -294,10 +358,5 @@ class Coordinator:
         return True
 
     def _journal(self, entry: dict[str, object]) -> None:
-        append_jsonl(Path(self.cfg.run_dir) / "supervisor" / "attempts.jsonl", entry)
-
-
-def last_start(run_dir: Path) -> dict[str, Any] | None:
-    """The journal's newest attempt start (its hosts, dp and resume), or None."""
-    starts = [e for e in read_jsonl(Path(run_dir) / "supervisor" / "attempts.jsonl") if e.get("event") == "start"]
-    return starts[-1] if starts else None
+        """`<run_dir>/supervisor/attempts.jsonl` (healer.launchers.journal)."""
+        append_jsonl(journal.path(Path(self.cfg.run_dir)), entry)

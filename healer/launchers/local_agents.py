@@ -164,7 +164,7 @@ class LocalAgents:
         return {n: AgentClient(n, a.url, token) for n, a in self.agents.items()}
 
     def stop(self) -> None:
-        """End the agents (the job's ranks must already be stopped: an agent leaves them as they are)."""
+        """End the agents (the job's ranks must already be stopped: an agent leaves them as they are); twice is once."""
         token = self.token_file.read_text().strip() if self.token_file.exists() else ""
         for agent in self.agents.values():
             if agent.in_process is not None:
@@ -186,3 +186,4 @@ class LocalAgents:
                     agent.process.wait(timeout=15)
             if agent._log is not None:
                 agent._log.close()
+        self.agents.clear()  # stopped once: a second stop (an error after the loop stopped them) has nothing to do

@@ -20,7 +20,9 @@ from typing import Any
 from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from healer.launchers import rank_records
 from healer.launchers.node_diagnosis import diagnose_nodes
-from healer.launchers.coordinator import Coordinator, last_start
+from healer.launchers.coordinator import Coordinator
+from healer.launchers.journal import last_start
+from megaheal.names import check_name
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class LocalRemediator:
         def __post_init__(self) -> None:
             if not self.nodes or set(self.nodes) & set(self.spares):
                 raise ValueError("nodes must be non-empty and not overlap spares")
+            for node in (*self.nodes, *self.spares):
+                check_name(node, "node")
             if self.dp < 1:
                 raise ValueError(f"dp must be >= 1, got {self.dp}")
             if self.fault_grace < timedelta(0) or self.diagnosis_timeout <= timedelta(0):
@@ -78,14 +82,23 @@ class LocalRemediator:
     def take_over(self, excluded: set[str], skip_steps: set[int]) -> TakenOver:
         """After the job's previous healer died: adopt its last attempt if it still runs, else stop what is left of
         it; go on with its hosts, dp degree and skipped batches (a host it left out stays out)."""
-        adopted = self.sup.take_over(self.token)
+        adopted, killed = self.sup.take_over(self.token)
         last = last_start(self.sup.cfg.run_dir)
         if last is not None:
             self.nodes, self.dp = tuple(last["nodes"]), int(last["dp"] or self.dp)
         self.spares = tuple(n for n in self.cfg.spares if n not in self.nodes and n not in excluded)
         self.skip_steps, self.excluded = set(skip_steps), set(excluded)
-        return TakenOver(killed=(), nodes=self.nodes, dp=self.dp,
+        return TakenOver(killed=killed, nodes=self.nodes, dp=self.dp,
                          attempt=last["attempt"] if last is not None else None, adopted=adopted)
+
+    def shutdown(self, grace: timedelta | None = None, hurry: Callable[[], bool] = lambda: False) -> None:
+        """On the way out of `megaheal run` (Ctrl-C, SIGTERM, an error): no attempt starts any more, not even one a
+        restart in flight was about to start, and the current one is stopped now, on the caller's thread (the
+        worker may be busy with a diagnosis): SIGTERM, SIGKILL after `grace` (the coordinator's when None) or as
+        soon as `hurry()` is true."""
+        self.sup.close()
+        self.sup.view.stopping(self.job)
+        self.sup.stop(self.token, grace, hurry)
 
     def close(self) -> None:
         """Stop the worker once the orders queued so far are carried out (the job itself is left as it is)."""

@@ -92,7 +92,8 @@ def incident_alert(incident: Incident, now: datetime, hold: timedelta, base_url:
                         "occurrences": str(incident.occurrences)},
         "startsAt": incident.opened_at.isoformat(),
         "endsAt": ends.isoformat(),
-        "generatorURL": f"{base_url.rstrip('/')}/v1/incidents/{incident.id}",
+        # The incident's page on the healer (healer/service/pages.py): what on-call opens from the page.
+        "generatorURL": f"{base_url.rstrip('/')}/incidents/{incident.id}",
     }
 
 

@@ -15,7 +15,6 @@ coordinator (so they need the run's token) to the rank's node agent; nothing fro
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import threading
@@ -25,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from healer.launchers import kill
 from megaheal.typedconfig import ConfigError, from_mapping, read_yaml
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ def load_schedule(path: str | Path) -> Schedule:
         raise ConfigError(f"{path}: expected a mapping with `faults:`")
     raw = data.get("faults") or []
     if set(data) - {"faults"}:
-        raise ConfigError(f"{path}: unknown key(s) {sorted(set(data) - {'faults'})}; valid keys: faults")
+        # NOTE: key=str: YAML keys may be numbers beside text, which do not sort together (found by tests/fuzz).
+        raise ConfigError(f"{path}: unknown key(s) {sorted(set(data) - {'faults'}, key=str)}; valid keys: faults")
     if not isinstance(raw, list):
         raise ConfigError(f"{path}: faults must be a list")
     faults = []
@@ -157,13 +158,14 @@ class Chaos:
 
 
 def duty_cycle(pid: int, duty: float, seconds: float, period: float = 0.2) -> None:
-    """Slow `pid` down for `seconds`: stopped for `duty` of every `period` (a straggler that is really there)."""
+    """Slow `pid` down for `seconds`: stopped for `duty` of every `period` (a straggler that is really there).
+    It ends with the rank: once the pid no longer names the process it started with, nothing more is sent."""
+    target = kill.identify(pid, None)
     end = time.monotonic() + seconds
-    try:
-        while time.monotonic() < end:
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(period * duty)
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(period * (1 - duty))
-    except ProcessLookupError:
-        return  # the rank is gone (restarted): the slowdown ends with it
+    while target is not None and time.monotonic() < end:
+        if not kill.send(target, signal.SIGSTOP):
+            return  # the rank is gone (restarted): the slowdown ends with it
+        time.sleep(period * duty)
+        if not kill.send(target, signal.SIGCONT):
+            return
+        time.sleep(period * (1 - duty))

@@ -118,12 +118,19 @@ class SelfHealingJob:
 
     # ---- the loop ------------------------------------------------------------------------------------
 
-    def run(self, timeout: timedelta, on_tick: Callable[[SelfHealingJob], None] | None = None) -> str:
-        """Tick until the job finishes, escalates, or `timeout` passes; returns the outcome."""
+    def run(self, timeout: timedelta, on_tick: Callable[[SelfHealingJob], None] | None = None,
+            interrupted: Callable[[], bool] = lambda: False, hurry: Callable[[], bool] = lambda: False) -> str:
+        """Tick until the job finishes, escalates, `timeout` passes or `interrupted()` turns true; returns the outcome.
+
+        However it ends (an error included), the job does not outlive it: a job still running is stopped on the way
+        out (SIGTERM, then SIGKILL after the grace or as soon as `hurry()` is true), and no attempt starts after."""
         deadline = time.monotonic() + timeout.total_seconds()
         self._thread.start()
         try:
             while self.outcome is None:
+                if interrupted():
+                    self.outcome = "interrupted"
+                    break
                 if time.monotonic() > deadline:
                     self.outcome = "timeout"
                     self.remediator.stop("the run timed out", timedelta(seconds=5))
@@ -133,7 +140,12 @@ class SelfHealingJob:
                     on_tick(self)
                 time.sleep(self.cfg.tick.total_seconds())
         finally:
-            wait_idle(self.remediator, 120)
+            if self.outcome in ("finished", "escalated", "timeout"):
+                wait_idle(self.remediator, 120)  # the healer's own last orders (a stop) are carried out first
+            # NOTE: interrupted, or an exception on its way up: stop the job here, on this thread, instead of
+            # waiting behind an order the worker may be busy with (a 90 s diagnosis).
+            self.remediator.shutdown(hurry=hurry)
+            wait_idle(self.remediator, 30)
             self._stop.set()
             self._thread.join(timeout=60)
             self._off_loop_once()

@@ -1,6 +1,7 @@
 """`megaheal report RUN_DIR`: the incident table and the goodput ledger of a supervised run, printed with rich
-and written as JSON to `<run_dir>/report.json`. The incidents come from the healer's store (by default the SQLite
-database `megaheal run` keeps in the run directory), the times from the run's journals."""
+and written as JSON to `<run_dir>/report.json`; with `--html FILE`, also the run's pages (healer/pages/) as one
+self-contained HTML file. The incidents come from the healer's store (by default the SQLite database `megaheal run`
+keeps in the run directory), the times from the run's journals."""
 
 from __future__ import annotations
 
@@ -32,6 +33,18 @@ def load_incidents(run_dir: Path, db_url: str | None = None) -> list[dict[str, A
     try:
         ensure_schema(engine, create_if_empty=False)
         return [t.to_payload() for t in job_timelines(engine, run_job_name(run_dir))]
+    finally:
+        engine.dispose()
+
+
+def write_html(run_dir: Path, out: Path, db_url: str | None = None) -> Path:
+    """The single-file HTML report of the run (healer.pages.onefile) at `out`; returns its absolute path."""
+    from healer.pages.onefile import write_report
+
+    engine = make_engine(db_url or default_db_url(run_dir))
+    try:
+        ensure_schema(engine, create_if_empty=False)
+        return write_report(run_dir, engine, run_job_name(run_dir), out).absolute()
     finally:
         engine.dispose()
 

@@ -5,7 +5,8 @@ the local launcher (healer.runner.build): every detector the rules enable (the s
 them), diagnostics on the suspect hosts after a crash or a hang, the remediation policy, the restart budget. With
 `--chaos FILE` the schedule's faults are injected into the real processes. Incidents live in the healer's
 database (`--db`, SQLite in the run directory by default) and page through Alertmanager (`--alertmanager`). At the
-end it prints the incident table and the goodput ledger (ETTR) and writes them to `<run_dir>/report.json`. While
+end it prints the incident table and the goodput ledger (ETTR), writes them to `<run_dir>/report.json`, and writes
+the run's pages as one file, `<run_dir>/report.html` (healer/pages/), whose path it prints last. While
 it runs, the same ledger is served as Prometheus metrics (healer/runner/goodput_metrics.py) on
 127.0.0.1:`--metrics-port`.
 """
@@ -13,6 +14,7 @@ it runs, the same ledger is served as Prometheus metrics (healer/runner/goodput_
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from healer.core.rules import load_rule_set
+from healer.launchers import journal
 from healer.launchers.local_agents import LocalAgents
 from healer.runner.build import JobSpec, build_job
-from healer.runner.chaos import Chaos, load_schedule
+from healer.runner.chaos import Chaos, Schedule, load_schedule
 from healer.runner.goodput_metrics import GoodputServer
 from healer.runner.liveview import LiveView
 from healer.runner.loop import SelfHealingJob
-from healer.runner.report import report
-from train.config import load_config
+from healer.runner.report import report, run_job_name, write_html
+from healer.runner.shutdown import Interrupts, RunDirLock
+from megaheal.names import derive_name
+from train.config import TrainConfig, load_config
 
 NODES = ("n1", "n2")
 SPARES = ("n3",)
@@ -48,24 +53,51 @@ def _serve_goodput(run_dir: Path, job: str, incidents: Callable[[], list[dict[st
     return server
 
 
+def job_name(cfg_job: str | None, run_dir: Path, resume: bool) -> str:
+    """The job's name: the config's `job` (or `--set job=...`), else one made from the run directory's name (a
+    directory named "my run" gives "my-run"; see megaheal/names.py). A take-over goes on under the name the
+    journal of the run recorded, whatever the directory is called now."""
+    if resume:
+        recorded = run_job_name(run_dir)
+        if cfg_job is not None and cfg_job != recorded:
+            raise ValueError(f"--resume: {run_dir} ran job {recorded!r}, not {cfg_job!r} (the config's job)")
+        return recorded
+    if cfg_job is not None:
+        return cfg_job
+    name = derive_name(run_dir.resolve().name)
+    if name != run_dir.resolve().name:
+        print(f"job name: {name} (made from the run directory's name; set `job:` in the config or --set job=NAME "
+              "to choose it)")
+    return name
+
+
 def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta,
             metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False,
             db_url: str | None = None, alertmanager_url: str | None = None,
             rules: tuple[str, ...] = ()) -> int:
     """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and hosts go on).
     `db_url`: the healer's database [default: SQLite in the run dir]; `alertmanager_url`: where incidents page
-    from; `rules`: rule files or directories [default: configs/rules/]."""
+    from; `rules`: rule files or directories [default: configs/rules/]. Raises RunDirBusy when another runner
+    holds `run_dir`."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if resume and (run_dir is None or not (run_dir / "supervisor" / "attempts.jsonl").exists()):
+    if resume and (run_dir is None or not journal.path(run_dir).exists()):
         raise ValueError(f"--resume needs the --run-dir of a supervised run (no supervisor/attempts.jsonl in {run_dir})")
     if resume and chaos_path:
         raise ValueError("--resume takes over a run as it is: it cannot be combined with --chaos")
     cfg = load_config(config, list(overrides))
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
     schedule = load_schedule(chaos_path) if chaos_path else None
+    with RunDirLock(run_dir, resume):
+        return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, overrides, resume, db_url,
+                           alertmanager_url, rules)
+
+
+def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule | None, timeout: timedelta,
+                metrics_port: int | None, overrides: tuple[str, ...], resume: bool, db_url: str | None,
+                alertmanager_url: str | None, rules: tuple[str, ...]) -> int:
     nan_overrides = schedule.start_overrides(cfg.global_batch) if schedule else ()
-    spec = JobSpec(job=run_dir.resolve().name, config=config, run_dir=run_dir, nodes=NODES, spares=SPARES,
-                   overrides=("checkpoint.every_steps=5", *nan_overrides, *overrides),
+    spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=config, run_dir=run_dir, nodes=NODES,
+                   spares=SPARES, overrides=("checkpoint.every_steps=5", *nan_overrides, *overrides),
                    rules=load_rule_set(list(rules)) if rules else None, db_url=db_url,
                    alertmanager_url=alertmanager_url)
     job = build_job(spec)
@@ -80,7 +112,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     metrics = _serve_goodput(run_dir, spec.job, incidents, metrics_port)
     view = LiveView(job, chaos)
     world = cfg.parallel.world_size
-    with view.live():
+    with view.live(), Interrupts() as interrupts:
         def on_tick(j: SelfHealingJob) -> None:
             a = j.sup.attempt
             steps = [b.step for b in j.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
@@ -88,16 +120,31 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
                 chaos.tick(min(steps))
             view.refresh()
 
+        looping = False
         try:
             if resume:
                 job.take_over()
             else:
                 job.start()
-            outcome = job.run(timeout, on_tick=on_tick)
+            looping = True
+            # NOTE: the loop stops the job on its way out, whatever the way (Ctrl-C, SIGTERM, an error).
+            outcome = job.run(timeout, on_tick=on_tick, interrupted=interrupts.requested, hurry=interrupts.hurried)
+        except BaseException:
+            if not looping:  # it failed while starting: nothing else stops what did start
+                job.remediator.shutdown(hurry=interrupts.hurried)
+            job.agents.stop()  # the job is stopped by now: its agents (their own processes) go too
+            raise
         finally:
             if metrics is not None:
                 metrics.stop()
     ledger = report(run_dir, incidents())
     job.close()
+    html = write_html(run_dir, run_dir / "report.html", db_url)
+    if outcome == "interrupted":
+        print(f"outcome: interrupted by {signal.Signals(interrupts.signum or signal.SIGINT).name}: the job was "
+              f"stopped; go on with it: megaheal run --run-dir {run_dir} --resume")
+        print(f"html report: {html}")
+        return interrupts.exit_code
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")
+    print(f"html report: {html}")  # NOTE: the last line, so `make demo` ends with the page to open
     return 0 if outcome == "finished" and all(i["state"] == "resolved" for i in ledger.incidents) else 1

@@ -12,8 +12,10 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Callable
+from concurrent import futures
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
@@ -21,14 +23,16 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 
+from healer.pages.views import Sources
 from healer.service.api import create_app
-from healer.service.config import HealerConfig, read_token, split_listen
+from healer.service.pages import page_routes
+from healer.service.config import HealerConfig, read_db_password, read_token, split_listen
 from healer.core.db import default_db_url, ensure_schema, make_engine, safe_url
 from healer.service.diagnosis import LocalRunbookDiagnoser
 from healer.core.engine import Healer
 from healer.errors import DatabaseError, DatabaseNotAtHead, SinkError
+from megaheal.secretfile import forbid_inspection, read_secret
 from megaheal.typedconfig import ConfigError
 from healer.service.health import Readiness
 from healer.core.heartbeats import HeartbeatTable
@@ -44,18 +48,13 @@ log = logging.getLogger(__name__)
 
 def build_sinks(cfg: HealerConfig) -> Sinks:
     sinks: list[Sink] = [AlertmanagerSink(url, cfg.base_url, cfg.alertmanager_resend) for url in cfg.alertmanager_urls]
-    webhook_token = _read(cfg.webhook_token_file) if cfg.webhook_token_file else None
+    webhook_token = read_secret(cfg.webhook_token_file, "webhook token") if cfg.webhook_token_file else None
     sinks += [WebhookSink(url, webhook_token) for url in cfg.webhook_urls]
     if cfg.grafana_url:
         if not cfg.grafana_token_file:
             raise ValueError("grafana_url needs grafana_token_file (a service-account token)")
-        sinks.append(GrafanaSink(cfg.grafana_url, _read(cfg.grafana_token_file)))
+        sinks.append(GrafanaSink(cfg.grafana_url, read_secret(cfg.grafana_token_file, "Grafana token")))
     return Sinks(sinks)
-
-
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
 
 
 def notify_only(rules: RuleSet) -> RuleSet:
@@ -78,12 +77,12 @@ class Service:
         self.cfg = cfg
         self.token, self.token_source = read_token(cfg.token_file)
         self.db_url = cfg.db or default_db_url()
-        self.engine = make_engine(self.db_url)
+        self.engine = make_engine(self.db_url, timeout=cfg.db_timeout, password=read_db_password(cfg.db_password_file))
         self.metrics = HealerMetrics()
         self.table = HeartbeatTable()
         actor = cfg.instance or f"{socket.gethostname()}:{os.getpid()}"
         self.store = IncidentStore(self.engine, actor)
-        self.readiness = Readiness(lambda: ensure_schema(self.engine))
+        self.readiness = Readiness(lambda: ensure_schema(self.engine), timeout=cfg.db_timeout)
         self.diagnoser = LocalRunbookDiagnoser(cfg.diagnosis_workers) if cfg.diagnosis == "local" else None
         self.healer = Healer(
             store=self.store, rules=notify_only(load_rule_set(list(cfg.rules))), table=self.table, sinks=build_sinks(cfg),
@@ -94,7 +93,12 @@ class Service:
         self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
                                              job_defaults={"coalesce": True, "max_instances": 1})
         self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
+        # One thread: cycles never overlap (each reads and updates the detectors' memory).
+        self._detect_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="megaheal-detect")
         self.app = create_app(self.healer, self.readiness, self.token, cfg.max_body_bytes)
+        # The incident and job pages (healer/service/pages.py), beside the API.
+        self.app.router.routes.extend(page_routes(self.healer, self.readiness, self.token, Sources(
+            engine=self.engine, run_roots=tuple(Path(r) for r in cfg.run_roots), grafana_url=cfg.grafana_url)))
         self.app.router.lifespan_context = self._lifespan
         self._started = False
 
@@ -143,18 +147,23 @@ class Service:
         self.scheduler.add_job(self.readiness.probe, "interval", seconds=c.probe_interval.total_seconds(), id="probe")
 
     async def _detect_forever(self) -> None:
-        """Detection on the event loop (see Healer.evaluate_detectors); database writes in a worker thread."""
+        """Detection cycles, each on the detection thread (see Healer.evaluate_detectors): never on the event loop,
+        which must keep taking heartbeats and answering /healthz however long a cycle over many ranks takes."""
         every = self.cfg.detect_interval.total_seconds()
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every)
             if not (self.readiness.ready and self._started):
                 continue
             try:
-                view, results = self.healer.evaluate_detectors()
-                await run_in_threadpool(self._guard("detect", lambda: self.healer.apply_detections(view, results)))
+                await loop.run_in_executor(self._detect_thread, self._detect_once)
             except Exception:  # noqa: BLE001 - NOTE: this loop must outlive a bad cycle; the error is logged and counted
                 self.metrics.tick_errors.labels("detect").inc()
                 log.error("detection cycle failed", exc_info=True)
+
+    def _detect_once(self) -> None:
+        view, results = self.healer.evaluate_detectors()
+        self._guard("detect", lambda: self.healer.apply_detections(view, results))()
 
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -167,6 +176,7 @@ class Service:
             yield
         finally:
             detect.cancel()
+            self._detect_thread.shutdown(wait=False, cancel_futures=True)
             self.scheduler.shutdown(wait=False)
             if self.diagnoser is not None:
                 self.diagnoser.shutdown()
@@ -176,20 +186,42 @@ class Service:
         import uvicorn
 
         host, port = split_listen(self.cfg.listen)
+        # NOTE: limit_concurrency counts open connections (idle keep-alive ones too) and running requests; past it
+        # uvicorn answers 503 at once, so a flood of connections cannot take every file descriptor or worker.
         config = uvicorn.Config(self.app, host=host, port=port, access_log=False, log_config=None,
-                                timeout_graceful_shutdown=5)
+                                timeout_graceful_shutdown=5, limit_concurrency=fit_open_files(self.cfg.max_connections))
         uvicorn.Server(config).run()
+
+
+def fit_open_files(connections: int) -> int:
+    """`connections`, after raising the soft limit of open files to make room for them (and the database pool,
+    logs, runbooks); fewer, logged, when the hard limit is lower."""
+    import resource
+
+    need = connections + 128
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < need:
+            log.warning("max_connections %d needs %d open files, the hard limit is %d: serving %d connections at most",
+                        connections, need, hard, raised - 128)
+            return max(8, raised - 128)
+    return connections
 
 
 def run(cfg: HealerConfig) -> int:
     """Build and serve; returns the exit code. Errors in configuration or schema end it with 2."""
+    # NOTE: before any secret is read, so that same-uid processes (the ranks, on a node) cannot read this one's
+    # memory or environment through /proc.
+    forbid_inspection()
     try:
         service = Service(cfg)
         service.check_database()
     except DatabaseNotAtHead as exc:
         log.error("%s", exc)
         return 2
-    except (DatabaseError, ValueError, SinkError, OSError) as exc:
+    except (DatabaseError, ValueError, SinkError, OSError) as exc:  # SecretError and ConfigError are ValueErrors
         log.error("cannot start: %s", exc)
         return 2
     service.serve()

@@ -11,10 +11,12 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
+from megaheal.secretfile import SecretError, check_token, read_secret, write_private
 from megaheal.typedconfig import ConfigError, from_mapping, load_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_RULES = REPO / "configs" / "rules"
+TOKEN_ENV = "MEGAHEAL_TOKEN"
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})$")
 
 
@@ -41,6 +43,12 @@ class HealerConfig:
     """HOST:PORT of the API. Loopback by default: put a TLS proxy in front to expose it."""
     db: str | None = None
     """Database URL: sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB. Default: SQLite in the state dir."""
+    db_password_file: str | None = None
+    """File holding the PostgreSQL password (never in the URL or the environment, where same-uid processes can
+    read it through /proc)."""
+    db_timeout: timedelta = timedelta(seconds=10)
+    """Longest a PostgreSQL statement or lock wait may take, and how long the readiness probe waits for the
+    database: a hung database makes /readyz fail instead of holding the API's workers."""
     token_file: str | None = None
     """File holding the bearer token of mutating endpoints. MEGAHEAL_TOKEN wins; with neither, one is generated
     into the state directory (mode 0600) and its path logged."""
@@ -59,7 +67,10 @@ class HealerConfig:
     grafana_token_file: str | None = None
     """Service-account token for Grafana."""
     public_url: str | None = None
-    """Base URL of this healer as people reach it (links in alerts). Default: http://LISTEN."""
+    """Base URL of this healer as people reach it (alerts link to its incident pages). Default: http://LISTEN."""
+    run_roots: list[str] = field(default_factory=list)
+    """Directories holding jobs' run directories, each named after its job (as `megaheal run` names them; e.g. the
+    shared filesystem's runs/): the pages draw heat maps, loss plots and the ledger from the records there."""
     instance: str | None = None
     """Name of this healer in incident events (which replica acted). Default: HOSTNAME:PID."""
     detect_interval: timedelta = timedelta(seconds=1)
@@ -82,6 +93,9 @@ class HealerConfig:
     """Runbooks run at the same time at most."""
     max_body_bytes: int = 1 << 20
     """Requests with a larger body are refused with 413."""
+    max_connections: int = 1000
+    """Open HTTP connections at most (uvicorn's limit_concurrency: beyond it, 503 at once). A sidecar opens one per
+    batch and closes it; keep-alive clients (Alertmanager, Prometheus, a proxy) hold theirs while idle."""
 
     def __post_init__(self) -> None:
         split_listen(self.listen)
@@ -94,6 +108,10 @@ class HealerConfig:
             raise ValueError(f"diagnosis must be local or off, got {self.diagnosis!r}")
         if self.diagnosis_workers < 1:
             raise ValueError(f"diagnosis_workers must be >= 1, got {self.diagnosis_workers}")
+        if not 8 <= self.max_connections <= 65536:
+            raise ValueError(f"max_connections must be in [8, 65536], got {self.max_connections}")
+        if not timedelta(milliseconds=100) <= self.db_timeout <= timedelta(minutes=10):
+            raise ValueError(f"db_timeout must be in [100ms, 10m], got {self.db_timeout}")
         if not 1024 <= self.max_body_bytes <= 64 << 20:
             raise ValueError(f"max_body_bytes must be in [1 KiB, 64 MiB], got {self.max_body_bytes}")
         for name in ("detect_interval", "promql_interval", "respond_interval", "notify_interval",
@@ -113,30 +131,40 @@ def load_config(path: str | None) -> HealerConfig:
 
 
 def read_token(token_file: str | None) -> tuple[str, str]:
-    """The API token and where it came from: MEGAHEAL_TOKEN, the token file, or a generated one."""
-    env = os.environ.get("MEGAHEAL_TOKEN", "").strip()
-    if env:
-        return env, "MEGAHEAL_TOKEN"
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"{token_file}: cannot read the token file: {exc.strerror}") from exc
-        if len(token) < 16:
-            raise ConfigError(f"{token_file}: the token must be at least 16 characters")
-        return token, token_file
-    return _generated_token()
+    """The API token and where it came from: MEGAHEAL_TOKEN, the token file, or a generated one. A token shorter
+    than 16 characters from any of them, and a token file others could change, stop the start (ConfigError)."""
+    try:
+        if TOKEN_ENV in os.environ:
+            # NOTE: set but empty is an error too: `MEGAHEAL_TOKEN=` (a compose variable left unset) must not
+            # quietly fall back to another token than the one the operator meant.
+            return check_token(os.environ[TOKEN_ENV].strip(), TOKEN_ENV), TOKEN_ENV
+        if token_file:
+            return check_token(read_secret(token_file, "API token"), token_file), token_file
+        return _generated_token()
+    except SecretError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _generated_token() -> tuple[str, str]:
+    """The token in the state directory, generated on first use. It is written whole or not at all
+    (`write_private`), so an empty file was made by someone else, and is refused like any short token."""
     import secrets
 
     path = _state_dir() / "token"
-    if path.is_file():
-        return path.read_text().strip(), str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(token + "\n")
-    return token, str(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(32) + "\n")  # False: another healer made it first; use theirs
+    return check_token(read_secret(path, "generated API token", private=True), str(path)), str(path)
+
+
+def read_db_password(path: str | None) -> str | None:
+    """The database password from `db_password_file` (None without one); ConfigError when it is unusable."""
+    if path is None:
+        return None
+    try:
+        password = read_secret(path, "database password")
+    except SecretError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not password:
+        raise ConfigError(f"{path}: the database password file is empty")
+    return password

@@ -152,5 +152,6 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
         cwd=REPO, capture_output=True, text=True, timeout=150,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"skipping {killed.path}: no manifest" in proc.stdout
+    assert f"deleting {killed.path}: a save cut short (no manifest)" in proc.stdout
+    assert not killed.path.exists(), "a save cut short does not keep its space"
     assert f"loading {previous.path} (step {previous.step})" in proc.stdout

@@ -144,7 +144,7 @@ def test_traces_flow_from_the_sidecar_through_the_collector_to_tempo_and_grafana
     services = load_yaml(COMPOSE)["services"]
     collector = load_yaml(DEPLOY / "otel" / "collector.yml")
     tempo = load_yaml(DEPLOY / "tempo" / "tempo.yml")
-    sidecar_cmd = services["sidecar"]["command"][0]
+    sidecar_cmd = " ".join(services["sidecar"]["command"])
     http_port = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rsplit(":", 1)[1]
     assert f"--otlp-endpoint http://otel-collector:{http_port}" in sidecar_cmd
     (exporter,) = collector["service"]["pipelines"]["traces"]["exporters"]

@@ -98,9 +98,10 @@ def test_silent_dead_and_restarted_ranks_are_told_apart() -> None:
     assert value(samples, "megaheal_rank_up", rank="1") == 1
     assert value(samples, "megaheal_telemetry_dropped_total", rank="1") == 0
     assert [s.labels["rank"] for s in samples["megaheal_step"]] == ["0"], "the new process has no step yet"
-    # A rank silent for longer than forget_after_s, whose process is gone, leaves the metrics.
-    dead.add(100)
-    clock.now += 61
+    # A rank silent for longer than forget_after_s leaves the metrics, though its process lives (rank 0's does).
+    clock.now += 40
+    table.observe(message("step", 1, step_record(1, rank=1), pid=500))  # rank 1's new process goes on
+    clock.now += 21
     _, samples = scrape(table)
     assert {s.labels["rank"] for s in samples["megaheal_rank_up"]} == {"1"}
 

@@ -163,7 +163,7 @@ def test_a_live_sidecars_socket_is_never_taken_over_but_a_stale_one_is(tmp_path)
         ("metrics_addr", "9400", "metrics_addr must be HOST:PORT"),
         ("healer_url", "healer:8470", "healer_url must be an http(s) URL"),
         ("heartbeat_interval_s", 0, "heartbeat_interval_s must be > 0"),
-        ("node", "", "node must be a non-empty printable name"),
+        ("node", "", "node must be a name of letters, digits"),
     ],
 )
 def test_config_errors_name_the_field(tmp_path, field, value, message) -> None:

@@ -47,6 +47,14 @@ def http(method: str, url: str, body: Any = None, token: str | None = TOKEN, raw
         return status, text
 
 
+def status_of(url: str, timeout: float = 2) -> int | None:
+    """The status of GET `url`; None while nothing answers (not started yet, or refusing connections)."""
+    try:
+        return http("GET", url, timeout=timeout)[0]
+    except OSError:
+        return None
+
+
 def post_oversized(url: str, size: int, token: str = TOKEN) -> int:
     """POST `size` bytes and return the status line's code. The server may answer 413 (and close) before the body is
     sent, which a plain client reports as a broken pipe, so this one sends what it can and then reads the answer."""
@@ -85,16 +93,20 @@ def _pg_bin(name: str) -> str:
 
 
 class Postgres:
-    """A throwaway PostgreSQL cluster. initdb refuses to run as root, so as root it runs as `postgres`."""
+    """A throwaway PostgreSQL cluster. initdb refuses to run as root, so as root it runs as `postgres`. With a
+    `password`, clients must give it (scram-sha-256); without one, any client is trusted."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="megaheal-pg-"))
         self.port = free_port()
         self.user = "megaheal"
+        self.password = password
         self._as: list[str] = []
+        self._owner: tuple[int, int] | None = None
         if os.geteuid() == 0:
             owner = pwd.getpwnam("postgres")
-            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+            self._owner = (owner.pw_uid, owner.pw_gid)
+            os.chown(self.dir, *self._owner)
             self._as = ["runuser", "-u", "postgres", "--"]
 
     def _run(self, argv: list[str]) -> None:
@@ -104,7 +116,14 @@ class Postgres:
 
     def start(self) -> None:
         data = self.dir / "data"
-        self._run([_pg_bin("initdb"), "-D", str(data), "-U", self.user, "--auth=trust", "--no-sync", "-E", "UTF8"])
+        auth = ["--auth=trust"]
+        if self.password is not None:
+            pwfile = self.dir / "pwfile"
+            pwfile.write_text(self.password + "\n")
+            if self._owner:
+                os.chown(pwfile, *self._owner)
+            auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        self._run([_pg_bin("initdb"), "-D", str(data), "-U", self.user, *auth, "--no-sync", "-E", "UTF8"])
         opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off -c full_page_writes=off"
         self._run([_pg_bin("pg_ctl"), "-D", str(data), "-w", "-t", "60", "-l", str(self.dir / "log"), "-o", opts, "start"])
 
@@ -120,17 +139,19 @@ class Postgres:
     def create_database(self, name: str) -> str:
         import psycopg
 
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user={self.user} dbname=postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(dbname="postgres", **self._login(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
         import psycopg
 
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user={self.user} dbname=postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(dbname="postgres", **self._login(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _login(self) -> dict[str, Any]:
+        login: dict[str, Any] = {"host": "127.0.0.1", "port": self.port, "user": self.user}
+        return login if self.password is None else {**login, "password": self.password}
 
 
 # ---- Prometheus and Alertmanager -------------------------------------------------------------------------------

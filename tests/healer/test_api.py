@@ -105,7 +105,7 @@ def test_bodies_over_one_mebibyte_are_refused(client: TestClient) -> None:
      "missing"),
     ("/v1/alertmanager", b'{"version": "4", "alerts": [{"status": "maybe", "labels": {"alertname": "x"}}]}',
      "alerts[0].status", "firing or resolved"),
-    ("/v1/incidents/1/ack", b'{"by": 5}', "by", "a name of 1-200"),
+    ("/v1/incidents/1/ack", b'{"by": 5}', "by", "a name of 1-128"),
     ("/v1/incidents/1/ack", b'[1]', "body", "JSON object"),
 ])
 def test_malformed_bodies_are_400_naming_the_field(client: TestClient, path: str, raw: bytes, field: str, text: str) -> None:
@@ -148,7 +148,7 @@ def test_a_database_that_goes_away_gives_503_and_a_failing_readyz(healer: Healer
     readiness = Readiness(lambda: ensure_schema(healer.store.engine))
     readiness.probe()
     with TestClient(create_app(healer, readiness, TOKEN), raise_server_exceptions=False) as client:
-        ready = client.get("/readyz")
+        ready = client.get("/readyz", headers=AUTH)
         assert ready.status_code == 503 and "cannot reach the database" in ready.json()["database"]
         r = client.post("/v1/alertmanager", json=FIRING, headers=AUTH)
         assert r.status_code == 503 and "database unavailable" in r.json()["error"]

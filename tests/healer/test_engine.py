@@ -59,7 +59,7 @@ def test_alert_rules_match_by_name_and_labels_and_resolve_with_the_alert(tmp_pat
     other = {"status": "firing", "labels": {"alertname": "GpuXid", "xid": "13", "node": "n3"}}
     own = {"status": "firing", "labels": {"alertname": "MegahealIncident", "incident": "1"}}
     assert healer.handle_alertmanager(webhook([firing, other, own])) == {
-        "firing": 1, "resolved": 0, "unmatched": 1, "ignored": 1}
+        "firing": 1, "resolved": 0, "unmatched": 1, "ignored": 1, "failed": 0}
     healer.handle_alertmanager(webhook([firing]))  # Alertmanager repeats itself: no second incident
     (incident,) = healer.store.list_incidents()
     assert (incident["summary"], incident["node"], incident["job"]) == ("GPU fell off the bus", "n3", "j")

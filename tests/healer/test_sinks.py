@@ -28,7 +28,7 @@ def test_an_active_incident_is_an_alert_held_a_few_resends_ahead() -> None:
     assert alert["endsAt"] == (NOW + timedelta(minutes=2)).isoformat()
     assert alert["startsAt"] == (NOW - timedelta(minutes=5)).isoformat()
     assert alert["annotations"]["state"] == "remediating"
-    assert alert["generatorURL"] == "http://healer:8470/v1/incidents/7"
+    assert alert["generatorURL"] == "http://healer:8470/incidents/7"
 
 
 def test_escalation_pages_and_resolves_the_not_paging_variant() -> None:

@@ -293,3 +293,23 @@ def test_straggler_compares_ranks_within_a_pipeline_stage() -> None:
         detector.evaluate(s.table, s.clock.now)
     (f,) = detector.evaluate(s.table, s.clock.now).firing
     assert f.evidence["suspect_rank"] == 2 and {r["stage"] for r in f.evidence["phase_table"]} == {0, 1}
+
+
+def test_a_new_attempt_of_a_job_starts_every_learning_detector_afresh() -> None:
+    # Rank 3 is slow; two windows have named it when the job is restarted (attempt 1: other processes, perhaps
+    # on another host). What the old attempt showed is no evidence against the new one: the new attempt needs
+    # its own three windows in a row.
+    s = stream(shape=lambda rank, step: {"forward_backward": 0.4} if rank == 3 else {})
+    s.table.processes.started("job", 0)
+    detector = Straggler(Straggler.Config(window=5, consecutive=3))
+    while s.step < 12:  # windows closing at steps 6 and 11 named rank 3: a streak of two
+        s.advance()
+        assert not detector.evaluate(s.table, s.clock.now).firing
+    s.table.processes.started("job", 1)
+    restarted_at = s.step
+    fired_at = None
+    while fired_at is None and s.step < 60:
+        s.advance()
+        if detector.evaluate(s.table, s.clock.now).firing:
+            fired_at = s.step
+    assert fired_at is not None and fired_at >= restarted_at + 3 * 5, (restarted_at, fired_at)

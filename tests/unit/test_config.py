@@ -55,3 +55,9 @@ def test_malformed_overrides_are_errors(overrides, message) -> None:
 def test_malformed_yaml_names_the_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"c\.yaml: invalid YAML"):
         load_config(_write(tmp_path, "model: {dim: [\n"))
+
+
+def test_an_unknown_checkpoint_fault_stage_is_an_error_naming_the_stages() -> None:
+    with pytest.raises(ConfigError, match=r"fail_commit_at: unknown stage\(s\) manfest; stages: manifest, latest, "
+                                          r"retention, events"):
+        load_config(None, ["checkpoint.fail_commit_at.manfest=[4]"])

@@ -1,9 +1,11 @@
-"""A checkpoint storage writer with real fault injection: a write that fails as a full disk does."""
+"""Checkpoint fault injection: a storage writer whose write fails as a full disk does, and the same failure at
+each step of a save's commit on rank 0 (manifest, `latest`, retention, events.jsonl)."""
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Mapping
 from concurrent.futures import Future
 
 import torch.distributed as dist
@@ -30,3 +32,14 @@ class FailingWriter(FileSystemWriter):
         if self._fail and rank == last_rank:
             raise OSError(errno.ENOSPC, f"No space left on device (injected fault) writing {self.path}")
         return super().write_data(plan, planner)
+
+
+COMMIT_STAGES = ("manifest", "latest", "retention", "events")
+"""The steps of rank 0's commit, in order, that checkpoint.fail_commit_at can make fail."""
+
+
+def commit_fault(plan: Mapping[str, list[int]], stage: str, step: int) -> None:
+    """Raise ENOSPC, as a full disk would, at `stage` of the save of `step` when `plan` (checkpoint.fail_commit_at,
+    stage -> steps) says so; nothing otherwise."""
+    if step in plan.get(stage, ()):
+        raise OSError(errno.ENOSPC, f"No space left on device (injected fault) writing the {stage} of step {step}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, median
+from healer.core.detectors.history import RankHistory, median, prune
 from healer.core.detectors.phases import phase_table
 from healer.core.jobview import Readings
 
@@ -60,7 +60,8 @@ class CollectiveSlowdown(Detector):
         self._jobs: dict[str, _Job] = {}
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
-        self._history.update(table)
+        self._history.update(table, now)
+        prune(self._jobs, self._history.job_names(), self._history.restarted)
         firing, healthy = [], set()
         for job, series in self._history.jobs().items():
             if len(series) < 2 or not all(s.samples for s in series):

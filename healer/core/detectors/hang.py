@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, quantile
+from healer.core.detectors.history import RankHistory, prune, quantile
 from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
 from healer.core.processes import ProcessState
@@ -67,10 +67,15 @@ class Hang(Detector):
         return max(floor, self.config.k * p99), p99
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
-        new = self._history.update(table)
+        new = self._history.update(table, now)
         beats: dict[str, list[RankBeat]] = {}
         for beat in table.ranks():
             beats.setdefault(beat.job, []).append(beat)
+        # NOTE: a job still in the view keeps its state however long it has been silent (a hang that lasts must not
+        # start its clock again); one the history still knows keeps its learned step times across a restart.
+        known = self._history.job_names() | set(beats)
+        prune(self._jobs, known, self._history.restarted)
+        prune(self._times, known, self._history.restarted)
         for series, sample in new:
             if sample.step_seconds is not None:
                 self._times.setdefault(series.job, deque(maxlen=512)).append(sample.step_seconds)

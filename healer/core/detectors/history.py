@@ -3,17 +3,24 @@
 The table keeps only each rank's latest heartbeat. A detector that learns (step-time p99, loss baseline,
 phase medians over a window) keeps its own `RankHistory` and feeds it the table every cycle: a sample is
 added when a rank reports a step it had not reported before. A step lower than the last one means the
-job was restarted or rolled back: the samples from that step on are dropped, since they will be redone.
+job was restarted or rolled back: the samples from that step on are dropped, since they will be redone. Under a
+launcher a new attempt of a job starts its history afresh (its hosts, even its layout, may have changed: the old
+attempt's samples would speak for a host that was left out), and with it the detectors' per-job state. Ranks not
+heard of for a while are forgotten, and with them the per-job state of the detectors (see RankHistory).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +54,54 @@ class RankSeries:
     last_step: int = -1
     stage: int = 0
     """The rank's pipeline stage (mesh `pp` coordinate): ranks of one stage do the same work."""
+    heard_at: float = 0.0
+    """Healer time of the rank's newest record (when its batch came, less the record's age then)."""
 
 
 @dataclass(slots=True)
 class RankHistory:
-    """Per (job, rank), the last `keep` samples. `update` returns the samples that are new this cycle."""
+    """Per (job, rank), the last `keep` samples. `update` returns the samples that are new this cycle.
+
+    Bounded: a rank not heard of for `forget_after_s` is forgotten (its job ended, moved, or came back smaller:
+    a healer that runs for months sees every rank of every job it ever watched), and at most `max_series` ranks
+    are kept; past that, the one heard of longest ago makes room. A detector keeps its per-job state only for
+    the jobs left here (`prune`).
+    """
 
     keep: int = 256
+    forget_after_s: float = 1800.0
+    max_series: int = 32_768
     series: dict[tuple[str, int], RankSeries] = field(default_factory=dict)
+    evicted: int = 0
+    """Ranks dropped to stay under max_series (not counting those forgotten for their silence)."""
+    restarted: set[str] = field(default_factory=set)
+    """The jobs whose attempt changed in the last `update` (their samples were dropped): a detector forgets its
+    per-job state of them too (`prune`)."""
+    _attempts: dict[str, int] = field(default_factory=dict)
+    _next_sweep: float = 0.0
 
-    def update(self, table: Readings) -> list[tuple[RankSeries, Sample]]:
+    def __post_init__(self) -> None:
+        if self.keep < 1 or self.max_series < 1 or self.forget_after_s <= 0:
+            raise ValueError(f"keep and max_series must be >= 1 and forget_after_s > 0, got {self.keep}, "
+                             f"{self.max_series}, {self.forget_after_s}")
+
+    def update(self, table: Readings, now: float) -> list[tuple[RankSeries, Sample]]:
         new: list[tuple[RankSeries, Sample]] = []
+        self._new_attempts(table)
         for beat in table.ranks():
-            if beat.step is None:
+            heard_at = beat.received_at - beat.last_seen_age_s
+            # NOTE: a sidecar goes on listing a dead rank for minutes, and the table keeps its last beat for an hour:
+            # a rank silent past forget_after_s is not brought back by its stale beat.
+            if beat.step is None or now - heard_at > self.forget_after_s:
                 continue
             key = (beat.job, beat.rank)
             s = self.series.get(key)
             if s is None:
+                self._make_room(now)
                 s = self.series[key] = RankSeries(beat.job, beat.rank, beat.node, deque(maxlen=self.keep))
             s.node = beat.node
             s.stage = beat.entry.mesh.get("pp", s.stage)
+            s.heard_at = max(s.heard_at, heard_at)
             if beat.step == s.last_step:
                 continue
             if beat.step < s.last_step:
@@ -77,7 +112,40 @@ class RankHistory:
             s.samples.append(sample)
             s.last_step = beat.step
             new.append((s, sample))
+        if now >= self._next_sweep:
+            self.forget(now)
         return new
+
+    def _new_attempts(self, table: Readings) -> None:
+        """Drop the samples of every job whose attempt (as its launcher numbers them) is not the one seen before."""
+        self.restarted = set()
+        attempts: dict[str, int] = {}
+        for job in {s.job for s in self.series.values()} | {b.job for b in table.ranks()}:
+            attempt = table.processes.attempt(job)
+            if attempt is None:  # no launcher (the service alone): a restart shows only as a lower step
+                continue
+            if self._attempts.get(job, attempt) != attempt:
+                self.restarted.add(job)
+                for key in [k for k in self.series if k[0] == job]:
+                    del self.series[key]
+            attempts[job] = attempt
+        self._attempts = attempts  # NOTE: only the jobs still known: bounded like the series
+
+    def forget(self, now: float) -> int:
+        """Drop the ranks not heard of for forget_after_s; returns how many."""
+        # NOTE: a sweep costs a pass over every rank: at most a few times per forget_after_s, not every cycle.
+        self._next_sweep = now + min(60.0, self.forget_after_s / 4)
+        old = [key for key, s in self.series.items() if now - s.heard_at > self.forget_after_s]
+        for key in old:
+            del self.series[key]
+        return len(old)
+
+    def _make_room(self, now: float) -> None:
+        if len(self.series) < self.max_series:
+            return
+        if self.forget(now) == 0:
+            del self.series[min(self.series, key=lambda k: self.series[k].heard_at)]
+            self.evicted += 1
 
     def jobs(self) -> dict[str, list[RankSeries]]:
         out: dict[str, list[RankSeries]] = {}
@@ -86,6 +154,16 @@ class RankHistory:
         for series in out.values():
             series.sort(key=lambda r: r.rank)
         return out
+
+    def job_names(self) -> set[str]:
+        return {job for job, _ in self.series}
+
+
+def prune(state: dict[str, T], jobs: Collection[str], restarted: Collection[str] = ()) -> None:
+    """Forget a detector's per-job `state` of every job not in `jobs` (what its history still knows), and of the
+    jobs `restarted` (a new attempt: RankHistory.restarted)."""
+    for job in [j for j in state if j not in jobs or j in restarted]:
+        del state[job]
 
 
 def median(values: list[float]) -> float:

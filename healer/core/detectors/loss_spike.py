@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, RankSeries, median
+from healer.core.detectors.history import RankHistory, RankSeries, median, prune
 from healer.core.jobview import Readings
 
 MAD_TO_SIGMA = 1.4826
@@ -75,7 +75,8 @@ class LossSpike(Detector):
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         firing, healthy = [], set()
-        new = {(s.job, s.rank): x for s, x in self._history.update(table)}
+        new = {(s.job, s.rank): x for s, x in self._history.update(table, now)}
+        prune(self._spikes, self._history.job_names(), self._history.restarted)
         for job, series in self._history.jobs().items():
             lead = series[0]  # the lowest rank
             spike = self._spikes.get(job)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory
+from healer.core.detectors.history import RankHistory, prune
 from healer.core.jobview import Readings
 
 
@@ -42,7 +42,9 @@ class NonFinite(Detector):
         self._bad: dict[str, _Bad] = {}
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
-        for series, sample in self._history.update(table):
+        new = self._history.update(table, now)
+        prune(self._bad, self._history.job_names(), self._history.restarted)
+        for series, sample in new:
             which = {k: v for k, v in sample.nonfinite.items() if k in self.config.fields}
             bad = self._bad.get(series.job)
             if which:

@@ -1,0 +1,57 @@
+"""A small run directory and healer database written by hand (no training): 4 ranks in two pipeline stages on two
+hosts, rank 2 computing three times slower from step 5, an incident naming it, and one with hostile labels. For the
+page tests that need no real run; the browser tests use a real one (test_browser.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from healer.core.db import ensure_schema, make_engine
+from healer.core.signals import Signal
+from healer.core.store import IncidentStore
+
+JOB = "synth"
+T0 = 1_800_000_000.0
+HOSTILE = "<script>alert(1)</script>"
+SLOW_RANK, STEPS = 2, 20
+
+
+def write_run(root: Path) -> Path:
+    run = root / JOB
+    (run / "supervisor").mkdir(parents=True)
+    (run / "ranks").mkdir()
+    journal = [{"event": "start", "job": JOB, "attempt": 0, "at": T0, "nodes": ["n1", "n2"], "dp": 2, "resume": "auto"},
+               {"event": "ranks", "attempt": 0, "at": T0 + 2, "ranks": {str(100 + r): r for r in range(4)},
+                "nodes": {str(r): "n1" if r < 2 else "n2" for r in range(4)}},
+               {"event": "end", "attempt": 0, "at": T0 + 3 + STEPS, "exit_codes": {"n1": 0, "n2": 0}, "stopped": False}]
+    (run / "supervisor" / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in journal))
+    for rank in range(4):
+        lines = []
+        for step in range(STEPS):
+            compute = 0.3 if rank == SLOW_RANK and step >= 5 else 0.1
+            lines.append(json.dumps({
+                "step": step, "time": T0 + 3 + step + 1, "loss": 5.0 - 0.1 * step, "step_seconds": 0.9,
+                "phases": {"data_wait": 0.01, "forward_backward": compute, "dp_reduce": 0.8 - compute,
+                           "optimizer": 0.0, "checkpoint": 0.0},
+                "rank": rank, "node": "machine", "mesh": {"pp": rank // 2, "dp": rank % 2, "tp": 0}}))
+        (run / "ranks" / f"{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def write_incidents(db_url: str) -> tuple[int, int]:
+    """(the straggler's id, the hostile incident's id)."""
+    engine = make_engine(db_url)
+    ensure_schema(engine)
+    store = IncidentStore(engine, "test", clock=lambda: datetime.fromtimestamp(T0 + 15, UTC))
+    straggler, _ = store.record(Signal(
+        rule="straggler", kind="straggler", severity="warning", page="never", cooldown=timedelta(0),
+        identity=(("job", JOB),), job=JOB, node="n2", summary=f"rank {SLOW_RANK} on n2 holds the job up (compute)",
+        evidence={"suspect_rank": SLOW_RANK, "suspect_node": "n2", "cause": "compute"}, attempt=0))
+    hostile, _ = store.record(Signal(
+        rule=HOSTILE, kind="crash", severity="critical", page="always", cooldown=timedelta(0),
+        identity=(("job", HOSTILE),), job=HOSTILE, node=f"n{HOSTILE}", summary=f"summary {HOSTILE}",
+        evidence={"note": HOSTILE}, labels={"team": HOSTILE, HOSTILE: "key"}))
+    engine.dispose()
+    return straggler, hostile
