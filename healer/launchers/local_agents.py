@@ -92,6 +92,25 @@ class LocalAgents:
             self.agents[node] = LocalAgent(node, url_file.read_text().strip(), proc, log_path, agent_log)
         return self._registered()
 
+    hosts_are_local = True
+
+    def restart(self, node: str) -> str:
+        """A new agent for `node` (its old one died or hangs: it is killed first, if it is our child)."""
+        old = self.agents.pop(node, None)
+        if old is not None and old.in_process is not None:
+            old.in_process.stop()
+        elif old is not None and old.process is not None and old.process.poll() is None:
+            old.process.kill()
+            old.process.wait(timeout=15)
+        if old is not None and old._log is not None:
+            old._log.close()
+        self.start([node])
+        return self.agents[node].url
+
+    def drain(self, node: str, reason: str) -> bool:
+        """No scheduler here to keep other work off a host: the healer's own exclusion is all there is."""
+        return False
+
     def _registered(self) -> dict[str, str]:
         urls = {n: a.url for n, a in self.agents.items()}
         self.registry.parent.mkdir(parents=True, exist_ok=True)

@@ -127,7 +127,7 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                          nvml=dict(spec.nvml), extra_env=rank_env)
     coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
                                                  nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
-                                                 grace=spec.grace, hosts_are_local=True),
+                                                 grace=spec.grace, hosts_are_local=agents.hosts_are_local),
                               table.processes, token, env=rank_env)
     remediator = LocalRemediator(LocalRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
                                                         valid_dp=valid_dp(cfg)), coordinator, token)

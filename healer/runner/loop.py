@@ -30,7 +30,7 @@ from healer.errors import DatabaseError
 from healer.launchers.remediator import LocalRemediator, wait_idle
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.coordinator import Coordinator
-from healer.launchers.local_agents import LocalAgents
+from healer.launchers.fleet import AgentFleet
 from healer.runner.reports import ReportServer
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class LoopConfig:
 
 
 class SelfHealingJob:
-    def __init__(self, healer: Healer, remediator: LocalRemediator, agents: LocalAgents, reports: ReportServer,
+    def __init__(self, healer: Healer, remediator: LocalRemediator, agents: AgentFleet, reports: ReportServer,
                  table: HeartbeatTable, cfg: LoopConfig | None = None,
                  background: list[Callable[[], object]] | None = None) -> None:
         """`background`: called every `notify_every` off the loop (the goodput ledger writer, say)."""
