@@ -137,7 +137,10 @@ def agent(
         def write_url() -> None:
             while not node_agent.url:
                 threading.Event().wait(0.02)
-            Path(url_file).write_text(node_agent.url + "\n")
+            # Whole or not at all: the launcher may read it from another host (a shared filesystem) at any moment.
+            tmp = Path(f"{url_file}.tmp")
+            tmp.write_text(node_agent.url + "\n")
+            tmp.replace(url_file)
 
         threading.Thread(target=write_url, daemon=True).start()
     node_agent.serve_forever()
@@ -192,20 +195,25 @@ def run(
     db: Annotated[Optional[str], typer.Option("--db", help="the healer's database (incidents, host history, restarts, goodput): sqlite:///PATH or postgresql+psycopg://... [default: RUN_DIR/healer.db]")] = None,
     alertmanager: Annotated[Optional[str], typer.Option("--alertmanager", help="Alertmanager URL; an escalated incident pages from there [default: none]")] = None,
     rules: Annotated[Optional[list[str]], typer.Option("--rules", help="rule file or directory (repeatable) [default: configs/rules/, every detector]")] = None,
+    launcher: Annotated[str, typer.Option("--launcher", help="local: the hosts are agents on this machine; slurm: the hosts of the Slurm allocation this runs in (sbatch, salloc), an agent per host via srun")] = "local",
+    spares: Annotated[int, typer.Option("--spares", help="slurm: keep the allocation's last N hosts as spares")] = 1,
+    drain: Annotated[Optional[bool], typer.Option("--drain/--no-drain", help="drain in the scheduler a host left out because it failed diagnosis or is a lemon [default: on under slurm]")] = None,
 ) -> None:
-    """Run a self-healing training job: sidecars, launcher, detectors, remediation, live view, report."""
+    """Run a self-healing training job: node agents, launcher, detectors, remediation, live view, report."""
     from datetime import timedelta
     from pathlib import Path
 
     from healer.errors import DatabaseError
     from healer.runner.run import run_job  # torch, rich: imported only here
     from healer.runner.shutdown import RunDirBusy
+    from megaheal.slurm import SlurmError
 
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
-                       resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()))
-    except (ConfigError, ValueError, DatabaseError, RunDirBusy) as exc:
+                       resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
+                       launcher=launcher, spares=spares, drain=drain)
+    except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)

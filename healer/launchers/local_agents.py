@@ -8,8 +8,6 @@ The agents run in sessions of their own: a healer that dies leaves them (and the
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import secrets
 import signal
@@ -20,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+from healer.launchers import agent_registry
+from healer.launchers.agent_client import AgentClient
 
-log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
 
 
@@ -112,10 +110,7 @@ class LocalAgents:
         return False
 
     def _registered(self) -> dict[str, str]:
-        urls = {n: a.url for n, a in self.agents.items()}
-        self.registry.parent.mkdir(parents=True, exist_ok=True)
-        self.registry.write_text(json.dumps(urls) + "\n")
-        return urls
+        return agent_registry.save(self.run_dir, {n: a.url for n, a in self.agents.items()})
 
     def _in_process(self, node: str) -> LocalAgent:
         import tempfile
@@ -153,16 +148,8 @@ class LocalAgents:
         token = self.token_file.read_text().strip()
         for node in nodes:
             url = known.get(node)
-            if url is None:
-                continue
-            client = AgentClient(node, url, token, timeout_s=3, attempts=1)
-            try:
-                client.run({"kind": "report", "id": f"report:{node}:{time.time_ns()}", "healer_url": self.healer_url},
-                           10)
-            except (AgentUnreachable, OrderFailed) as exc:
-                log.warning("the agent of %s at %s is gone (%s): starting a new one", node, url, exc)
-                continue
-            self.agents[node] = LocalAgent(node, url)
+            if url is not None and agent_registry.redirect(node, url, token, self.healer_url):
+                self.agents[node] = LocalAgent(node, url)
         missing = [n for n in nodes if n not in self.agents]
         if missing:
             self.start(missing)
@@ -170,14 +157,11 @@ class LocalAgents:
 
     def known(self) -> dict[str, str]:
         """The agents this run's launcher last started (`agents.json` in the run's supervisor directory)."""
-        try:
-            return dict(json.loads(self.registry.read_text()))
-        except (FileNotFoundError, ValueError):
-            return {}
+        return agent_registry.load(self.run_dir)
 
     @property
     def registry(self) -> Path:
-        return self.run_dir / "supervisor" / "agents.json"
+        return agent_registry.path(self.run_dir)
 
     def clients(self, token: str) -> dict[str, AgentClient]:
         return {n: AgentClient(n, a.url, token) for n, a in self.agents.items()}
@@ -191,11 +175,7 @@ class LocalAgents:
             elif agent.process is not None and agent.process.poll() is None:
                 agent.process.send_signal(signal.SIGTERM)
             elif agent.process is None:  # adopted from a healer that died: not our child, but it takes orders
-                try:
-                    AgentClient(agent.node, agent.url, token, timeout_s=3, attempts=1).order(
-                        {"kind": "shutdown", "id": f"shutdown:{agent.node}:{time.time_ns()}"})
-                except (AgentUnreachable, OrderFailed) as exc:
-                    log.warning("the adopted agent of %s did not take its shutdown: %s", agent.node, exc)
+                agent_registry.shut_down(agent.node, agent.url, token)
         for agent in self.agents.values():
             if agent.process is not None:
                 try:

@@ -21,6 +21,7 @@ from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, 
 from healer.launchers import rank_records
 from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.coordinator import Coordinator
+from healer.launchers.drain import Drainer
 from healer.launchers.journal import last_start
 from megaheal.names import check_name
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
@@ -55,8 +56,9 @@ class LocalRemediator:
             if self.fault_grace < timedelta(0) or self.diagnosis_timeout <= timedelta(0):
                 raise ValueError("fault_grace must be >= 0 and diagnosis_timeout > 0")
 
-    def __init__(self, cfg: Config, supervisor: Coordinator, token: str) -> None:
-        self.cfg, self.sup, self.token = cfg, supervisor, token
+    def __init__(self, cfg: Config, supervisor: Coordinator, token: str, drainer: Drainer | None = None) -> None:
+        """`drainer`: drains the hosts a restart leaves out that their incident proved bad (None: none is)."""
+        self.cfg, self.sup, self.token, self.drainer = cfg, supervisor, token, drainer
         self.job = supervisor.cfg.job
         self.nodes, self.spares, self.dp = tuple(cfg.nodes), tuple(cfg.spares), cfg.dp
         self.skip_steps: set[int] = set()
@@ -191,10 +193,17 @@ class LocalRemediator:
             choice = choose_resume(run_dir / "checkpoints")
             resume, from_step = "auto", choice.checkpoint.step if choice.checkpoint is not None else 0
         self.spares = tuple(s for s in self.spares if s not in order.nodes)
-        self.excluded |= set(self.nodes) - set(order.nodes)
+        left_out = set(self.nodes) - set(order.nodes)
+        self.excluded |= left_out
         self.nodes, self.dp = tuple(order.nodes), order.dp
         self.skip_steps |= set(order.skip_steps)
-        attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+        try:
+            attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+        finally:
+            if left_out and self.drainer is not None:
+                # NOTE: after the start, so the scheduler's answer never adds to the time to recover; whether the
+                # start worked or not, the host stays proven bad.
+                self.drainer.left_out(order.incident_id, left_out)
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC), from_step=from_step,
                        resume=resume, nodes=self.nodes, dp=self.dp)
 

@@ -1,5 +1,5 @@
-"""Putting `megaheal run` together: the store, the rules, the sinks, the local node agents and the coordinator that
-orders them, the endpoint their batches come to, the remediator, the healer and its loop. One place, so the command and the tests build the same thing.
+"""Putting `megaheal run` together: the store, the rules, the sinks, the node agents (local, or on the hosts of a
+Slurm allocation) and the coordinator that orders them, the endpoint their batches come to, the remediator, the healer and its loop. One place, so the command and the tests build the same thing.
 """
 
 from __future__ import annotations
@@ -18,14 +18,19 @@ from healer.core.heartbeats import HeartbeatTable
 from healer.core.metrics import HealerMetrics
 from healer.core.rules import DetectorCondition, RuleSet, load_rule_set
 from healer.core.store import IncidentStore
+from healer.launchers.allocation import Allocation
 from healer.launchers.coordinator import Coordinator
+from healer.launchers.drain import Drainer
+from healer.launchers.fleet import AgentFleet
 from healer.launchers.local_agents import LocalAgents, write_token
+from healer.launchers.slurm_agents import SlurmAgents
 from healer.launchers.remediator import LocalRemediator
 from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.runner.ledger import LedgerWriter
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
 from healer.service.config import DEFAULT_RULES
+from megaheal.slurm import srun_env
 from megaheal.typedconfig import from_mapping
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
@@ -58,6 +63,11 @@ class JobSpec:
     nvml: dict[str, Any] = field(default_factory=dict)
     """Per host, the NVML handle its sidecar reads (none by default: the local hosts share this machine)."""
     loop: LoopConfig = field(default_factory=LoopConfig)
+    allocation: Allocation | None = None
+    """Run on the hosts of this Slurm allocation, an agent per host started with srun (healer/launchers/
+    slurm_agents.py); None: local agents on this machine."""
+    drain: bool = False
+    """Drain in the scheduler the hosts a restart leaves out because they failed diagnosis or are lemons."""
 
 
 def valid_dp(cfg: TrainConfig) -> tuple[int, ...]:
@@ -121,16 +131,26 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     resend = timedelta(seconds=30)
     sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
     table = HeartbeatTable()
-    reports = ReportServer(table, token)
-    rank_env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    agents = LocalAgents(run_dir=spec.run_dir, healer_url="", token_file=token_file, in_process=bool(spec.nvml),
-                         nvml=dict(spec.nvml), extra_env=rank_env)
+    agents: AgentFleet
+    if spec.allocation is None:
+        reports = ReportServer(table, token)
+        rank_env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+        agents = LocalAgents(run_dir=spec.run_dir, healer_url="", token_file=token_file, in_process=bool(spec.nvml),
+                             nvml=dict(spec.nvml), extra_env=rank_env)
+    else:
+        # The agents are on other hosts: the endpoint binds this machine's address towards them, and gloo finds
+        # each host's own address from its name unless the operator chose an interface.
+        reports = ReportServer(table, token, listen=f"{spec.allocation.healer_address}:0")
+        rank_env = srun_env({k: v for k, v in os.environ.items() if k == "GLOO_SOCKET_IFNAME"})
+        agents = SlurmAgents(run_dir=spec.run_dir, healer_url="", token_file=token_file, allocation=spec.allocation,
+                             extra_env=rank_env)
     coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
                                                  nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
                                                  grace=spec.grace, hosts_are_local=agents.hosts_are_local),
                               table.processes, token, env=rank_env)
     remediator = LocalRemediator(LocalRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
-                                                        valid_dp=valid_dp(cfg)), coordinator, token)
+                                                        valid_dp=valid_dp(cfg)), coordinator, token,
+                                 drainer=Drainer(agents, store, spec.job) if spec.drain else None)
     healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),
                     remediator=remediator, resend=resend)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)

@@ -17,12 +17,14 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from healer.core.rules import load_rule_set
 from healer.launchers import journal
+from healer.launchers.allocation import Allocation
 from healer.launchers.local_agents import LocalAgents
 from healer.runner.build import JobSpec, build_job
 from healer.runner.chaos import Chaos, Schedule, load_schedule
@@ -36,6 +38,7 @@ from train.config import TrainConfig, load_config
 
 NODES = ("n1", "n2")
 SPARES = ("n3",)
+LAUNCHERS = ("local", "slurm")
 log = logging.getLogger(__name__)
 
 
@@ -74,36 +77,68 @@ def job_name(cfg_job: str | None, run_dir: Path, resume: bool) -> str:
 def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta,
             metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False,
             db_url: str | None = None, alertmanager_url: str | None = None,
-            rules: tuple[str, ...] = ()) -> int:
+            rules: tuple[str, ...] = (), launcher: str = "local", spares: int = 1, drain: bool | None = None) -> int:
     """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and hosts go on).
     `db_url`: the healer's database [default: SQLite in the run dir]; `alertmanager_url`: where incidents page
-    from; `rules`: rule files or directories [default: configs/rules/]. Raises RunDirBusy when another runner
-    holds `run_dir`."""
+    from; `rules`: rule files or directories [default: configs/rules/]. `launcher`: local (hosts are agents on
+    this machine) or slurm (the hosts of the allocation this runs in, the last `spares` of them kept as spares);
+    `drain`: drain hosts proven bad in the scheduler [default: under slurm]. Raises RunDirBusy when another runner
+    holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if resume and (run_dir is None or not journal.path(run_dir).exists()):
         raise ValueError(f"--resume needs the --run-dir of a supervised run (no supervisor/attempts.jsonl in {run_dir})")
     if resume and chaos_path:
         raise ValueError("--resume takes over a run as it is: it cannot be combined with --chaos")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     cfg = load_config(config, list(overrides))
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
     schedule = load_schedule(chaos_path) if chaos_path else None
+    placement = _placement(cfg, launcher, spares, drain)
     with RunDirLock(run_dir, resume):
-        return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, overrides, resume, db_url,
-                           alertmanager_url, rules)
+        return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, (*placement.overrides, *overrides),
+                           resume, db_url, alertmanager_url, rules, placement)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the job runs: its hosts and spares, and what that changes in its config."""
+
+    nodes: tuple[str, ...] = NODES
+    spares: tuple[str, ...] = SPARES
+    overrides: tuple[str, ...] = ()
+    allocation: Allocation | None = None
+    drain: bool = False
+
+
+def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None) -> Placement:
+    """local: two hosts and a spare, the config's layout as it is. slurm: the allocation's hosts, the last `spares`
+    as spares, `ranks_per_node` ranks on each; the data-parallel degree follows from them."""
+    if launcher == "local":
+        return Placement(drain=bool(drain))
+    allocation = Allocation.from_environment()
+    nodes, spare_hosts = allocation.split(spares)
+    dp = allocation.dp(cfg, len(nodes))
+    print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {allocation.ranks_per_node} ranks "
+          f"({', '.join(nodes)}; dp {dp}), spare(s): {', '.join(spare_hosts) or 'none'}")
+    return Placement(nodes=nodes, spares=spare_hosts, overrides=(f"parallel.dp={dp}",), allocation=allocation,
+                     drain=True if drain is None else drain)
 
 
 def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule | None, timeout: timedelta,
                 metrics_port: int | None, overrides: tuple[str, ...], resume: bool, db_url: str | None,
-                alertmanager_url: str | None, rules: tuple[str, ...]) -> int:
+                alertmanager_url: str | None, rules: tuple[str, ...], placement: Placement) -> int:
     nan_overrides = schedule.start_overrides(cfg.global_batch) if schedule else ()
-    spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=config, run_dir=run_dir, nodes=NODES,
-                   spares=SPARES, overrides=("checkpoint.every_steps=5", *nan_overrides, *overrides),
+    spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=config, run_dir=run_dir, nodes=placement.nodes,
+                   spares=placement.spares, overrides=("checkpoint.every_steps=5", *nan_overrides, *overrides),
                    rules=load_rule_set(list(rules)) if rules else None, db_url=db_url,
-                   alertmanager_url=alertmanager_url)
+                   alertmanager_url=alertmanager_url, allocation=placement.allocation, drain=placement.drain)
     job = build_job(spec)
     sup = job.sup
-    chaos = Chaos(schedule, job.remediator.signal_rank, run_dir / "checkpoints",
-                  scratch_of=lambda rank: LocalAgents.scratch_dir(run_dir, sup.node_of_rank(rank))) \
+    # NOTE: a break-node fault breaks the host's local disk from here: only where the hosts are this machine's.
+    scratch_of = (lambda rank: LocalAgents.scratch_dir(run_dir, sup.node_of_rank(rank))) \
+        if placement.allocation is None else None
+    chaos = Chaos(schedule, job.remediator.signal_rank, run_dir / "checkpoints", scratch_of=scratch_of) \
         if schedule else None
 
     def incidents() -> list[dict[str, Any]]:

@@ -128,7 +128,7 @@ class CollectiveBandwidthCheck(Check):
 
     def launcher(self, config: Config, ctx: CheckContext) -> str:
         """local or srun, as `config.launcher` asks and this process's surroundings allow."""
-        from runbooks.checks.collective_srun import inside_allocation
+        from megaheal.slurm import inside_allocation
 
         if config.launcher != "auto":
             return config.launcher

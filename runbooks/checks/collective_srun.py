@@ -23,6 +23,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
+from megaheal.slurm import hostnames, srun_env
 from megaheal.typedconfig import from_mapping
 from runbooks.checks.collective_job import JobError, JobSpec, rank_body
 from runbooks.durations import to_mapping
@@ -33,11 +34,6 @@ RESULT = "MEGAHEAL-COLLECTIVE-RESULT "
 RANK_ERROR = "MEGAHEAL-RANK-ERROR "
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral range (32768-60999): no client port takes it
 STOP_GRACE_S = 5.0
-
-
-def inside_allocation() -> bool:
-    """Whether this process runs inside a Slurm job allocation (salloc, sbatch, or a step of one)."""
-    return bool(os.environ.get("SLURM_JOB_ID"))
 
 
 def srun_argv(spec: JobSpec, nodes: list[str]) -> list[str]:
@@ -59,21 +55,12 @@ def srun_argv(spec: JobSpec, nodes: list[str]) -> list[str]:
     ]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    # NOTE: the runner pins gloo to loopback for jobs on one machine; across hosts that would make every
-    # rank advertise 127.0.0.1. Unset, gloo takes the address its hostname resolves to.
-    if env.get("GLOO_SOCKET_IFNAME") == "lo":
-        del env["GLOO_SOCKET_IFNAME"]
-    return env
-
-
 def run_srun_job(spec: JobSpec, nodes: list[str], timeout: timedelta) -> list[dict[str, Any]]:
     """Run the job on `nodes` through srun; each rank's timings (with its "node"), in rank order."""
     if shutil.which("srun") is None:
         raise JobError("srun is not on PATH: cannot start ranks on other hosts")
     proc = subprocess.Popen(srun_argv(spec, nodes), shell=False, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env())
+                            stderr=subprocess.PIPE, text=True, env=srun_env(os.environ))
     try:
         out, err = proc.communicate(timeout=timeout.total_seconds())
     except subprocess.TimeoutExpired:
@@ -109,15 +96,6 @@ def rendezvous_port(job_id: int, step_id: int) -> int:
     return PORT_BASE + (job_id * 64 + step_id) % PORT_SPAN
 
 
-def first_node(nodelist: str) -> str:
-    """The step's first node: Slurm's compressed list ("mh[1-4]") expanded by scontrol."""
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                         timeout=10, check=True).stdout.split()
-    if not out:
-        raise RuntimeError(f"scontrol could not expand the node list {nodelist!r}")
-    return out[0]
-
-
 def _task_main(spec: JobSpec) -> None:
     import torch
     import torch.distributed as dist
@@ -131,7 +109,7 @@ def _task_main(spec: JobSpec) -> None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         spec.device = "cuda" if gpus >= spec.ranks_per_node else "cpu"
     spec.leaders = list(range(0, world, spec.ranks_per_node))
-    master = first_node(env["SLURM_STEP_NODELIST"])
+    master = hostnames(env["SLURM_STEP_NODELIST"])[0]
     port = rendezvous_port(int(env["SLURM_JOB_ID"]), int(env["SLURM_STEP_ID"]))
     store = dist.TCPStore(master, port, world, rank == 0, spec.timeout)
     results = rank_body(rank, spec, store, local, gather=True,

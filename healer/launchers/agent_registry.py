@@ -1,0 +1,61 @@
+"""Where a job's node agents are, whoever started them: `RUN_DIR/supervisor/agents.json` ({host: orders URL}),
+written by the launcher each time its agents change, read by a healer that takes the run over; and what such a
+healer does with an agent found there (tells it to report to itself). Every launcher does it the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+
+log = logging.getLogger(__name__)
+
+
+def path(run_dir: Path) -> Path:
+    return run_dir / "supervisor" / "agents.json"
+
+
+def save(run_dir: Path, urls: dict[str, str]) -> dict[str, str]:
+    """Record the agents' URLs (whole or not at all: a healer dying meanwhile leaves the previous file); `urls`."""
+    target = path(run_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(urls) + "\n")
+    os.replace(tmp, target)
+    return urls
+
+
+def load(run_dir: Path) -> dict[str, str]:
+    """The agents the run's launcher last recorded; {} when none were."""
+    try:
+        return dict(json.loads(path(run_dir).read_text()))
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def redirect(node: str, url: str, token: str, healer_url: str) -> bool:
+    """Tell the agent of `node` at `url` to send its batches to `healer_url` from now on; False when it does not
+    answer (or is not this run's: it refuses the token)."""
+    client = AgentClient(node, url, token, timeout_s=3, attempts=1)
+    try:
+        client.run({"kind": "report", "id": f"report:{node}:{time.time_ns()}", "healer_url": healer_url}, 10)
+    except (AgentUnreachable, OrderFailed) as exc:
+        log.warning("the agent of %s at %s is gone (%s): starting a new one", node, url, exc)
+        return False
+    return True
+
+
+def shut_down(node: str, url: str, token: str) -> bool:
+    """Ask the agent of `node` to end (its ranks must already be stopped); False when it did not take the order."""
+    try:
+        AgentClient(node, url, token, timeout_s=3, attempts=1).order(
+            {"kind": "shutdown", "id": f"shutdown:{node}:{time.time_ns()}"})
+    except (AgentUnreachable, OrderFailed) as exc:
+        log.warning("the agent of %s did not take its shutdown: %s", node, exc)
+        return False
+    return True
