@@ -121,7 +121,10 @@ def safe_reason(text: str) -> str:
 def drain(node: str, reason: str) -> None:
     """Keep the scheduler off `node` (its running jobs go on); `sinfo -R` shows the reason. SlurmError when
     slurmctld refuses (draining needs a Slurm operator or administrator) or does not answer."""
-    _run(drain_argv(node, reason))
+    try:
+        _run(drain_argv(node, reason))
+    except SlurmError as exc:
+        raise SlurmError(f"draining {node}: {exc}") from exc
 
 
 def drain_argv(node: str, reason: str) -> list[str]:

@@ -5,6 +5,8 @@ Needs root (CI runs as root); otherwise every test that uses the bed is skipped,
 subnet and slurmctld port are the tier's own, so a developer's `megaheal testbed up` (prefix mh) can
 stay up meanwhile. A session that was killed leaves its bed behind: the next one removes it first.
 Faults a test injects are undone after it (`faults.clear`), so every test starts on a healthy bed.
+MEGAHEAL_TIER_PREFIX, MEGAHEAL_TIER_SUBNET and MEGAHEAL_TIER_SLURMCTLD_PORT give a second checkout's session a bed
+of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ from testbed.bed import Bed, default_shared_tmp
 from testbed.hostns import under_tmp
 
 SCRIPTS = REPO / "tests" / "multihost" / "scripts"
-CONFIG = dict(hosts=4, prefix="mht", subnet="10.214.0.0/24", slurmctld_port=6827)
+# NOTE: two checkouts on one machine (worktrees) may run the tier at once: each gives its own prefix, subnet and
+# port here, or the second session's start takes the first one's bed down under it.
+CONFIG = dict(hosts=4, prefix=os.environ.get("MEGAHEAL_TIER_PREFIX", "mht"),
+              subnet=os.environ.get("MEGAHEAL_TIER_SUBNET", "10.214.0.0/24"),
+              slurmctld_port=int(os.environ.get("MEGAHEAL_TIER_SLURMCTLD_PORT", "6827")))
 
 
 def need_root() -> None:

@@ -114,8 +114,8 @@ def test_a_non_root_user_is_told_that_the_bed_needs_root() -> None:
 
 def test_status_shows_each_host_with_its_faults_and_fails_while_a_link_is_down(healthy_bed) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*MEGAHEAL, *args, "--prefix", "mht"], cwd=REPO, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run([*MEGAHEAL, *args, "--prefix", healthy_bed.config.prefix], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
 
     host = healthy_bed.hosts[1].name
     assert cli("fault", "slow-link", host, "--rate", "100mbit").returncode == 0

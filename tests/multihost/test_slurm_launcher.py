@@ -1,0 +1,199 @@
+"""The Slurm launcher on the bed: deploy/slurm/megaheal.sbatch runs a job on 3 hosts + 1 spare and leaves nothing
+behind; inside an allocation, an agent SIGKILLed on its host is restarted through srun and reports again, and hosts
+a restart left out that their incident proved bad are drained with the incident as the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from healer.core import db
+from healer.core.heartbeats import HeartbeatTable
+from healer.core.signals import Signal
+from healer.core.states import IncidentState
+from healer.core.store import IncidentStore
+from healer.jsonl import read_jsonl
+from healer.launchers import journal
+from healer.launchers.agent_client import AgentClient
+from healer.launchers.allocation import Allocation
+from healer.launchers.drain import Drainer
+from healer.launchers.local_agents import write_token
+from healer.launchers.slurm_agents import STEP_PREFIX, SlurmAgents
+from healer.runner.reports import ReportServer
+from megaheal import procfs, slurm
+from tests.conftest import REPO
+from tests.multihost.conftest import bed_env
+from tests.support import wait_for
+from testbed import faults, procs
+
+pytestmark = pytest.mark.multihost
+S = IncidentState
+
+
+def leftovers(bed, run_dir: Path) -> dict[str, list[str]]:
+    """Processes of a job still alive: in any host (but its slurmd), or on this machine naming the run directory."""
+    left: dict[str, list[str]] = {}
+    for host in bed.hosts:
+        found = [f"{p} {procs.command(p)}" for p in bed.pids(host) if procs.command(p) != "slurmd"]
+        if found:
+            left[host.name] = found
+    here = [f"{p} {procs.command(p)}" for p in procfs.pids()
+            if any(str(run_dir) in a for a in procfs.cmdline(p)) and procs.alive(p)]
+    if here:
+        left["this machine"] = here
+    return left
+
+
+@pytest.mark.timeout(420)
+def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_leaves_no_process_behind(healthy_bed,
+                                                                                             tmp_path) -> None:
+    bed, run_dir = healthy_bed, tmp_path / "run"
+    env = bed_env(bed) | {"MEGAHEAL_CONFIG": "configs/demo.yaml", "MEGAHEAL_RUN_DIR": str(run_dir),
+                          "MEGAHEAL_SET": "steps=4 global_batch=24", "MEGAHEAL_PYTHON": sys.executable}
+    out = tmp_path / "slurm.out"
+    # --wait: sbatch returns when the job ended, with its exit status.
+    proc = subprocess.run(["sbatch", "--wait", f"--output={out}", "deploy/slurm/megaheal.sbatch"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=400)
+    text = out.read_text(errors="replace") if out.exists() else ""
+    assert proc.returncode == 0, proc.stderr + text[-3000:]
+    hosts = [h.name for h in bed.hosts]
+    assert f"3 host(s) x 2 ranks ({', '.join(hosts[:3])}; dp 3), spare(s): {hosts[3]}" in text, text[-3000:]
+    assert "outcome: finished" in text, text[-3000:]
+
+    entries = [e for e in read_jsonl(journal.path(run_dir)) if e.get("attempt") == 0]
+    start = next(e for e in entries if e["event"] == "start")
+    assert start["nodes"] == hosts[:3] and start["dp"] == 3
+    # Every agent (the spare's too) listened on its host's own address, not loopback.
+    agents = json.loads((run_dir / "supervisor" / "agents.json").read_text())
+    assert {n: re.match(r"http://([\d.]+):\d+$", u).group(1) for n, u in agents.items()} == \
+        {h.name: h.address for h in bed.hosts}
+    # Each rank ran on the host the journal says: its own records name the host it ran on (its hostname).
+    placed = {int(r): n for e in entries if e["event"] == "ranks" for r, n in e["nodes"].items()}
+    assert sorted(placed) == list(range(6)) and sorted(placed.values()) == sorted(hosts[:3] * 2)
+    for rank, node in placed.items():
+        records = [json.loads(line) for line in (run_dir / "ranks" / f"{rank}.jsonl").read_text().splitlines()]
+        assert {r["node"] for r in records} == {node}, (rank, node)
+        assert max(r["step"] for r in records) == 3
+    assert any(e["event"] == "end" and e["exit_codes"] == {n: 0 for n in hosts[:3]} for e in entries)
+    assert wait_for("every process of the job to be gone", lambda: not leftovers(bed, run_dir), 60)
+
+
+# ---------------------------------------------------------------------------------------------- in an allocation
+
+
+@pytest.fixture
+def allocation(healthy_bed, monkeypatch) -> Iterator[Allocation]:
+    """A 4-host allocation held by `salloc --no-shell`; this process acts as its batch host would."""
+    env = bed_env(healthy_bed)
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+    got = subprocess.run(["salloc", "--no-shell", "-N", "4", "--ntasks-per-node=2", "--job-name=megaheal-test"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    job = re.search(r"Granted job allocation (\d+)", got.stderr + got.stdout)
+    assert job, got.stderr
+    try:
+        nodelist = subprocess.run(["squeue", "-h", "-j", job.group(1), "-o", "%N"], env=env, capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        yield Allocation.from_environment({"SLURM_JOB_ID": job.group(1), "SLURM_JOB_NODELIST": nodelist,
+                                           "SLURM_NTASKS_PER_NODE": "2"})
+    finally:
+        subprocess.run(["scancel", job.group(1)], env=env, capture_output=True, timeout=30)
+
+
+def agent_batches(table: HeartbeatTable) -> dict[str, str | None]:
+    return {n.node: n.agent_url for n in table.nodes()}
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_killed_on_its_host_is_restarted_through_srun_and_reports_again(healthy_bed, allocation,
+                                                                                  tmp_path) -> None:
+    bed = healthy_bed
+    assert allocation.hosts == tuple(h.name for h in bed.hosts) and allocation.ranks_per_node == 2
+    # The bridge's address: what this machine (the "batch host" here) is to the hosts.
+    assert allocation.healer_address == bed.layout.bridge_address
+    token_file = tmp_path / "token"
+    token = write_token(token_file)
+    table = HeartbeatTable()
+    reports = ReportServer(table, token, listen=f"{allocation.healer_address}:0")
+    agents = SlurmAgents(run_dir=tmp_path, healer_url=reports.start(), token_file=token_file, allocation=allocation)
+    try:
+        urls = agents.start(list(allocation.hosts))
+        wait_for("a batch from every agent", lambda: agent_batches(table) == urls, 60)
+        victim = bed.hosts[1]
+        old = AgentClient(victim.name, urls[victim.name], token).state()
+        assert old["node"] == victim.name and old["pid"] in bed.pids(victim), "the agent runs inside its host"
+
+        os.kill(old["pid"], signal.SIGKILL)
+        assert procs.wait_gone([old["pid"]], 30) == []
+        new_url = agents.restart(victim.name)
+        assert new_url != urls[victim.name] and new_url.startswith(f"http://{victim.address}:")
+        new = AgentClient(victim.name, new_url, token).state()
+        assert new["pid"] != old["pid"] and new["pid"] in bed.pids(victim)
+        wait_for("the new agent's batches", lambda: agent_batches(table).get(victim.name) == new_url, 60)
+        steps = slurm.steps(allocation.job_id)
+        assert sorted(n for n in steps if n.startswith(STEP_PREFIX)) == sorted(STEP_PREFIX + h for h in urls)
+    finally:
+        agents.stop()
+        reports.stop()
+    assert not any(n.startswith(STEP_PREFIX) for n in slurm.steps(allocation.job_id))
+    assert wait_for("no agent left on any host", lambda: not any(
+        procs.command(p) != "slurmd" for h in bed.hosts for p in bed.pids(h)), 60)
+
+
+def _incident_that_left_out(store: IncidentStore, diagnosis: list[dict[str, object]], lemons: dict[str, int]) -> int:
+    """An incident as the healer records it up to its restart: opened, diagnosed per host, decided."""
+    incident_id, _ = store.record(Signal(rule="crash", kind="crash", severity="critical", page="on-escalation",
+                                         cooldown=timedelta(minutes=5), identity=(("job", "j"),), job="j",
+                                         node=None, summary="rank 2 died"))
+    run = store.start_runbook_run(incident_id, "node-health", [str(h["node"]) for h in diagnosis])
+    assert store.transition(incident_id, S.OPEN, S.DIAGNOSING, {})
+    store.finish_runbook_run(run, incident_id, "fail", "", {"diagnosis": diagnosis})
+    plan = {"remedy": "exclude-node-and-restart", "decision_basis": {"lemons": lemons}, "exclude": []}
+    assert store.transition(incident_id, S.DIAGNOSING, S.REMEDIATING, {"decision": {"plan": plan}})
+    return incident_id
+
+
+@pytest.mark.timeout(120)
+def test_hosts_proven_bad_are_drained_with_the_incident_as_reason_and_a_refusal_is_recorded(healthy_bed, allocation,
+                                                                                             tmp_path) -> None:
+    bed = healthy_bed
+    failed, lemon, suspect = (h.name for h in bed.hosts[1:])
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'healer.db'}")
+    db.ensure_schema(engine)
+    store = IncidentStore(engine, "test")
+    incident = _incident_that_left_out(store, [
+        {"node": failed, "status": "fail", "summary": 'disk: "/tmp/x" not writable; rm -rf / = $(reboot)'},
+        {"node": suspect, "status": "pass", "summary": "ok"},
+        {"node": "nosuchhost", "status": "fail", "summary": "gone"}], {lemon: 3})
+    agents = SlurmAgents(run_dir=tmp_path, healer_url="", token_file=tmp_path / "token", allocation=allocation)
+    try:
+        done = Drainer(agents, store, "j").left_out(incident, {failed, lemon, suspect, "nosuchhost"})
+        assert sorted(done) == sorted([failed, lemon, "nosuchhost"])
+        nodes = slurm.nodes([failed, lemon, suspect])
+        assert "DRAIN" in nodes[failed].state and "DRAIN" in nodes[lemon].state
+        assert "DRAIN" not in nodes[suspect].state, "nothing proved it bad"
+        expect = {failed: f"megaheal: incident {incident}: crash (failed diagnosis: disk: /tmp/x not writable; "
+                          f"rm -rf / (reboot))",
+                  lemon: f"megaheal: incident {incident}: crash (lemon: named in 3 incidents)"}
+        reasons = subprocess.run(["sinfo", "-R", "-h", "-o", "%N|%E"], env=bed_env(bed), capture_output=True,
+                                 text=True, timeout=10).stdout.splitlines()
+        assert sorted(reasons) == sorted(f"{n}|{r}" for n, r in expect.items())
+        evidence = store.row(incident).evidence["drain"]
+        assert {n: (e["drained"], e["reason"]) for n, e in evidence.items() if n != "nosuchhost"} == \
+            {n: (True, r) for n, r in expect.items()}
+        assert evidence["nosuchhost"]["drained"] is False
+        assert "draining nosuchhost" in evidence["nosuchhost"]["error"] and "Invalid node name" in \
+            evidence["nosuchhost"]["error"]
+        assert [e["kind"] for e in store.get(incident)["events"]][-1] == "evidence"
+    finally:
+        for host in (failed, lemon):
+            faults.resume(bed, host)
+    assert not any("DRAIN" in n.state for n in slurm.nodes([failed, lemon]).values())
