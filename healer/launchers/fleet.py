@@ -9,6 +9,9 @@ through the agents themselves (healer/launchers/coordinator.py), so the healer's
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 
@@ -42,3 +45,23 @@ class AgentFleet(Protocol):
     def stop(self) -> None:
         """End every agent (the job's ranks must already be stopped); twice is once."""
         ...
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentSettings:
+    """What every launcher's agents are started with."""
+
+    run_dir: Path
+    """The run directory, on a filesystem every host shares: each agent's directory and URL file are under it."""
+    healer_url: str
+    token_file: Path
+    """The run's token, as a file: it never goes into an agent's command line or environment."""
+    python: str = field(default_factory=lambda: sys.executable)
+    """The interpreter the agents run (on a cluster: a path every host has, the checkout's venv)."""
+    cwd: Path = field(default_factory=Path.cwd)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Added to the environment of every agent (and so of its ranks)."""
+
+    def work_dir(self, node: str) -> Path:
+        """The agent's own directory: its log, its URL file, each attempt's logs of its host."""
+        return (self.run_dir / "nodes" / node / "agent").absolute()

@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import IO, Any
 
 from healer.launchers import agent_registry
 from healer.launchers.agent_client import AgentClient
+from healer.launchers.fleet import AgentSettings
 
 START_TIMEOUT_S = 60.0
 
@@ -48,15 +48,9 @@ class LocalAgent:
 
 
 @dataclass(kw_only=True, slots=True)
-class LocalAgents:
+class LocalAgents(AgentSettings):
     """One `megaheal agent` process per host, on this machine."""
 
-    run_dir: Path
-    healer_url: str
-    token_file: Path
-    python: str = field(default_factory=lambda: sys.executable)
-    cwd: Path = field(default_factory=Path.cwd)
-    extra_env: dict[str, str] = field(default_factory=dict)
     in_process: bool = False
     """Run the agents as threads of this process (tests that hand one a recorded NVML): the same agents, orders and
     reports, but they die with the healer."""
@@ -68,9 +62,6 @@ class LocalAgents:
     def scratch_dir(run_dir: Path, node: str) -> Path:
         """The host's local disk: its ranks' TMPDIR (what a node-local NVMe is on a cluster)."""
         return run_dir / "nodes" / node / "tmp"
-
-    def work_dir(self, node: str) -> Path:
-        return self.run_dir / "nodes" / node / "agent"
 
     def start(self, nodes: list[str]) -> dict[str, str]:
         """Start an agent for each host and wait until they serve; their URLs."""

@@ -24,14 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
 
 from healer.launchers import agent_registry
 from healer.launchers.allocation import Allocation
+from healer.launchers.fleet import AgentSettings
 from megaheal import slurm
 
 log = logging.getLogger(__name__)
@@ -52,17 +51,10 @@ class AgentStep:
 
 
 @dataclass(kw_only=True, slots=True)
-class SlurmAgents:
+class SlurmAgents(AgentSettings):
     """One `megaheal agent` per host of the allocation, each its own srun step."""
 
-    run_dir: Path
-    healer_url: str
-    token_file: Path
     allocation: Allocation
-    python: str = field(default_factory=lambda: sys.executable)
-    """The interpreter on every host: a path on the shared filesystem (the checkout's venv)."""
-    cwd: Path = field(default_factory=Path.cwd)
-    extra_env: dict[str, str] = field(default_factory=dict)
     scratch_root: str = "/tmp"
     """Node-local: each host's scratch directory (its ranks' TMPDIR) is SCRATCH_ROOT/megaheal-JOB/HOST there."""
     start_timeout_s: float = 180.0
@@ -71,9 +63,6 @@ class SlurmAgents:
     agents: dict[str, AgentStep] = field(default_factory=dict)
 
     hosts_are_local = False
-
-    def work_dir(self, node: str) -> Path:
-        return (self.run_dir / "nodes" / node / "agent").absolute()
 
     def agent_argv(self, node: str) -> list[str]:
         """The srun step of `node`'s agent: an argument list (nothing reaches a shell); every value in it is the
