@@ -134,10 +134,14 @@ class ProcessView:
                     ranks[e.rank] = (e.pid, e.rank, 0, None)
             self._reported[(r.job, node)] = tuple(sorted(ranks.values(), key=lambda x: x[1]))
             self._pids[r.job] = frozenset(x[0] for (job, _), rs in self._reported.items() if job == r.job for x in rs)
-            if r.ended and r.exit_code is not None:
-                self._ended[(r.job, node)] = r.exit_code
         for e in r.exits:
             self._record_reported(node, r, e)
+        # NOTE: after the exits: a reader that sees the host's part ended sees how its ranks ended (the crash
+        # detector waits for exactly that).
+        if r.ended and r.exit_code is not None:
+            with self._lock:
+                if self._attempts.get(r.job) == r.attempt:
+                    self._ended[(r.job, node)] = r.exit_code
 
     def _record_reported(self, node: str, r: AttemptReport, e: RankExit) -> None:
         with self._lock:

@@ -1,4 +1,4 @@
-"""Detectors over synthetic heartbeat streams (tests/selfheal/streams.py) and the supervisor's view."""
+"""Detectors over synthetic heartbeat streams (tests/selfheal/streams.py) and the launcher's view of the processes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from exporters.schema import AttemptReport, RankExit
 from healer.core.detectors.collective_slowdown import CollectiveSlowdown
 from healer.core.detectors.crash import Crash
 from healer.core.detectors.gpu_fault import GpuFault
@@ -18,8 +19,8 @@ from healer.core.detectors.nonfinite import NonFinite
 from healer.core.detectors.registry import default_registry
 from healer.core.detectors.straggler import Straggler
 from healer.core.heartbeats import HeartbeatTable
-from healer.core.rules import load_rules
 from healer.core.processes import ProcessExit, ProcessState
+from healer.core.rules import load_rules
 from tests.healer.helpers import ManualClock
 from tests.selfheal.streams import JobStream
 
@@ -422,3 +423,30 @@ def test_a_crash_that_says_what_it_is_fires_at_once_even_with_a_silent_host() ->
                                               exit_code=1, log_tail=tuple(TRACEBACK)))
     (f,) = Crash(Crash.Config()).evaluate(s.table, s.clock.now).firing
     assert f.evidence["suspect_rank"] == 0 and f.evidence["class"]["category"] == "oom"
+
+
+def test_a_rank_that_vanished_waits_for_its_hosts_report_of_how_it_died() -> None:
+    # torchrun reaped rank 3 before its status could be read; its failure report (in its host's report once torchrun
+    # has exited) says SIGKILL. However long that takes on a loaded machine, the crash waits for it.
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 0, ("n1", "n2"), 0.0)
+    vanished = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished]), 10.0)
+    crash = Crash(Crash.Config())
+    assert not crash.evaluate(table, 25.0).firing  # 15 s later: still waiting for the report
+    died = RankExit(rank=3, pid=1003, at=10.0, signal=signal.SIGKILL)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[died], ended=True, exit_code=1), 26.0)
+    (f,) = crash.evaluate(table, 26.0).firing
+    assert f.evidence["signal"] == "SIGKILL" and f.summary.startswith("rank 3 on n2 killed by SIGKILL")
+
+
+def test_a_vanished_rank_whose_host_never_reports_fires_after_report_wait() -> None:
+    table = HeartbeatTable(clock=ManualClock())
+    table.processes.started("job", 0, ("n1",), 0.0)
+    table.processes.report("n1", AttemptReport(job="job", attempt=0, node_rank=0,
+                                               exits=[RankExit(rank=0, pid=1000, at=1.0, vanished=True)]), 1.0)
+    crash = Crash(Crash.Config(report_wait=timedelta(seconds=30)))
+    assert not crash.evaluate(table, 30.0).firing
+    (f,) = crash.evaluate(table, 31.5).firing
+    assert f.evidence["vanished"] is True and "vanished" in f.summary

@@ -36,10 +36,10 @@ class Crash(Detector):
         settle: timedelta = timedelta(seconds=0)
         """Wait this long after the first failed exit before firing, so that the other ranks' exits (the
         evidence for which rank was first) are in. 0: fire on the first cycle that sees a failure."""
-        report_wait: timedelta = timedelta(seconds=3)
-        """When the first rank's exit status could not be read (its agent reaped it first), wait at most this long
-        for the agent's failure report, which says how it died (the launcher gives the agent a short grace so the
-        report comes within a second or two)."""
+        report_wait: timedelta = timedelta(seconds=30)
+        """When the first rank's exit status could not be read (torchrun reaped it first), wait for torchrun's
+        failure report, which says how it died: it is in once the host's part of the attempt has ended (torchrun
+        exits right after it, the launcher gives it a short grace), and this long at most (a torchrun that hangs)."""
         tail_lines: int = 20
         """Log lines of the suspect rank kept as evidence."""
         silent_host_hold: timedelta = timedelta(seconds=30)
@@ -76,8 +76,10 @@ class Crash(Detector):
                             key=lambda e: e.at)
             if not failed or now - failed[0].at < self.config.settle.total_seconds():
                 continue
-            if failed[0].vanished and now - failed[0].at < self.config.report_wait.total_seconds():
-                continue  # how it died is on its way (the agent's report)
+            first = failed[0]
+            if first.vanished and first.node not in view.ended_nodes(job) and \
+                    now - first.at < self.config.report_wait.total_seconds():
+                continue  # how it died is on its way: torchrun's report, once its host's part has ended
             echoes = all(classify(e.exit_code, e.signal, e.log_tail).peer_failure for e in failed if e.rank is not None)
             if echoes and now - failed[0].at < self.config.silent_after.total_seconds():
                 continue  # only echoes so far: long enough to tell whether the cause's host went silent
