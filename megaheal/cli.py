@@ -92,22 +92,15 @@ def sidecar(
         raise typer.Exit(1) from exc
 
 
-def _short_socket_path() -> str:
-    """AF_UNIX paths are limited to 107 bytes: a short directory of our own, not the (deep) work directory."""
-    import tempfile
-
-    return str(__import__("pathlib").Path(tempfile.mkdtemp(prefix="mh-agent-")) / "ranks.sock")
-
-
 @app.command()
 def agent(
+    token_file: Annotated[str, typer.Option("--token-file", help="file holding the job's token (orders need it; batches carry it)")],
+    work_dir: Annotated[str, typer.Option("--work-dir", help="the agent's own directory (each attempt's logs of this host)")],
     node: Annotated[Optional[str], typer.Option("--node", help="this host's name [default: hostname]")] = None,
-    token_file: Annotated[str, typer.Option("--token-file", help="file holding the job's token (orders need it; batches carry it)")] = ...,
-    work_dir: Annotated[str, typer.Option("--work-dir", help="the agent's own directory (each attempt's logs of this host)")] = ...,
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT of the orders API (loopback unless told otherwise; port 0: any)")] = "127.0.0.1:0",
     advertise: Annotated[Optional[str], typer.Option("--advertise", help="HOST:PORT the healer reaches the API at, when not --listen's")] = None,
     healer_url: Annotated[Optional[str], typer.Option("--healer-url", help="the healer's base URL for the batches")] = None,
-    socket_path: Annotated[Optional[str], typer.Option("--socket", help="the ranks' datagram socket [default: under the scratch directory]")] = None,
+    socket_path: Annotated[Optional[str], typer.Option("--socket", help="the ranks' datagram socket [default: one per node and work directory under $TMPDIR, the same for an agent started again]")] = None,
     scratch_dir: Annotated[Optional[str], typer.Option("--scratch-dir", help="the host's local disk: the ranks' TMPDIR [default: WORK_DIR/tmp]")] = None,
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics")] = "127.0.0.1:0",
     url_file: Annotated[Optional[str], typer.Option("--url-file", help="write the orders API's URL here once it serves")] = None,
@@ -117,16 +110,17 @@ def agent(
     import socket
     from pathlib import Path
 
-    from healer.agent.node import NodeAgent
+    from healer.agent.node import NodeAgent, agent_socket_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         token = Path(token_file).read_text().strip()
         work = Path(work_dir)
         scratch = Path(scratch_dir) if scratch_dir else work / "tmp"
-        cfg = NodeAgent.Config(node=node or socket.gethostname(), listen=listen, advertise=advertise,
-                               healer_url=healer_url, token=token, work_dir=work, scratch_dir=scratch,
-                               socket_path=socket_path or _short_socket_path(), metrics_addr=metrics_addr)
+        name = node or socket.gethostname()
+        cfg = NodeAgent.Config(node=name, listen=listen, advertise=advertise, healer_url=healer_url, token=token,
+                               work_dir=work, scratch_dir=scratch,
+                               socket_path=socket_path or agent_socket_path(name, work), metrics_addr=metrics_addr)
         node_agent = NodeAgent(cfg)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -56,7 +56,8 @@ class HostAttempt:
     log_dir: Path
     """This host's logs of the attempt: torchrun's own output and its per-rank files."""
     clock: Callable[[], float] = time.time
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | AdoptedTorchrun | None = None
+    """This host's torchrun agent: our child, or one an agent before us started (`adopt`)."""
     ranks: dict[int, _Rank] = field(default_factory=dict)
     """pid -> rank, as found under the torchrun agent."""
     states: dict[int, tuple[str, float]] = field(default_factory=dict)
@@ -91,6 +92,17 @@ class HostAttempt:
         self._log = open(self.agent_log, "ab")  # noqa: SIM115 - lives as long as the torchrun agent; closed on its exit
         self.process = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
                                         stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def adopt(self) -> bool:
+        """Take on the attempt's torchrun agent on this host, started by an agent that died (it runs in a session
+        of its own and outlived it); found by the attempt's run id. False when none runs."""
+        for pid in procfs.pids():
+            t = kill.identify(pid, self.run_id)
+            if t is not None and "torch.distributed.run" in procfs.cmdline(pid):
+                self.process = AdoptedTorchrun(t, self.agent_log)
+                log.warning("adopted attempt %d of %s: torchrun pid %d", self.attempt, self.job, pid)
+                return True
+        return False
 
     # ---- watching ------------------------------------------------------------------------------------
 
@@ -218,6 +230,31 @@ class HostAttempt:
             # has to tear it down. Wait for that, so the next attempt never overlaps this one.
             kill.wait_gone(left, 30)
             self.poll()
+
+
+class AdoptedTorchrun:
+    """A torchrun agent this node agent did not start (see HostAttempt.adopt), with the part of Popen's interface
+    HostAttempt uses. Not our child: its exit status cannot be read, so it is taken from its own failure report in
+    its log (1 when it reports a failed rank, else 0); every signal is checked (its pid, start time, run id)."""
+
+    def __init__(self, target: kill.Target, log_path: Path) -> None:
+        self.target, self.pid, self.log_path = target, target.pid, log_path
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not kill.is_current(self.target):
+            self.returncode = 1 if parse_failures(_tail(self.log_path, 400)) else 0
+        return self.returncode
+
+    def kill(self) -> None:
+        kill.send(self.target, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int:
+        if kill.wait_gone([self.target], timeout):
+            raise subprocess.TimeoutExpired(["torchrun", str(self.pid)], timeout)
+        code = self.poll()
+        assert code is not None
+        return code
 
 
 def run_id(job: str, attempt: int) -> str:

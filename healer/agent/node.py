@@ -9,12 +9,14 @@ and sends them when the healer answers again. It never decides for the job.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from exporters.schema import HeartbeatBatch
 from exporters.sidecar import AUTO, Sidecar
 from healer.agent.host import HostAttempt, run_id
 from healer.agent.orders import (
+    AdoptOrder,
     Order,
     OrderBook,
     ReportOrder,
@@ -180,6 +183,8 @@ class NodeAgent:
             else:
                 self.heartbeat.retarget(order.healer_url)
             return {"healer_url": order.healer_url}
+        if isinstance(order, AdoptOrder):
+            return self._adopt(order)
         if isinstance(order, ShutdownOrder):
             threading.Timer(0.2, self._shutdown.set).start()  # after this answer is out
             return {"shutdown": True}
@@ -218,7 +223,22 @@ class NodeAgent:
 
     _endpoint = ""
 
-    def _attempt_dir(self, order: StartOrder) -> Path:
+    def _adopt(self, order: AdoptOrder) -> dict[str, Any]:
+        """Take on the attempt the agent before us started on this host (it died; the attempt runs on)."""
+        with self._lock:
+            if self.attempt is not None and self.attempt.attempt == order.attempt and not self.attempt.ended:
+                return {"adopted": order.attempt, "pid": self.attempt.process.pid if self.attempt.process else None}
+            if self.attempt is not None and not self.attempt.ended:
+                raise RuntimeError(f"attempt {self.attempt.attempt} runs on {self.cfg.node}; it cannot adopt another")
+            found = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=[], env={},
+                                cwd=self.cfg.cwd, log_dir=self._attempt_dir(order))
+            if not found.adopt():
+                raise LookupError(f"attempt {order.attempt} of {order.job} does not run on {self.cfg.node}")
+            self.attempt = found
+            assert found.process is not None
+            return {"adopted": order.attempt, "pid": found.process.pid}
+
+    def _attempt_dir(self, order: StartOrder | AdoptOrder) -> Path:
         return self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}"
 
     def _rdzv_host(self) -> str:
@@ -272,6 +292,15 @@ def torchrun_argv(o: StartOrder, endpoint: str, python: str, log_dir: Path) -> l
     for item in o.overrides:
         argv += ["--set", item]
     return argv
+
+
+def agent_socket_path(node: str, work_dir: Path) -> str:
+    """The ranks' socket of the agent of `node` working in `work_dir`: the same for every agent started there (a
+    restarted agent hears the ranks of the attempt it takes on, which go on sending to the path they were given), and
+    short (AF_UNIX paths hold 107 bytes): a directory of this user's under the host's temp directory, named by a
+    digest of the two."""
+    digest = hashlib.sha256(f"{node}\0{work_dir.absolute()}".encode()).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"mh-agent-{os.getuid()}-{digest}" / "ranks.sock")
 
 
 def _free_port() -> int:

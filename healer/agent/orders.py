@@ -6,6 +6,7 @@ was lost) returns the first one's state instead of starting a second attempt.
     {"kind": "stop", "id": ..., "attempt": 7, "grace_s": 0.5}
     {"kind": "signal", "id": ..., "attempt": 7, "rank": 3, "signal": "SIGKILL"}
     {"kind": "runbook", "id": ..., "runbook": "node-health", "timeout_s": 90}
+    {"kind": "adopt", "id": ..., "job": ..., "attempt": 7, "node_rank": 1}
 """
 
 from __future__ import annotations
@@ -78,13 +79,23 @@ class ReportOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="repo
                                     description="an http(s) base URL")]
 
 
+class AdoptOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="adopt"):
+    """Take on this host's part of an attempt that runs without an agent (the one that started it died): its torchrun
+    agent is found by the attempt's run id, its ranks under it, as if this agent had started them."""
+
+    id: OrderId
+    job: Name
+    attempt: Count
+    node_rank: Count
+
+
 class ShutdownOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="shutdown"):
     """End the agent (its job is over; the ranks must already be stopped)."""
 
     id: OrderId
 
 
-Order = StartOrder | StopOrder | SignalOrder | RunbookOrder | ReportOrder | ShutdownOrder
+Order = StartOrder | StopOrder | SignalOrder | RunbookOrder | ReportOrder | ShutdownOrder | AdoptOrder
 decode_order = msgspec.json.Decoder(Order).decode
 
 

@@ -77,6 +77,11 @@ class ProcessView:
     """(job, node) -> (pid, rank, local_rank) of every rank its agent reported for the current attempt."""
     _ended: dict[tuple[str, str], int] = field(default_factory=dict)
     """(job, node) -> the exit code of the node's part of the current attempt, once its agent reported it ended."""
+    _leftover: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(job, node) -> an older attempt the node's agent says still runs there (a host cut off during a restart that
+    came back): the launcher stops it."""
+    _placed: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
+    """job -> the hosts its current attempt was started on (empty when the launcher did not say), and when."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_exit(self, ex: ProcessExit) -> None:
@@ -93,10 +98,12 @@ class ProcessView:
             if ex.rank is not None:
                 self._states.pop((ex.job, ex.rank), None)
 
-    def started(self, job: str, attempt: int) -> None:
-        """The supervisor started `attempt` of `job`: process states of older attempts no longer apply."""
+    def started(self, job: str, attempt: int, nodes: tuple[str, ...] = (), at: float = 0.0) -> None:
+        """The launcher started `attempt` of `job` on `nodes` at `at`: process states of older attempts no longer
+        apply."""
         with self._lock:
             self._attempts[job] = attempt
+            self._placed[job] = (tuple(nodes), at)
             self._pids[job] = frozenset()
             self._stopping.discard(job)
             for key in [k for k in (*self._reported, *self._ended) if k[0] == job]:
@@ -109,7 +116,10 @@ class ProcessView:
         """A node agent's report of its host's part of the job's current attempt (a report of another attempt, late
         or early, is left out): the ranks running there and their states, the exits, whether it ended."""
         with self._lock:
-            if self._attempts.get(r.job) != r.attempt:
+            current = self._attempts.get(r.job)
+            if current is not None and r.attempt < current and not r.ended:
+                self._leftover[(r.job, node)] = r.attempt
+            if current != r.attempt:
                 return
             for key in [k for k, s in self._states.items() if s.job == r.job and s.node == node]:
                 del self._states[key]
@@ -124,10 +134,14 @@ class ProcessView:
                     ranks[e.rank] = (e.pid, e.rank, 0, None)
             self._reported[(r.job, node)] = tuple(sorted(ranks.values(), key=lambda x: x[1]))
             self._pids[r.job] = frozenset(x[0] for (job, _), rs in self._reported.items() if job == r.job for x in rs)
-            if r.ended and r.exit_code is not None:
-                self._ended[(r.job, node)] = r.exit_code
         for e in r.exits:
             self._record_reported(node, r, e)
+        # NOTE: after the exits: a reader that sees the host's part ended sees how its ranks ended (the crash
+        # detector waits for exactly that).
+        if r.ended and r.exit_code is not None:
+            with self._lock:
+                if self._attempts.get(r.job) == r.attempt:
+                    self._ended[(r.job, node)] = r.exit_code
 
     def _record_reported(self, node: str, r: AttemptReport, e: RankExit) -> None:
         with self._lock:
@@ -181,6 +195,24 @@ class ProcessView:
     def states(self) -> list[ProcessState]:
         with self._lock:
             return list(self._states.values())
+
+    def placement(self, job: str) -> tuple[tuple[str, ...], float]:
+        """The hosts of the job's current attempt and when it started (((), 0.0) when the launcher did not say)."""
+        with self._lock:
+            return self._placed.get(job, ((), 0.0))
+
+    def leftovers(self, job: str) -> dict[str, int]:
+        """Hosts whose agent last said an older attempt of `job` still runs there, and which (taken: told once)."""
+        with self._lock:
+            found = {node: a for (j, node), a in self._leftover.items() if j == job}
+            for node in found:
+                del self._leftover[(job, node)]
+            return found
+
+    def jobs(self) -> list[str]:
+        """The jobs a launcher started."""
+        with self._lock:
+            return sorted(self._attempts)
 
     def attempt(self, job: str) -> int | None:
         """The job's current attempt, or None when the supervisor never started it."""

@@ -16,10 +16,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from healer.agent.host import run_id
 from healer.core.processes import ProcessView
@@ -135,21 +136,35 @@ class Coordinator:
                 raise RuntimeError(f"attempt {self.attempt.number} still runs; stop it first")
             number = self.attempt.number + 1 if self.attempt is not None else self._first_number
             overrides = self.overrides(dp, extra)
-            self.view.started(self.cfg.job, number)
+            self.view.started(self.cfg.job, number, tuple(nodes), self.clock())
             self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=self.clock(), dp=dp, resume=resume)
             self.history.append(self.attempt)
             self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": self.attempt.started_at,
                            "nodes": list(nodes), "dp": dp, "resume": resume,
                            "agent_urls": {n: self.agents[n].url for n in nodes}})
-        endpoint = None
+        failures: list[Exception] = []
+
+        def launch(node_rank: int, endpoint: str | None) -> str:
+            node = nodes[node_rank]
+            result = self.agents[node].run(self.start_order(number, nodes, node_rank, endpoint, resume, overrides),
+                                           START_TIMEOUT_S)
+            # Each host's torchrun and when it started: what a take-over checks before it signals that pid.
+            self._journal({"event": "launched", "attempt": number, "at": self.clock(),
+                           "agents": {node: result["pid"]}, "agents_started": {node: result["started"]}})
+            return str(result["rdzv_endpoint"])
+
+        def launch_rest(node_rank: int) -> None:
+            try:
+                launch(node_rank, endpoint)
+            except (AgentUnreachable, OrderFailed) as exc:
+                failures.append(exc)
+
         try:
-            for node_rank, node in enumerate(nodes):
-                order = self.start_order(number, nodes, node_rank, endpoint, resume, overrides)
-                result = self.agents[node].run(order, START_TIMEOUT_S)
-                endpoint = endpoint or result["rdzv_endpoint"]
-                # Each host's torchrun and when it started: what a take-over checks before it signals that pid.
-                self._journal({"event": "launched", "attempt": number, "at": self.clock(),
-                               "agents": {node: result["pid"]}, "agents_started": {node: result["started"]}})
+            # The first host picks the rendezvous endpoint (it holds the store); the others join it, all at once.
+            endpoint = launch(0, None)
+            _on_each(list(range(1, len(nodes))), launch_rest)
+            if failures:
+                raise failures[0]
         except (AgentUnreachable, OrderFailed) as exc:
             log.error("attempt %d of %s could not start: %s", number, self.cfg.job, exc)
             self.stop(token, timedelta(0))
@@ -190,12 +205,52 @@ class Coordinator:
                     if a.done:
                         self._journal({"event": "end", "attempt": a.number, "at": self.clock(),
                                        "exit_codes": a.exit_codes, "stopped": a.stopping})
+            for node, old in self.view.leftovers(self.cfg.job).items():
+                self._stop_leftover(node, old)
             if len(a.ranks) > found:
                 # `started`: for a take-over's checks; `nodes`: which host each rank ran on (the pages' heat maps).
                 self._journal({"event": "ranks", "attempt": a.number, "at": self.clock(),
                                "ranks": {str(pid): r.rank for pid, r in a.ranks.items()},
                                "started": {str(pid): r.started for pid, r in a.ranks.items() if r.started is not None},
                                "nodes": {str(r.rank): r.node for r in a.ranks.values()}})
+
+    def reattach(self, node: str, client: AgentClient) -> int | None:
+        """`node` has a new agent (`client`; its old one died): orders go to it from now on, and it takes on the
+        current attempt's part there if that still runs (AdoptOrder). The attempt it adopted, or None."""
+        with self._lock:
+            self.agents[node] = client
+            a = self.attempt
+            if a is None or node not in a.nodes or node in a.ended or a.stopping:
+                return None
+            number, node_rank = a.number, a.nodes.index(node)
+        try:
+            client.run({"kind": "adopt", "id": self._order_id("adopt", number, node, f":{time.time_ns()}"),
+                        "job": self.cfg.job, "attempt": number, "node_rank": node_rank}, 30)
+        except OrderFailed as exc:
+            log.warning("the new agent of %s did not find attempt %d running there: %s", node, number, exc)
+            return None
+        self._journal({"event": "adopted", "attempt": number, "node": node, "at": self.clock()})
+        log.warning("the new agent of %s took on attempt %d", node, number)
+        return number
+
+    def _stop_leftover(self, node: str, attempt: int) -> None:
+        """An older attempt still runs on `node` (its agent was cut off when the healer stopped that attempt, and is
+        back): stop it there, off the caller's thread."""
+        client = self.agents.get(node)
+        if client is None:
+            return
+
+        def stop() -> None:
+            try:
+                client.run({"kind": "stop", "id": self._order_id("stop", attempt, node, ":leftover"), "attempt": attempt,
+                            "grace_s": 0}, 60)
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("attempt %d still runs on %s and could not be stopped: %s", attempt, node, exc)
+                return
+            self._journal({"event": "leftover-stopped", "attempt": attempt, "node": node, "at": self.clock()})
+            log.warning("attempt %d was still running on %s (cut off when it was stopped): stopped now", attempt, node)
+
+        threading.Thread(target=stop, name=f"megaheal-leftover-{node}", daemon=True).start()
 
     # ---- stop ----------------------------------------------------------------------------------------
 
@@ -217,17 +272,18 @@ class Coordinator:
             self.view.stopping(self.cfg.job)
             a.stopping = a.stopping or not a.done
         grace_s = (self.cfg.grace if grace is None else grace).total_seconds()
-        for node in a.nodes:
-            if node in a.ended:
-                continue
+
+        def order_stop(node: str) -> None:
             try:
-                self.agents[node].order({"kind": "stop", "id": self._order_id("stop", a.number, node),
+                self._quick(node).order({"kind": "stop", "id": self._order_id("stop", a.number, node),
                                          "attempt": a.number, "grace_s": grace_s})
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("stopping attempt %d on %s: %s; the host counts as lost", a.number, node, exc)
                 with self._lock:
                     a.lost.add(node)
                     a.ended.add(node)
+
+        _on_each([n for n in a.nodes if n not in a.ended], order_stop)
         deadline = time.monotonic() + grace_s + 30
         hurried = grace_s == 0
         while not a.done and time.monotonic() < deadline:
@@ -247,12 +303,19 @@ class Coordinator:
 
     def _hurry(self, a: AgentAttempt) -> None:
         """A stop with no grace to every host still stopping: it cuts short the stop in progress there."""
-        for node in sorted(set(a.nodes) - a.ended):
+        def order(node: str) -> None:
             try:
-                self.agents[node].order({"kind": "stop", "id": self._order_id("stop", a.number, node, ":now"),
+                self._quick(node).order({"kind": "stop", "id": self._order_id("stop", a.number, node, ":now"),
                                          "attempt": a.number, "grace_s": 0})
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("hurrying the stop of attempt %d on %s: %s", a.number, node, exc)
+
+        _on_each(sorted(set(a.nodes) - a.ended), order)
+
+    def _quick(self, node: str) -> AgentClient:
+        """The host's client for an order that only has to be queued (the agent answers at once): a host that does
+        not answer within seconds is taken as lost instead of holding up the stop of every other host."""
+        return replace(self.agents[node], timeout_s=min(self.agents[node].timeout_s, 2.0), attempts=2)
 
     def kill_rank(self, token: str, rank: int, sig: int) -> int:
         """Send `sig` to one rank of the current attempt, through its host's agent (fault injection); its pid."""
@@ -316,7 +379,7 @@ class Coordinator:
                 self.attempt = AgentAttempt(number=last, nodes=nodes, started_at=float(start["at"]),
                                             dp=start.get("dp"), resume=start.get("resume"))
                 self.history = [self.attempt]
-                self.view.started(self.cfg.job, last)
+                self.view.started(self.cfg.job, last, nodes, self.clock())
             log.warning("took over %s: attempt %d still runs on %s: adopted", self.cfg.job, last, ", ".join(nodes))
             return True, ()
         unreached = []
@@ -360,3 +423,16 @@ class Coordinator:
     def _journal(self, entry: dict[str, object]) -> None:
         """`<run_dir>/supervisor/attempts.jsonl` (healer.launchers.journal)."""
         append_jsonl(journal.path(Path(self.cfg.run_dir)), entry)
+
+
+T = TypeVar("T")
+
+
+def _on_each(items: list[T], act: Callable[[T], None]) -> None:
+    """`act` on every host at once (one slow or lost host must not hold up the others; a cluster has thousands)."""
+    if len(items) <= 1:
+        for item in items:
+            act(item)
+        return
+    with ThreadPoolExecutor(max_workers=min(64, len(items)), thread_name_prefix="megaheal-order") as pool:
+        list(pool.map(act, items))

@@ -104,14 +104,12 @@ class LocalAgents(AgentSettings):
         return agent_registry.save(self.run_dir, {n: a.url for n, a in self.agents.items()})
 
     def _in_process(self, node: str) -> LocalAgent:
-        import tempfile
-
-        from healer.agent.node import NodeAgent
+        from healer.agent.node import NodeAgent, agent_socket_path
 
         work = self.work_dir(node)
         cfg = NodeAgent.Config(node=node, token=self.token_file.read_text().strip(), work_dir=work,
                                scratch_dir=self.scratch_dir(self.run_dir, node), healer_url=self.healer_url,
-                               socket_path=str(Path(tempfile.mkdtemp(prefix="mh-agent-")) / "ranks.sock"),
+                               socket_path=agent_socket_path(node, work),
                                python=self.python, cwd=self.cwd, extra_env=self.extra_env)
         agent = NodeAgent(cfg, nvml=self.nvml.get(node))
         return LocalAgent(node, agent.start(), in_process=agent)

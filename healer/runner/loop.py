@@ -31,6 +31,7 @@ from healer.launchers.remediator import LocalRemediator, wait_idle
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
+from healer.runner.keeper import AgentKeeper
 from healer.runner.reports import ReportServer
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class SelfHealingJob:
                  background: list[Callable[[], object]] | None = None) -> None:
         """`background`: called every `notify_every` off the loop (the goodput ledger writer, say)."""
         self.healer, self.remediator, self.agents, self.reports, self.table = healer, remediator, agents, reports, table
+        self.keeper = AgentKeeper(agents, remediator.sup, table, self._hosts, remediator.token)
         self.cfg = cfg or LoopConfig()
         self.job = remediator.job
         self.outcome: str | None = None
@@ -66,6 +68,11 @@ class SelfHealingJob:
     @property
     def sup(self) -> Coordinator:
         return self.remediator.sup
+
+    def _hosts(self) -> list[str]:
+        """The hosts that should have an agent now: the job's and its spares, not those it left out."""
+        r = self.remediator
+        return [n for n in dict.fromkeys([*r.nodes, *r.spares]) if n not in r.excluded]
 
     def _start_agents(self) -> None:
         """The endpoint the agents report to, then an agent on every host (spares too: they report their GPUs)."""
@@ -81,6 +88,7 @@ class SelfHealingJob:
         self.healer.jobs.touch_job(self.job)
         self.healer.jobs.touch_nodes([*self.remediator.nodes, *self.remediator.spares], self.job)
         self._start_agents()
+        self.keeper.start()
         self.remediator.start()
 
     def take_over(self) -> list[int]:
@@ -94,6 +102,7 @@ class SelfHealingJob:
         self.agents.healer_url = self.reports.start()
         urls = self.agents.adopt([*self.remediator.cfg.nodes, *self.remediator.cfg.spares])
         self.sup.agents.update({n: AgentClient(n, url, self.remediator.token) for n, url in urls.items()})
+        self.keeper.start()
         taken = self.remediator.take_over(excluded, skip)
         in_flight = self.healer.take_over(taken.attempt if taken.adopted else None)
         log.warning("taking over %s: %d incident(s) in flight; attempt %s %s", self.job, len(in_flight), taken.attempt,
@@ -140,6 +149,7 @@ class SelfHealingJob:
                     on_tick(self)
                 time.sleep(self.cfg.tick.total_seconds())
         finally:
+            self.keeper.stop()  # the agents are the job's to end from here on
             if self.outcome in ("finished", "escalated", "timeout"):
                 wait_idle(self.remediator, 120)  # the healer's own last orders (a stop) are carried out first
             # NOTE: interrupted, or an exception on its way up: stop the job here, on this thread, instead of
@@ -191,6 +201,7 @@ class SelfHealingJob:
     def close(self) -> None:
         """Release what the healer holds (its worker, its agents, its endpoint, its database connections); the job's
         processes are over."""
+        self.keeper.stop()
         self.remediator.close()
         self.agents.stop()
         self.reports.stop()

@@ -167,6 +167,7 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
         except BaseException:
             if not looping:  # it failed while starting: nothing else stops what did start
                 job.remediator.shutdown(hurry=interrupts.hurried)
+            job.keeper.stop()
             job.agents.stop()  # the job is stopped by now: its agents (their own processes) go too
             raise
         finally:

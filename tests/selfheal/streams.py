@@ -30,6 +30,8 @@ class JobStream:
     loss: Callable[[int], float] = lambda step: 4.0 - 0.01 * step
     late: dict[int, float] = field(default_factory=dict)
     """rank -> seconds it reaches the reduce late outside any timed phase (descheduled, a stray sleep)."""
+    silent: set[str] = field(default_factory=set)
+    """Nodes whose batches do not arrive (the host is down or cut off, or its agent is gone)."""
     nonfinite_at: dict[int, set[int]] = field(default_factory=dict)
     """step -> ranks whose loss is NaN at that step."""
     mesh: Callable[[int, int], dict[str, int]] | None = None
@@ -63,6 +65,8 @@ class JobStream:
             p["dp_reduce"] += last - arrive[r]
         world = sum(len(v) for v in self.nodes.values())
         for node, rs in self.nodes.items():
+            if node in self.silent:
+                continue
             entries = []
             for r in rs:
                 if only is not None and r not in only:

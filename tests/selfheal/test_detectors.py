@@ -1,4 +1,4 @@
-"""Detectors over synthetic heartbeat streams (tests/selfheal/streams.py) and the supervisor's view."""
+"""Detectors over synthetic heartbeat streams (tests/selfheal/streams.py) and the launcher's view of the processes."""
 
 from __future__ import annotations
 
@@ -7,18 +7,20 @@ from datetime import timedelta
 
 import pytest
 
+from exporters.schema import AttemptReport, RankExit
 from healer.core.detectors.collective_slowdown import CollectiveSlowdown
 from healer.core.detectors.crash import Crash
 from healer.core.detectors.gpu_fault import GpuFault
 from healer.core.detectors.hang import Hang
+from healer.core.detectors.host_lost import HostLost
 from healer.core.detectors.logtail import classify
 from healer.core.detectors.loss_spike import LossSpike, robust_z
 from healer.core.detectors.nonfinite import NonFinite
 from healer.core.detectors.registry import default_registry
 from healer.core.detectors.straggler import Straggler
 from healer.core.heartbeats import HeartbeatTable
-from healer.core.rules import load_rules
 from healer.core.processes import ProcessExit, ProcessState
+from healer.core.rules import load_rules
 from tests.healer.helpers import ManualClock
 from tests.selfheal.streams import JobStream
 
@@ -313,3 +315,138 @@ def test_a_new_attempt_of_a_job_starts_every_learning_detector_afresh() -> None:
         if detector.evaluate(s.table, s.clock.now).firing:
             fired_at = s.step
     assert fired_at is not None and fired_at >= restarted_at + 3 * 5, (restarted_at, fired_at)
+
+
+# ---- host_lost -------------------------------------------------------------------------------------------
+
+def _placed(s: JobStream) -> None:
+    s.table.processes.started("job", 0, tuple(s.nodes), s.clock.now)
+
+
+def test_host_lost_names_a_host_that_went_silent_when_the_job_stopped_with_it() -> None:
+    s = stream()
+    _placed(s)
+    detector = HostLost(HostLost.Config(after=timedelta(seconds=10)))
+    for _ in range(5):
+        s.advance()
+        assert not detector.evaluate(s.table, s.clock.now).firing
+    assert detector.evaluate(s.table, s.clock.now).healthy == {"job/n1", "job/n2"}
+    s.silent = {"n2"}
+    step = s.step
+    fired_after = None
+    for t in range(1, 20):  # n1 still reports, but no rank steps: the job waits for the ranks of n2
+        s.clock.now += 1.0
+        s.send()
+        if detector.evaluate(s.table, s.clock.now).firing and fired_after is None:
+            fired_after = t
+    assert s.step == step and fired_after == 11  # silent for more than 10 s
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert (f.key, f.node, f.evidence["suspect_node"]) == ("job/n2", "n2", "n2")
+    assert f.evidence["job_step"] == step and f.evidence["no_step_for_s"] > 5
+    assert "n1" in f.evidence["other_hosts_heard_age_s"]
+    # The restart leaves n2 out: the incident's host is no longer the job's.
+    s.table.processes.started("job", 1, ("n1", "n3"), s.clock.now)
+    assert "job/n2" in detector.evaluate(s.table, s.clock.now).healthy
+
+
+def test_host_lost_leaves_a_host_alone_whose_reports_stopped_while_the_job_trains_on() -> None:
+    # Only its agent is gone (killed, restarting): its ranks still train with the others.
+    s = stream()
+    _placed(s)
+    detector = HostLost(HostLost.Config(after=timedelta(seconds=5)))
+    s.advance()
+    s.silent = {"n2"}
+    for _ in range(30):
+        s.advance()
+        assert not detector.evaluate(s.table, s.clock.now).firing
+
+
+def test_host_lost_does_not_fire_for_a_link_that_comes_back_within_after() -> None:
+    s = stream()
+    _placed(s)
+    detector = HostLost(HostLost.Config(after=timedelta(seconds=10)))
+    s.advance()
+    s.silent = {"n2"}
+    for _ in range(8):  # a flap: 8 s without n2 and without a step
+        s.clock.now += 1.0
+        s.send()
+        assert not detector.evaluate(s.table, s.clock.now).firing
+    s.silent = set()
+    for _ in range(20):
+        s.advance()
+        assert not detector.evaluate(s.table, s.clock.now).firing
+
+
+def test_host_lost_names_a_host_that_never_reported_and_ignores_a_job_being_stopped() -> None:
+    s = stream()
+    s.silent = {"n2"}
+    _placed(s)
+    detector = HostLost(HostLost.Config(after=timedelta(seconds=5)))
+    for _ in range(7):
+        s.clock.now += 1.0
+        s.send()
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.node == "n2" and f.evidence["last_heard_age_s"] is None and "since the attempt started" in f.summary
+    s.table.processes.stopping("job")
+    assert not detector.evaluate(s.table, s.clock.now).firing
+
+
+def test_a_crash_of_peer_echoes_waits_for_the_silent_host_and_then_names_it() -> None:
+    s = stream()
+    _placed(s)
+    view = s.table.processes
+    s.advance()
+    s.silent = {"n2"}  # n2 died with its ranks: their exits are never reported
+    for rank in (0, 1):
+        view.record_exit(ProcessExit(job="job", attempt=0, node="n1", rank=rank, pid=1000 + rank,
+                                     at=s.clock.now + 1, exit_code=1, log_tail=tuple(GLOO_PEER)))
+    crash = Crash(Crash.Config(silent_host_hold=timedelta(seconds=30)))
+    for _ in range(20):
+        s.clock.now += 1.0
+        s.send()
+        assert not crash.evaluate(s.table, s.clock.now).firing  # host_lost names the host first
+    for _ in range(12):  # past the hold (nothing else named the host): the crash fires, naming it
+        s.clock.now += 1.0
+        s.send()
+    (f,) = crash.evaluate(s.table, s.clock.now).firing
+    assert (f.node, f.evidence["suspect_node"], f.evidence["silent_hosts"]) == ("n2", "n2", ["n2"])
+    assert "lost with their host" in f.summary
+
+
+def test_a_crash_that_says_what_it_is_fires_at_once_even_with_a_silent_host() -> None:
+    s = stream()
+    _placed(s)
+    s.advance()
+    s.silent = {"n2"}
+    s.clock.now += 5.0
+    s.table.processes.record_exit(ProcessExit(job="job", attempt=0, node="n1", rank=0, pid=1000, at=s.clock.now,
+                                              exit_code=1, log_tail=tuple(TRACEBACK)))
+    (f,) = Crash(Crash.Config()).evaluate(s.table, s.clock.now).firing
+    assert f.evidence["suspect_rank"] == 0 and f.evidence["class"]["category"] == "oom"
+
+
+def test_a_rank_that_vanished_waits_for_its_hosts_report_of_how_it_died() -> None:
+    # torchrun reaped rank 3 before its status could be read; its failure report (in its host's report once torchrun
+    # has exited) says SIGKILL. However long that takes on a loaded machine, the crash waits for it.
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 0, ("n1", "n2"), 0.0)
+    vanished = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished]), 10.0)
+    crash = Crash(Crash.Config())
+    assert not crash.evaluate(table, 25.0).firing  # 15 s later: still waiting for the report
+    died = RankExit(rank=3, pid=1003, at=10.0, signal=signal.SIGKILL)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[died], ended=True, exit_code=1), 26.0)
+    (f,) = crash.evaluate(table, 26.0).firing
+    assert f.evidence["signal"] == "SIGKILL" and f.summary.startswith("rank 3 on n2 killed by SIGKILL")
+
+
+def test_a_vanished_rank_whose_host_never_reports_fires_after_report_wait() -> None:
+    table = HeartbeatTable(clock=ManualClock())
+    table.processes.started("job", 0, ("n1",), 0.0)
+    table.processes.report("n1", AttemptReport(job="job", attempt=0, node_rank=0,
+                                               exits=[RankExit(rank=0, pid=1000, at=1.0, vanished=True)]), 1.0)
+    crash = Crash(Crash.Config(report_wait=timedelta(seconds=30)))
+    assert not crash.evaluate(table, 30.0).firing
+    (f,) = crash.evaluate(table, 31.5).firing
+    assert f.evidence["vanished"] is True and "vanished" in f.summary

@@ -305,3 +305,32 @@ def test_a_gpu_that_falls_off_the_bus_takes_its_node_out_of_the_job_from_the_def
     assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"}
     curve = losses(loop.sup.cfg.run_dir)
     assert sorted(curve) == list(range(STEPS)) and curve[STEPS - 1] < curve[0]
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_node_agent_is_replaced_and_takes_on_its_ranks_without_a_restart(tmp_path: Path) -> None:
+    loop = make_loop(tmp_path)
+    killed: dict[str, float] = {}
+
+    def hook(j: SelfHealingJob) -> None:
+        a = j.sup.attempt
+        steps = [b.step for b in j.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
+        if not killed and len(steps) == 4 and min(steps) >= 6:
+            agent = j.agents.agents["n2"].process  # type: ignore[attr-defined]
+            agent.kill()  # SIGKILL: the agent dies; the torchrun agent and the ranks it started train on
+            agent.wait(timeout=30)
+            killed["at"] = j.healer.clock()
+
+    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
+    assert killed and loop.incidents() == []  # nothing for on-call: the job never stopped
+    assert len(loop.sup.history) == 1 and loop.sup.history[0].succeeded  # no restart: attempt 0 finished
+    ((node, at, adopted),) = loop.keeper.restarts
+    assert (node, adopted) == ("n2", 0) and at > killed["at"]
+    # The new agent heard the ranks of n2 to the end (they kept sending to the same socket).
+    last = {b.rank: b.step for b in loop.table.ranks() if b.job == "e2e"}
+    assert last[2] == last[3] == STEPS - 1
+    curve = losses(loop.sup.cfg.run_dir)
+    assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
+    events = [json.loads(x)["event"] for x in (loop.sup.cfg.run_dir / "supervisor" / "attempts.jsonl").read_text()
+              .splitlines()]
+    assert "agent-restarted" in events and "adopted" in events and events.count("start") == 1

@@ -4,12 +4,19 @@ When one rank dies, the others fail after it (their peers closed the connection)
 stops the rest. The finding names the rank most likely to be the cause: the earliest failed exit whose
 log does not merely say that a peer went away, and classifies its log tail (out of memory, NCCL, gloo,
 segfault, Python exception). An attempt's incident is healthy once a later attempt of the job runs.
+
+When every failure is such an echo (looked at `silent_after` past the first, so that a host's silence can show)
+and a host of the attempt has gone silent (no batch from its node agent), the cause died with its host and
+nothing of it will be reported: the crash is held back for `silent_host_hold` so
+that the host_lost detector can name the host (its remedy leaves the host out; a crash's would diagnose a host that
+cannot answer). Past the hold it fires, naming the silent host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from exporters.schema import RankEntry
 from healer.core.detectors.base import Detector, Evaluation, Finding
@@ -29,16 +36,23 @@ class Crash(Detector):
         settle: timedelta = timedelta(seconds=0)
         """Wait this long after the first failed exit before firing, so that the other ranks' exits (the
         evidence for which rank was first) are in. 0: fire on the first cycle that sees a failure."""
-        report_wait: timedelta = timedelta(seconds=3)
-        """When the first rank's exit status could not be read (its agent reaped it first), wait at most this long
-        for the agent's failure report, which says how it died (the launcher gives the agent a short grace so the
-        report comes within a second or two)."""
+        report_wait: timedelta = timedelta(seconds=30)
+        """When the first rank's exit status could not be read (torchrun reaped it first), wait for torchrun's
+        failure report, which says how it died: it is in once the host's part of the attempt has ended (torchrun
+        exits right after it, the launcher gives it a short grace), and this long at most (a torchrun that hangs)."""
         tail_lines: int = 20
         """Log lines of the suspect rank kept as evidence."""
+        silent_host_hold: timedelta = timedelta(seconds=30)
+        """How long a crash of peer echoes only is held back while a host of the attempt is silent (see above)."""
+        silent_after: timedelta = timedelta(seconds=3)
+        """A host is silent when its agent's last batch is older than this."""
 
         def __post_init__(self) -> None:
-            if self.settle < timedelta(0) or self.report_wait < timedelta(0):
-                raise ValueError(f"settle and report_wait must be >= 0, got {self.settle}, {self.report_wait}")
+            if min(self.settle, self.report_wait, self.silent_host_hold) < timedelta(0):
+                raise ValueError(f"settle, report_wait and silent_host_hold must be >= 0, got {self.settle}, "
+                                 f"{self.report_wait}, {self.silent_host_hold}")
+            if self.silent_after <= timedelta(0):
+                raise ValueError(f"silent_after must be > 0, got {self.silent_after}")
             if not 1 <= self.tail_lines <= 200:
                 raise ValueError(f"tail_lines must be in 1..200, got {self.tail_lines}")
 
@@ -62,13 +76,31 @@ class Crash(Detector):
                             key=lambda e: e.at)
             if not failed or now - failed[0].at < self.config.settle.total_seconds():
                 continue
-            if failed[0].vanished and now - failed[0].at < self.config.report_wait.total_seconds():
-                continue  # how it died is on its way (the agent's report)
-            firing.append(self._finding(key, job, attempt, failed))
+            first = failed[0]
+            if first.vanished and first.node not in view.ended_nodes(job) and \
+                    now - first.at < self.config.report_wait.total_seconds():
+                continue  # how it died is on its way: torchrun's report, once its host's part has ended
+            echoes = all(classify(e.exit_code, e.signal, e.log_tail).peer_failure for e in failed if e.rank is not None)
+            if echoes and now - failed[0].at < self.config.silent_after.total_seconds():
+                continue  # only echoes so far: long enough to tell whether the cause's host went silent
+            silent = self._silent_hosts(table, job, now) if echoes else []
+            if silent and now - failed[0].at < self.config.silent_host_hold.total_seconds():
+                continue  # the cause is on a host that went silent: host_lost names it
+            firing.append(self._finding(key, job, attempt, failed, silent))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
-    def _finding(self, key: str, job: str, attempt: int, failed: list[ProcessExit]) -> Finding:
+    def _silent_hosts(self, table: Readings, job: str, now: float) -> list[str]:
+        """The hosts of the job's attempt whose agents went silent."""
+        nodes, started_at = table.processes.placement(job)
+        heard = {n.node: n.received_at for n in table.nodes()}
+        limit = self.config.silent_after.total_seconds()
+        return [n for n in nodes if now - max(heard.get(n, started_at), started_at) > limit]
+
+    def _finding(self, key: str, job: str, attempt: int, failed: list[ProcessExit],
+                 silent: list[str] | None = None) -> Finding:
         classes = [(e, classify(e.exit_code, e.signal, e.log_tail)) for e in failed]
+        if silent:
+            return self._host_finding(key, job, attempt, classes, silent)
         # The cause: the first exit that is not a peer's echo; failing that, simply the first one.
         cause, cls = next(((e, c) for e, c in classes if not c.peer_failure and e.rank is not None), classes[0])
         how = (f"killed by {signal_name(cause.signal)}" if cause.signal is not None else
@@ -89,6 +121,22 @@ class Crash(Detector):
                                   "category": c.category, "peer_failure": c.peer_failure}
                                  for e, c in classes[:MAX_LISTED]]},
             labels={"suspect_node": cause.node, "category": cls.category},
+        )
+
+
+    def _host_finding(self, key: str, job: str, attempt: int, classes: list[tuple[ProcessExit, Any]],
+                      silent: list[str]) -> Finding:
+        node = silent[0]
+        return Finding(
+            key=key, job=job, node=node,
+            summary=(f"the ranks on {node} were lost with their host (silent); {len(classes)} process(es) on other "
+                     "hosts failed after it"),
+            evidence={"attempt": attempt, "suspect_rank": None, "suspect_node": node, "silent_hosts": silent,
+                      "failed": [{"rank": e.rank, "node": e.node, "exit_code": e.exit_code,
+                                  "signal": signal_name(e.signal) if e.signal else None, "at": e.at,
+                                  "category": c.category, "peer_failure": c.peer_failure}
+                                 for e, c in classes[:MAX_LISTED]]},
+            labels={"suspect_node": node, "category": "host-lost"},
         )
 
 

@@ -19,6 +19,7 @@ _BUILTIN: dict[str, str] = {
     "loss_spike": "healer.core.detectors.loss_spike:LossSpike",
     "gpu_fault": "healer.core.detectors.gpu_fault:GpuFault",
     "collective_slowdown": "healer.core.detectors.collective_slowdown:CollectiveSlowdown",
+    "host_lost": "healer.core.detectors.host_lost:HostLost",
 }
 
 
