@@ -1,5 +1,5 @@
 """Draining the hosts a restart leaves out, when the run allows it (`megaheal run --drain`, on by default under
-Slurm): a host that failed its diagnosis, or a lemon, is kept out of every other job's way too, with the incident
+Slurm): a host that failed its diagnosis, a host lost (silent while its peers stopped), or a lemon, is kept out of every other job's way too, with the incident
 as the reason (`sinfo -R`: "megaheal: incident 7: crash (failed node-health: disk: ...)"). A host left out for
 any other reason (a rule that excludes the suspects of a fault on sight) is not drained: nothing proved it bad.
 
@@ -33,11 +33,16 @@ def drain_reason(incident_id: int, kind: str, why: str) -> str:
 
 
 def proven_bad(timeline: IncidentTimeline, node: str) -> str | None:
-    """Why the incident proved `node` bad (its diagnosis failed, or it is a lemon), in a few words; None when it
+    """Why the incident proved `node` bad (its diagnosis failed, it was lost, or it is a lemon), in a few words; None when it
     did not."""
     for host in timeline.diagnosis:
         if isinstance(host, dict) and host.get("node") == node and host.get("status") == Status.FAIL.value:
             return f"failed diagnosis: {host.get('summary') or 'no summary'}"
+    if timeline.kind == "host_lost" and node in timeline.suspect_nodes:
+        # Silent while its peers stopped: dead, cut off or its agent unable to run; nothing should land on it until
+        # someone has looked (Slurm marks a host DOWN only when its slurmd is gone too, not when a link is).
+        silent = timeline.evidence.get("silent_s")
+        return f"host lost: silent {silent:.0f} s" if isinstance(silent, (int, float)) else "host lost"
     lemons = ((timeline.plan or {}).get("decision_basis") or {}).get("lemons") or {}
     if node in lemons:
         return f"lemon: named in {lemons[node]} incidents"

@@ -67,6 +67,13 @@ def test_only_a_host_that_failed_diagnosis_or_is_a_lemon_counts_as_proven_bad() 
     assert proven_bad(t, "h2") is None and proven_bad(t, "h3") is None, "a runbook that could not run proves nothing"
 
 
+def test_a_lost_host_counts_as_proven_bad_and_its_silent_peers_do_not() -> None:
+    t = IncidentTimeline(id=2, kind="host_lost", rule="host-lost", summary="", state="remediating", attempt=0,
+                         suspect_nodes=["h3"], suspect_ranks=[4, 5], evidence={"silent_s": 21.4}, detected_at=0.0)
+    assert proven_bad(t, "h3") == "host lost: silent 21 s"
+    assert proven_bad(t, "h1") is None
+
+
 def test_the_allocation_keeps_its_last_hosts_as_spares_and_dp_follows_from_the_ranks() -> None:
     assert ALLOC.split(1) == (("h1", "h2", "h3"), ("h4",))
     assert ALLOC.split(0) == (ALLOC.hosts, ())
