@@ -413,6 +413,48 @@ def test_a_crash_of_peer_echoes_waits_for_the_silent_host_and_then_names_it() ->
     assert "lost with their host" in f.summary
 
 
+def _running(s: JobStream) -> None:
+    """The attempt's ranks as the agents see them: every one alive, waiting (S)."""
+    s.table.processes.update_states([
+        ProcessState(job="job", attempt=0, node=n, rank=r, pid=1000 + r, state="S", cpu_seconds=1.0,
+                     sampled_at=s.clock.now) for n, rs in NODES.items() for r in rs])
+
+
+def test_a_stall_while_a_host_is_silent_is_left_to_host_lost_and_is_a_hang_only_past_the_hold() -> None:
+    s = stream()
+    _placed(s)
+    _running(s)
+    hang = Hang(Hang.Config(floor=timedelta(seconds=5), silent_host_hold=timedelta(seconds=20)))
+    for _ in range(5):
+        s.advance()
+        hang.evaluate(s.table, s.clock.now)
+    s.silent = {"n2"}  # n2 died: n1's ranks wait for it in a collective, n1's agent goes on reporting
+    fired_after = None
+    for t in range(1, 30):
+        s.clock.now += 1.0
+        s.send()
+        if hang.evaluate(s.table, s.clock.now).firing and fired_after is None:
+            fired_after = t
+    assert fired_after == 21, "held while n2 was silent for up to 20 s, not at the 5 s floor"
+
+
+def test_a_stall_with_every_host_reporting_is_a_hang_at_its_timeout() -> None:
+    s = stream()
+    _placed(s)
+    _running(s)
+    hang = Hang(Hang.Config(floor=timedelta(seconds=5)))
+    for _ in range(5):
+        s.advance()
+        hang.evaluate(s.table, s.clock.now)
+    fired_after = None
+    for t in range(1, 10):  # every agent reports, no rank steps
+        s.clock.now += 1.0
+        s.send()
+        if hang.evaluate(s.table, s.clock.now).firing and fired_after is None:
+            fired_after = t
+    assert fired_after == 6
+
+
 def test_a_crash_that_says_what_it_is_fires_at_once_even_with_a_silent_host() -> None:
     s = stream()
     _placed(s)

@@ -21,6 +21,7 @@ from typing import Any
 from exporters.schema import RankEntry
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.logtail import classify, signal_name
+from healer.core.detectors.silence import silent_hosts
 from healer.core.jobview import Readings
 from healer.core.processes import ProcessExit
 
@@ -91,10 +92,7 @@ class Crash(Detector):
 
     def _silent_hosts(self, table: Readings, job: str, now: float) -> list[str]:
         """The hosts of the job's attempt whose agents went silent."""
-        nodes, started_at = table.processes.placement(job)
-        heard = {n.node: n.received_at for n in table.nodes()}
-        limit = self.config.silent_after.total_seconds()
-        return [n for n in nodes if now - max(heard.get(n, started_at), started_at) > limit]
+        return list(silent_hosts(table, job, now, self.config.silent_after.total_seconds()))
 
     def _finding(self, key: str, job: str, attempt: int, failed: list[ProcessExit],
                  silent: list[str] | None = None) -> Finding:

@@ -6,6 +6,11 @@ the job's ranks: when one rank stops, the others block in the next collective, s
 Which rank is to blame comes from the supervisor's view when it has one (a rank in the kernel's stopped
 state 'T', or a rank whose CPU time stands still while the others spin), else from the heartbeats (the
 rank whose last record is oldest).
+
+Under a launcher, a stall while a host of the attempt is silent (no batch from its node agent) is held back for
+`silent_host_hold`: the host is dead or cut off and its peers wait for it in a collective, which host_lost names
+(and remedies by leaving the host out) once its silence lasts; a hang would instead diagnose a host that cannot
+answer and restart on it. Past the hold the hang fires as usual.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, prune, quantile
+from healer.core.detectors.silence import silent_hosts
 from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
 from healer.core.processes import ProcessState
@@ -40,8 +46,15 @@ class Hang(Detector):
         """The timeout is k times the p99 step time, when that is above the floor."""
         min_samples: int = 5
         """Step times to see before the learned p99 counts."""
+        silent_after: timedelta = timedelta(seconds=3)
+        """A host is silent when its agent's last batch is older than this."""
+        silent_host_hold: timedelta = timedelta(seconds=30)
+        """How long a stall is held back while a host of the attempt is silent (above host_lost's `after`)."""
 
         def __post_init__(self) -> None:
+            if self.silent_after <= timedelta(0) or self.silent_host_hold < timedelta(0):
+                raise ValueError(f"silent_after must be > 0 and silent_host_hold >= 0, got {self.silent_after}, "
+                                 f"{self.silent_host_hold}")
             if self.floor <= timedelta(0):
                 raise ValueError(f"floor must be > 0, got {self.floor}")
             if self.k < 1:
@@ -103,6 +116,9 @@ class Hang(Detector):
             stalled = now - prog.since
             timeout, p99 = self.timeout_s(job)
             if stalled > timeout:
+                silent = silent_hosts(table, job, now, self.config.silent_after.total_seconds())
+                if silent and min(silent.values()) <= self.config.silent_host_hold.total_seconds():
+                    continue  # held: neither firing nor healthy while host_lost makes up its mind
                 firing.append(self._finding(job, job_beats, states, stalled, timeout, p99, low, now))
             else:
                 healthy.add(job)

@@ -1,0 +1,157 @@
+"""Faults of a multi-host job healed end to end under Slurm: deploy/slurm/megaheal.sbatch on the bed's 4 hosts (3
+training, 2 ranks each, and a spare), a real fault injected on one host while the job trains, and then what the
+healer did about it: the incident's kind and the host it names, the Slurm state of that host afterwards, the step
+training resumed from, and that no process of any attempt is left on any host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from megaheal import procfs
+from tests.multihost.conftest import bed_env
+from tests.multihost.slurm_job import SlurmJob
+from tests.support import wait_for
+from testbed import faults
+
+pytestmark = pytest.mark.multihost
+CHECKPOINT_EVERY = 5  # megaheal run's default
+
+
+@pytest.fixture
+def job_of(healthy_bed, tmp_path, monkeypatch) -> Iterator:
+    monkeypatch.setenv("SLURM_CONF", bed_env(healthy_bed)["SLURM_CONF"])  # scontrol, for the hosts' states
+    jobs: list[SlurmJob] = []
+
+    def submit(steps: int, args: str = "") -> SlurmJob:
+        jobs.append(SlurmJob.submit(healthy_bed, tmp_path, steps, args))
+        return jobs[-1]
+
+    yield submit
+    for job in jobs:
+        job.stop()
+
+
+def the_incident(job: SlurmJob, kind: str) -> dict:
+    incidents = [i for i in job.incidents() if i["kind"] == kind]
+    assert len(incidents) == 1, [(i["kind"], i["suspect_nodes"], i["summary"]) for i in job.incidents()]
+    return incidents[0]
+
+
+def assert_resumed_from_checkpoint(incident: dict, at_fault: int) -> None:
+    """The restart resumed from the newest checkpoint the job had when the fault struck, and trained on."""
+    resumed = incident["resume_step"]
+    assert resumed is not None and resumed % CHECKPOINT_EVERY == 0 and 0 < resumed <= at_fault + 1, incident
+    assert incident["state"] == "resolved" and incident["first_step_after"] == resumed, incident
+
+
+@pytest.mark.timeout(600)
+def test_a_host_that_dies_is_named_drained_and_replaced_by_the_spare(healthy_bed, job_of) -> None:
+    bed = healthy_bed
+    hosts = [h.name for h in bed.hosts]
+    job = job_of(steps=40)
+    job.wait_step(12, 300)
+    victim = hosts[1]  # a training host; hosts[0] runs the batch script and the healer
+    at_fault = max(job.steps().values())
+    faults.kill_host(bed, victim)
+
+    job.finish(420)
+    incident = the_incident(job, "host_lost")
+    assert incident["suspect_nodes"] == [victim]
+    assert_resumed_from_checkpoint(incident, at_fault)
+    first, second = job.attempt(0), job.attempt(1)
+    assert first["nodes"] == hosts[:3] and second["nodes"] == [hosts[0], hosts[2], hosts[3]], "the spare took its place"
+    assert job.attempts() == [0, 1]
+    state = job.slurm_state(victim)
+    assert "DRAIN" in state.state and f"megaheal: incident {incident['id']}: host_lost" in state.reason, state
+    assert incident["evidence"]["drain"][victim]["drained"] is True
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(600)
+def test_a_host_cut_off_for_good_is_named_by_its_silence_and_its_leftover_is_stopped_when_it_returns(
+        healthy_bed, job_of) -> None:
+    bed = healthy_bed
+    hosts = [h.name for h in bed.hosts]
+    job = job_of(steps=40)
+    job.wait_step(12, 300)
+    victim = hosts[2]
+    at_fault = max(job.steps().values())
+    faults.cut_link(bed, victim)
+    # The job goes on without it: a spare's ranks train past where the cut host stopped.
+    wait_for("attempt 1 training", lambda: any(e["event"] == "ranks" and e.get("attempt") == 1
+                                               for e in job.journal()), 300, every_s=0.5)
+    assert bed.pids(bed.host(victim)), "the cut-off host still runs its part of attempt 0"
+    faults.restore_link(bed, victim)
+
+    job.finish(420)
+    incident = the_incident(job, "host_lost")
+    assert incident["suspect_nodes"] == [victim]
+    assert "silent" in incident["summary"], incident["summary"]
+    assert_resumed_from_checkpoint(incident, at_fault)
+    assert job.attempt(1)["nodes"] == [hosts[0], hosts[1], hosts[3]]
+    assert "DRAIN" in job.slurm_state(victim).state
+    # Once back, the stale attempt on it was stopped by the healer (not left to the end of the allocation).
+    stopped = [e for e in job.journal() if e["event"] == "leftover-stopped"]
+    assert [(e["node"], e["attempt"]) for e in stopped] == [(victim, 0)], stopped
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(420)
+def test_a_link_down_for_a_few_seconds_restarts_nothing(healthy_bed, job_of) -> None:
+    bed = healthy_bed
+    job = job_of(steps=30)
+    job.wait_step(8, 300)
+    victim = bed.hosts[1].name
+    faults.cut_link(bed, victim)
+    time.sleep(4)  # well inside the hang timeout (its 10 s floor) and host_lost's 15 s of silence
+    faults.restore_link(bed, victim)
+
+    job.finish(300)
+    assert job.attempts() == [0], "training resumed within the hang timeout: no restart"
+    assert [i["kind"] for i in job.incidents() if i.get("action") not in (None, "notify")] == []
+    assert "DRAIN" not in job.slurm_state(victim).state
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(480)
+def test_a_killed_healer_is_followed_by_one_that_adopts_the_running_job(healthy_bed, job_of) -> None:
+    bed = healthy_bed
+    job = job_of(steps=40)
+    job.wait_step(8, 300)
+    healer = wait_for("the healer's process", lambda: [p for p in bed.pids(bed.hosts[0])
+                                                      if "run" in procs_cmd(p) and "--launcher" in procs_cmd(p)], 30)
+    os.kill(healer[0], signal.SIGKILL)
+
+    out = job.finish(420)
+    assert "taking the run over (megaheal run --resume" in out, out[-3000:]
+    assert job.attempts() == [0], "the agents kept training; the new healer adopted attempt 0"
+    assert f"attempt 0 still runs on {', '.join(h.name for h in bed.hosts[:3])}: adopted" in out, out[-3000:]
+    assert job.incidents() == [] or all(i["action"] in (None, "notify") for i in job.incidents())
+    job.assert_nothing_left()
+
+
+@pytest.mark.timeout(480)
+def test_an_agent_killed_while_its_ranks_train_is_restarted_through_srun_without_a_restart(healthy_bed,
+                                                                                        job_of) -> None:
+    bed = healthy_bed
+    job = job_of(steps=40)
+    job.wait_step(8, 300)
+    host = bed.hosts[2]
+    agents = [p for p in bed.pids(host) if "agent" in procs_cmd(p) and "megaheal" in procs_cmd(p)]
+    assert len(agents) == 1, agents
+    os.kill(agents[0], signal.SIGKILL)
+
+    job.finish(420)
+    assert job.attempts() == [0], "the ranks kept training; the new agent took them on"
+    restarted = [e for e in job.journal() if e["event"] == "agent-restarted"]
+    assert [(e["node"], e["adopted"]) for e in restarted] == [(host.name, 0)], restarted
+    job.assert_nothing_left()
+
+
+def procs_cmd(pid: int) -> str:
+    return " ".join(procfs.cmdline(pid))
