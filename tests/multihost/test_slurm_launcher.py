@@ -9,10 +9,8 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -21,17 +19,15 @@ from healer.core.heartbeats import HeartbeatTable
 from healer.core.signals import Signal
 from healer.core.states import IncidentState
 from healer.core.store import IncidentStore
-from healer.jsonl import read_jsonl
-from healer.launchers import journal
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.allocation import Allocation
 from healer.launchers.drain import Drainer
 from healer.launchers.local_agents import write_token
 from healer.launchers.slurm_agents import STEP_PREFIX, SlurmAgents
 from healer.runner.reports import ReportServer
-from megaheal import procfs, slurm
-from tests.conftest import REPO
+from megaheal import slurm
 from tests.multihost.conftest import bed_env
+from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
 from testbed import faults, procs
 
@@ -39,52 +35,34 @@ pytestmark = pytest.mark.multihost
 S = IncidentState
 
 
-def leftovers(bed, run_dir: Path) -> dict[str, list[str]]:
-    """Processes of a job still alive: in any host (but its slurmd), or on this machine naming the run directory."""
-    left: dict[str, list[str]] = {}
-    for host in bed.hosts:
-        found = [f"{p} {procs.command(p)}" for p in bed.pids(host) if procs.command(p) != "slurmd"]
-        if found:
-            left[host.name] = found
-    here = [f"{p} {procs.command(p)}" for p in procfs.pids()
-            if any(str(run_dir) in a for a in procfs.cmdline(p)) and procs.alive(p)]
-    if here:
-        left["this machine"] = here
-    return left
-
-
 @pytest.mark.timeout(420)
 def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_leaves_no_process_behind(healthy_bed,
                                                                                              tmp_path) -> None:
-    bed, run_dir = healthy_bed, tmp_path / "run"
-    env = bed_env(bed) | {"MEGAHEAL_CONFIG": "configs/demo.yaml", "MEGAHEAL_RUN_DIR": str(run_dir),
-                          "MEGAHEAL_SET": "steps=4 global_batch=24", "MEGAHEAL_PYTHON": sys.executable}
-    out = tmp_path / "slurm.out"
-    # --wait: sbatch returns when the job ended, with its exit status.
-    proc = subprocess.run(["sbatch", "--wait", f"--output={out}", "deploy/slurm/megaheal.sbatch"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=400)
-    text = out.read_text(errors="replace") if out.exists() else ""
-    assert proc.returncode == 0, proc.stderr + text[-3000:]
+    bed = healthy_bed
+    job = SlurmJob.submit(bed, tmp_path, steps=4)
+    try:
+        text = job.finish(400)
+    finally:
+        job.stop()
     hosts = [h.name for h in bed.hosts]
     assert f"3 host(s) x 2 ranks ({', '.join(hosts[:3])}; dp 3), spare(s): {hosts[3]}" in text, text[-3000:]
-    assert "outcome: finished" in text, text[-3000:]
 
-    entries = [e for e in read_jsonl(journal.path(run_dir)) if e.get("attempt") == 0]
-    start = next(e for e in entries if e["event"] == "start")
+    entries = [e for e in job.journal() if e.get("attempt") == 0]
+    start = job.attempt(0)
     assert start["nodes"] == hosts[:3] and start["dp"] == 3
     # Every agent (the spare's too) listened on its host's own address, not loopback.
-    agents = json.loads((run_dir / "supervisor" / "agents.json").read_text())
+    agents = json.loads((job.run_dir / "supervisor" / "agents.json").read_text())
     assert {n: re.match(r"http://([\d.]+):\d+$", u).group(1) for n, u in agents.items()} == \
         {h.name: h.address for h in bed.hosts}
     # Each rank ran on the host the journal says: its own records name the host it ran on (its hostname).
-    placed = {int(r): n for e in entries if e["event"] == "ranks" for r, n in e["nodes"].items()}
+    placed = job.host_of_rank(0)
     assert sorted(placed) == list(range(6)) and sorted(placed.values()) == sorted(hosts[:3] * 2)
     for rank, node in placed.items():
-        records = [json.loads(line) for line in (run_dir / "ranks" / f"{rank}.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (job.run_dir / "ranks" / f"{rank}.jsonl").read_text().splitlines()]
         assert {r["node"] for r in records} == {node}, (rank, node)
         assert max(r["step"] for r in records) == 3
     assert any(e["event"] == "end" and e["exit_codes"] == {n: 0 for n in hosts[:3]} for e in entries)
-    assert wait_for("every process of the job to be gone", lambda: not leftovers(bed, run_dir), 60)
+    job.assert_nothing_left()
 
 
 # ---------------------------------------------------------------------------------------------- in an allocation
