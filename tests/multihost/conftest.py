@@ -22,6 +22,7 @@ from tests.conftest import REPO
 from testbed import faults
 from testbed.bed import Bed, default_shared_tmp
 from testbed.hostns import under_tmp
+from testbed.job import job_env
 
 SCRIPTS = REPO / "tests" / "multihost" / "scripts"
 # NOTE: two checkouts on one machine (worktrees) may run the tier at once: each gives its own prefix, subnet and
@@ -60,11 +61,9 @@ def healthy_bed(bed: Bed) -> Iterator[Bed]:
 
 
 def bed_env(bed: Bed) -> dict[str, str]:
-    """The environment of a job on the bed: its SLURM_CONF, one thread per rank, and no GLOO_SOCKET_IFNAME
-    (gloo takes the address the host's name resolves to; lo would make every rank advertise 127.0.0.1)."""
-    env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-    return bed.env(env)
+    """The environment of a job on the bed (testbed.job.job_env): its SLURM_CONF, one thread per rank, no
+    GLOO_SOCKET_IFNAME."""
+    return job_env(bed)
 
 
 def srun(bed: Bed, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
