@@ -483,6 +483,21 @@ def test_a_rank_that_vanished_waits_for_its_hosts_report_of_how_it_died() -> Non
     assert f.evidence["signal"] == "SIGKILL" and f.summary.startswith("rank 3 on n2 killed by SIGKILL")
 
 
+def test_a_rank_that_vanished_on_a_host_whose_part_exited_0_finished_and_is_no_crash() -> None:
+    # The job's last step done: torchrun reaped rank 3 before its agent read its status, and its last heartbeat (the
+    # one saying it was finishing) never reached the healer. torchrun exits 0 only when every worker did.
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 0, ("n1", "n2"), 0.0)
+    vanished = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished]), 10.0)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished], ended=True, exit_code=0),
+                11.0)
+    crash = Crash(Crash.Config())
+    for now in (11.0, 20.0, 60.0):
+        assert not crash.evaluate(table, now).firing
+
+
 def test_a_vanished_rank_whose_host_never_reports_fires_after_report_wait() -> None:
     table = HeartbeatTable(clock=ManualClock())
     table.processes.started("job", 0, ("n1",), 0.0)

@@ -158,8 +158,9 @@ def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) ->
     assert inc.plan["exclude"] == ["n2"] and inc.plan["nodes"] == ["n1", "n3"]
     assert inc.plan["decision_basis"]["lemons"] == {"n2": 3}
     last = loop.sup.history[-1]
+    # Which host each rank ran on, as the hosts' agents found them in /proc and reported them. (Not the heartbeat
+    # table: once the job has ended the agents may already have forgotten its ranks.)
     assert {r.node for r in last.ranks.values()} == {"n1", "n3"} and len(last.ranks) == 4
-    assert {b.node for b in loop.table.ranks() if b.entry.pid in last.ranks} == {"n1", "n3"}
     check_resumed(loop, fired, action="exclude-node-and-restart")
     # The host history says who left n2 out and why, for the next job on this database.
     node = JobStore(loop.healer.store.engine).node("n2")

@@ -72,13 +72,16 @@ class Crash(Detector):
                 healthy.add(key)  # a later attempt runs: this attempt's crash was dealt with
                 continue
             finishing = {b.rank for b in table.ranks() if b.job == job and _finishing(b.entry)}
-            # A rank that vanished after saying it was finishing ended normally (its agent reaped it first).
-            failed = sorted((e for e in exits if e.failed and not (e.vanished and e.rank in finishing)),
+            ended = view.ended_nodes(job)
+            # A rank that vanished (its agent reaped it first) ended normally when it said it was finishing, or when
+            # its host's part exited 0: torchrun exits 0 only when every worker did. Its last heartbeat may be lost.
+            failed = sorted((e for e in exits if e.failed and not (e.vanished and (e.rank in finishing or
+                                                                                 ended.get(e.node) == 0))),
                             key=lambda e: e.at)
             if not failed or now - failed[0].at < self.config.settle.total_seconds():
                 continue
             first = failed[0]
-            if first.vanished and first.node not in view.ended_nodes(job) and \
+            if first.vanished and first.node not in ended and \
                     now - first.at < self.config.report_wait.total_seconds():
                 continue  # how it died is on its way: torchrun's report, once its host's part has ended
             echoes = all(classify(e.exit_code, e.signal, e.log_tail).peer_failure for e in failed if e.rank is not None)
