@@ -53,7 +53,7 @@ def assert_resumed_from_checkpoint(incident: dict, at_fault: int) -> None:
 def test_a_host_that_dies_is_named_drained_and_replaced_by_the_spare(healthy_bed, job_of) -> None:
     bed = healthy_bed
     hosts = [h.name for h in bed.hosts]
-    job = job_of(steps=40)
+    job = job_of(steps=30)
     job.wait_step(12, 300)
     victim = hosts[1]  # a training host; hosts[0] runs the batch script and the healer
     at_fault = max(job.steps().values())
@@ -77,7 +77,7 @@ def test_a_host_cut_off_for_good_is_named_by_its_silence_and_its_leftover_is_sto
         healthy_bed, job_of) -> None:
     bed = healthy_bed
     hosts = [h.name for h in bed.hosts]
-    job = job_of(steps=40)
+    job = job_of(steps=30)
     job.wait_step(12, 300)
     victim = hosts[2]
     at_fault = max(job.steps().values())
@@ -101,55 +101,43 @@ def test_a_host_cut_off_for_good_is_named_by_its_silence_and_its_leftover_is_sto
     job.assert_nothing_left()
 
 
-@pytest.mark.timeout(420)
-def test_a_link_down_for_a_few_seconds_restarts_nothing(healthy_bed, job_of) -> None:
+@pytest.mark.timeout(600)
+def test_a_link_flap_a_killed_agent_and_a_killed_healer_are_ridden_out_without_a_restart(healthy_bed,
+                                                                                        job_of) -> None:
+    # One job takes all three in turn (each a job of its own would triple the tier's time): none of them is a fault
+    # of the training, so the job must finish in its first attempt with no incident that acts.
     bed = healthy_bed
-    job = job_of(steps=30)
-    job.wait_step(8, 300)
-    victim = bed.hosts[1].name
-    faults.cut_link(bed, victim)
-    time.sleep(4)  # well inside the hang timeout (its 10 s floor) and host_lost's 15 s of silence
-    faults.restore_link(bed, victim)
+    hosts = [h.name for h in bed.hosts]
+    job = job_of(steps=45)
+    job.wait_step(6, 300)
 
-    job.finish(300)
-    assert job.attempts() == [0], "training resumed within the hang timeout: no restart"
-    assert [i["kind"] for i in job.incidents() if i.get("action") not in (None, "notify")] == []
-    assert "DRAIN" not in job.slurm_state(victim).state
-    job.assert_nothing_left()
+    # A link down for a few seconds: well inside the hang timeout (its 10 s floor) and host_lost's 15 s of silence.
+    faults.cut_link(bed, hosts[1])
+    time.sleep(4)
+    faults.restore_link(bed, hosts[1])
+    at_flap = max(job.steps().values())
+    job.wait_step(at_flap + 3, 120)
 
+    # An agent killed while its ranks train: a new agent step takes them on.
+    host = bed.host(hosts[2])
+    agents = [p for p in bed.pids(host) if "agent" in procs_cmd(p) and "megaheal" in procs_cmd(p)]
+    assert len(agents) == 1, agents
+    os.kill(agents[0], signal.SIGKILL)
+    restarted = wait_for("the agent restarted", lambda: [e for e in job.journal() if e["event"] == "agent-restarted"],
+                         120, every_s=0.5)
+    assert [(e["node"], e["adopted"]) for e in restarted] == [(hosts[2], 0)], restarted
 
-@pytest.mark.timeout(480)
-def test_a_killed_healer_is_followed_by_one_that_adopts_the_running_job(healthy_bed, job_of) -> None:
-    bed = healthy_bed
-    job = job_of(steps=40)
-    job.wait_step(8, 300)
+    # The healer killed on the batch host: the script starts one that takes the run over and adopts the attempt.
     healer = wait_for("the healer's process", lambda: [p for p in bed.pids(bed.hosts[0])
                                                       if "run" in procs_cmd(p) and "--launcher" in procs_cmd(p)], 30)
     os.kill(healer[0], signal.SIGKILL)
 
     out = job.finish(420)
     assert "taking the run over (megaheal run --resume" in out, out[-3000:]
-    assert job.attempts() == [0], "the agents kept training; the new healer adopted attempt 0"
-    assert f"attempt 0 still runs on {', '.join(h.name for h in bed.hosts[:3])}: adopted" in out, out[-3000:]
-    assert job.incidents() == [] or all(i["action"] in (None, "notify") for i in job.incidents())
-    job.assert_nothing_left()
-
-
-@pytest.mark.timeout(480)
-def test_an_agent_killed_while_its_ranks_train_is_restarted_through_srun_without_a_restart(healthy_bed,
-                                                                                        job_of) -> None:
-    bed = healthy_bed
-    job = job_of(steps=40)
-    job.wait_step(8, 300)
-    host = bed.hosts[2]
-    agents = [p for p in bed.pids(host) if "agent" in procs_cmd(p) and "megaheal" in procs_cmd(p)]
-    assert len(agents) == 1, agents
-    os.kill(agents[0], signal.SIGKILL)
-
-    job.finish(420)
-    assert job.attempts() == [0], "the ranks kept training; the new agent took them on"
-    restarted = [e for e in job.journal() if e["event"] == "agent-restarted"]
-    assert [(e["node"], e["adopted"]) for e in restarted] == [(host.name, 0)], restarted
+    assert f"attempt 0 still runs on {', '.join(hosts[:3])}: adopted" in out, out[-3000:]
+    assert job.attempts() == [0], "no restart: the job trained through all three in its first attempt"
+    assert [i["kind"] for i in job.incidents() if i.get("action") not in (None, "notify")] == []
+    assert not any("DRAIN" in job.slurm_state(h).state for h in hosts)
     job.assert_nothing_left()
 
 
