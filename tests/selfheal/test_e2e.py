@@ -9,6 +9,7 @@ import json
 import math
 import signal
 import threading
+from collections.abc import Iterator
 from datetime import UTC, timedelta
 from pathlib import Path
 
@@ -30,6 +31,16 @@ from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.distributed
 STEPS = 24
+_built: list[SelfHealingJob] = []
+
+
+@pytest.fixture(autouse=True)
+def _closed() -> Iterator[None]:
+    """Every loop a test built is closed after it: its node agents are processes of their own and would outlive
+    the test (loop.run stops the job, not the agents; `megaheal run` closes the loop the same way)."""
+    yield
+    while _built:
+        _built.pop().close()
 
 
 def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, ...] = (),
@@ -41,6 +52,7 @@ def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, .
                    rules=rules or rule_set(), alertmanager_url=alertmanager_url, grace=timedelta(seconds=20),
                    nvml=dict(nvml or {}))
     job = build_job(spec)
+    _built.append(job)
     if callable(before_start):
         before_start(job)
     job.start()
