@@ -213,7 +213,7 @@ class Responder:
         hosts = [v.to_payload() for v in verdicts]
         for v in verdicts:
             if v.status is not Status.PASS:
-                log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status, v.summary)
+                log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status.value, v.summary)
         self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
         self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status.value, "diagnosis": hosts},
                         kind="diagnosed")

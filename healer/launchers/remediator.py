@@ -61,7 +61,8 @@ class LocalRemediator:
 
     def __init__(self, cfg: Config, supervisor: Coordinator, token: str, drainer: Drainer | None = None,
                  across: Across | None = None) -> None:
-        """`drainer`: drains the hosts a restart leaves out that their incident proved bad (None: none is);
+        """`drainer`: drains the hosts a restart leaves out that their incident proved bad and records their Slurm
+        state in the incident (None: neither);
         `across`: runs a runbook of scope job across hosts from here (healer/launchers/job_diagnosis.py; None: such
         runbooks cannot run, every host gets an `error` verdict saying so)."""
         self.cfg, self.sup, self.token, self.drainer, self.across = cfg, supervisor, token, drainer, across

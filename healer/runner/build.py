@@ -156,7 +156,7 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=across_env)
     remediator = LocalRemediator(LocalRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
                                                         valid_dp=valid_dp(cfg)), coordinator, token,
-                                 drainer=Drainer(agents, store, spec.job) if spec.drain else None, across=across)
+                                 drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
     healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),
                     remediator=remediator, resend=resend)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)

@@ -5,12 +5,14 @@ hosts, beside the training) naming that host and its pairs' bandwidth, and nothi
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
 from testbed import faults
@@ -24,7 +26,8 @@ STEPS = 220  # enough for the detector's baseline, the slowdown's windows and ne
 
 
 @pytest.fixture
-def job(healthy_bed, tmp_path) -> Iterator[SlurmJob]:
+def job(healthy_bed, tmp_path, monkeypatch) -> Iterator[SlurmJob]:
+    monkeypatch.setenv("SLURM_CONF", bed_env(healthy_bed)["SLURM_CONF"])  # scontrol, for the hosts' states
     the_job = SlurmJob.submit(healthy_bed, tmp_path, STEPS)
     yield the_job
     the_job.stop()
@@ -66,4 +69,9 @@ def test_a_slowed_link_is_named_by_network_triage_in_the_incident_and_nothing_re
     assert {d["node"] for d in incident["diagnosis"]} == {h.name for h in bed.hosts[:3]}, "the job's hosts, at once"
     assert job.attempts() == [0], "a slow link restarts nothing"
     assert "DRAIN" not in job.slurm_state(slow).state
+    # The report: a row per host, the slowed one with the incident naming it, its Slurm state at the end, its link.
+    hosts = {h["host"]: h for h in json.loads((job.run_dir / "report.json").read_text())["hosts"]}
+    assert hosts[slow]["roles"] == {"0": "trained"} and hosts[bed.hosts[3].name]["roles"] == {"0": "spare"}
+    assert [i["id"] for i in hosts[slow]["incidents"]] == [incident["id"]] and hosts[slow]["slurm"]["state"]
+    assert hosts[slow]["network"] == [mine["summary"]]
     job.assert_nothing_left()
