@@ -13,7 +13,7 @@ from healer.core.db import ensure_schema, make_engine
 from healer.core.goodput import CATEGORIES, Ledger, compute
 from healer.core.timeline import job_timelines
 from healer.jsonl import read_jsonl
-from healer.runner.hosts import host_table
+from healer.pages.hosts import host_table
 
 
 def run_job_name(run_dir: Path) -> str:

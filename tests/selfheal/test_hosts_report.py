@@ -16,7 +16,8 @@ from healer.core.store import IncidentStore
 from healer.core.timeline import IncidentTimeline
 from healer.launchers import agent_registry, journal
 from healer.launchers.drain import Drainer
-from healer.runner.hosts import host_table, record_states, states_path
+from healer.pages.hosts import host_table, states_path
+from healer.runner.hosts import record_states
 from healer.runner.report import report
 
 
