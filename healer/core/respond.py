@@ -190,8 +190,8 @@ class Responder:
                 and facts.rule.runbook_scope == "job":
             nodes = list(job.facts.nodes)
             run_id = self.store.start_runbook_run(incident.id, name, nodes)
-            self.remediator.diagnose_across(nodes, runbook,
-                                            lambda verdicts: self._diagnosed(incident.id, run_id, name, verdicts))
+            self.remediator.diagnose_across(
+                nodes, runbook, lambda verdicts: self._diagnosed(incident.id, run_id, name, verdicts, across=True))
             return
         run_id = self.store.start_runbook_run(incident.id, name, nodes)
         if self.remediator is not None and job is not None:
@@ -207,7 +207,8 @@ class Responder:
 
         self.diagnoser.submit(runbook, nodes, done)
 
-    def _diagnosed(self, incident_id: int, run_id: int, runbook: str, verdicts: list[HostVerdict]) -> None:
+    def _diagnosed(self, incident_id: int, run_id: int, runbook: str, verdicts: list[HostVerdict],
+                   across: bool = False) -> None:
         verdict = to_verdict(verdicts)
         summary = "; ".join(f"{v.node}: {v.status.value}: {v.summary}" for v in verdicts) or "no host to diagnose"
         hosts = [v.to_payload() for v in verdicts]
@@ -217,11 +218,13 @@ class Responder:
         self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
         self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status.value, "diagnosis": hosts},
                         kind="diagnosed")
-        self._name_hosts(incident_id, runbook, [v for v in verdicts if v.status is Status.FAIL])
+        if across:
+            self._name_hosts(incident_id, runbook, [v for v in verdicts if v.status is Status.FAIL])
 
     def _name_hosts(self, incident_id: int, runbook: str, failed: list[HostVerdict]) -> None:
-        """Hosts the runbook failed go into the incident's evidence and summary (which host, which link, measured
-        against expected), and become its suspects when the detector named none (a collective slowdown)."""
+        """Hosts a runbook across the job's hosts failed go into the incident's evidence and summary (which host,
+        which link, measured against expected), and become its suspects when the detector named none (a collective
+        slowdown). A runbook per suspect host names no new host: its verdicts are in the diagnosis already."""
         if not failed:
             return
         incident = self.store.row(incident_id)
