@@ -41,6 +41,7 @@ class JobDiagnosis:
     timeout: timedelta = timedelta(minutes=4)
     """The whole runbook (network-triage's steps may take 60 s + 120 s); past it the run is an `error`."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _running: subprocess.Popen[str] | None = field(default=None, init=False, repr=False)
 
     def __call__(self, nodes: list[str], runbook: str) -> list[HostVerdict]:
         # NOTE: one at a time: two bandwidth tests over the same links at once would each measure the other.
@@ -51,12 +52,24 @@ class JobDiagnosis:
         argv = [self.python, "-m", "megaheal", "diagnose", runbook, "--nodes", nodes_csv, "--json"]
         with subprocess.Popen(argv, cwd=self.cwd, env=dict(self.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+            self._running = proc
             try:
                 out, err = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _stop(proc)
                 raise TimeoutError(f"ran past {timeout_s:g} s") from None
+            finally:
+                self._running = None
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """End the run in flight, if any (the healer is on its way out: nothing may outlive it on the hosts)."""
+        proc = self._running
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from healer.launchers import rank_records
@@ -28,8 +28,16 @@ from runbooks.verdict import Status
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
 
 log = logging.getLogger(__name__)
-Across = Callable[[list[str], str], list[HostVerdict]]
-"""(hosts, runbook) -> a verdict per host, from one run of the runbook across them."""
+
+
+class Across(Protocol):
+    """Runs a runbook once across hosts (healer/launchers/job_diagnosis.py)."""
+
+    def __call__(self, nodes: list[str], runbook: str) -> list[HostVerdict]:
+        """A verdict per host of `nodes`."""
+
+    def stop(self) -> None:
+        """End the run in flight, if any."""
 
 
 class LocalRemediator:
@@ -107,6 +115,8 @@ class LocalRemediator:
         soon as `hurry()` is true."""
         self.sup.close()
         self.sup.view.stopping(self.job)
+        if self.across is not None:
+            self.across.stop()
         self.sup.stop(self.token, grace, hurry)
 
     def close(self) -> None:

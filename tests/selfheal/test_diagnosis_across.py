@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tests.conftest import REPO
 from tests.healer.helpers import ManualClock, make_healer
 from tests.selfheal.scripted import ScriptedRemediator
 from tests.selfheal.streams import JobStream
+from tests.support import wait_for
 
 JOB = "train-a"
 RULES = """
@@ -132,6 +134,22 @@ def test_network_triage_runs_over_local_hosts_when_they_are_all_this_machine(tmp
     assert [v.node for v in verdicts] == ["n1", "n2", "n3"]
     assert all(v.status.value != "error" for v in verdicts), verdicts
     assert all(len(v.details["pairs_gbps"]) == 2 for v in verdicts), "every pair measured, over local ranks"
+
+
+def test_a_network_test_in_flight_is_stopped_when_the_healer_goes_and_blames_no_host(tmp_path: Path) -> None:
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nexec sleep 120\n")  # a runbook that would run on past the healer
+    slow.chmod(0o755)
+    run = JobDiagnosis(python=str(slow), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    done: list[list[HostVerdict]] = []
+    worker = threading.Thread(target=lambda: done.append(run(["h1", "h2"], "network-triage")))
+    worker.start()
+    wait_for("the runbook to start", lambda: run._running is not None, 30)
+    run.stop()
+    worker.join(30)
+    (verdicts,) = done
+    assert [(v.node, v.status.value) for v in verdicts] == [("h1", "error"), ("h2", "error")]
+    assert "exited -15 without a result" in verdicts[0].summary
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
