@@ -234,7 +234,7 @@ def test_a_slow_network_on_a_machine_that_also_got_somewhat_slower_is_still_a_co
     assert slowdown_steps(s, coll, 25, both)
 
 
-def test_a_collective_slowdown_is_not_healthy_while_the_network_stays_slow_and_the_cpus_get_busy() -> None:
+def test_a_collective_slowdown_is_not_healthy_while_the_cpus_get_busy_or_the_transfer_wavers_near_the_threshold() -> None:
     s = stream()
     coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
 
@@ -247,7 +247,11 @@ def test_a_collective_slowdown_is_not_healthy_while_the_network_stays_slow_and_t
         s.advance()
         ev = coll.evaluate(s.table, s.clock.now)
         assert "job" not in ev.healthy
-    s.compute, s.transfer = 0.2, 0.02
+    s.compute, s.transfer = 0.2, 0.02 * 1.8  # between clearing (1.5 x) and firing (2 x): a wavering slow link
+    for _ in range(15):
+        s.advance()
+        assert "job" not in coll.evaluate(s.table, s.clock.now).healthy
+    s.transfer = 0.02
     healthy = set()
     for _ in range(15):
         s.advance()

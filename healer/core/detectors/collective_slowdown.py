@@ -9,7 +9,9 @@ groups whose ranks it carries, and the smallest over every rank would be a group
 The job's baseline is the median of its first `baseline_windows` windows. A window is slow when the transfer time
 grew more than `factor` times as much as compute did (a machine that got slower as a whole, as a shared one does,
 slows both alike: that is not the network) and no single rank's compute stands out by more than `ratio` (the
-straggler detector's case). The job is healthy again once the transfer time is back under `factor` x the baseline.
+straggler detector's case). The job is healthy again once the transfer time is back under `clear_factor` x the
+baseline: lower than `factor`, so that a transfer time that wavers around the threshold (the windows are short, and a
+shared machine is noisy) does not resolve the incident while network-triage is still looking at it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class CollectiveSlowdown(Detector):
         """Windows that make the baseline before anything can fire."""
         factor: float = 2.0
         """Transfer time over the baseline that counts as a slowdown."""
+        clear_factor: float = 1.5
+        """Transfer time over the baseline under which the slowdown is over (at most `factor`)."""
         ratio: float = 1.3
         """No rank's compute may be more than this over the median rank's for the slowdown to be put on the
         network (a rank that stands out is a straggler)."""
@@ -55,6 +59,8 @@ class CollectiveSlowdown(Detector):
                 raise ValueError(f"baseline_windows must be >= 1, got {self.baseline_windows}")
             if self.factor <= 1 or self.ratio <= 1:
                 raise ValueError(f"factor and ratio must be > 1, got {self.factor}, {self.ratio}")
+            if not 1 <= self.clear_factor <= self.factor:
+                raise ValueError(f"clear_factor must be in [1, factor {self.factor}], got {self.clear_factor}")
             if self.consecutive < 1:
                 raise ValueError(f"consecutive must be >= 1, got {self.consecutive}")
 
@@ -97,7 +103,7 @@ class CollectiveSlowdown(Detector):
                           "factor": round(transfer / base_t, 2) if base_t > 0 else None,
                           "compute_growth": round(compute_growth, 2),
                           "phase_table": [r.to_payload() for r in rows]}
-            if transfer <= self.config.factor * base_t:
+            if transfer <= self.config.clear_factor * base_t:
                 # NOTE: healthy only once the transfer itself is back: a window that is not slow because compute
                 # grew too (a network test running beside the training takes CPUs too) must not resolve the incident.
                 healthy.add(job)
