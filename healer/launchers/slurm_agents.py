@@ -158,12 +158,18 @@ class SlurmAgents(AgentSettings):
         return True
 
     def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
-        """`scontrol show node` of each host: its state and reason; empty when slurmctld does not answer."""
+        """`scontrol show node` of each host: its state and reason; a host Slurm does not know (or a slurmctld that
+        does not answer) is left out."""
         try:
             found = slurm.nodes(sorted(nodes)) if nodes else {}
-        except SlurmError as exc:
-            log.warning("the Slurm state of %s is unknown: %s", ", ".join(nodes), exc)
-            return {}
+        except SlurmError:
+            # NOTE: one name scontrol does not know fails the whole query: ask host by host.
+            found = {}
+            for node in sorted(nodes):
+                try:
+                    found |= slurm.nodes([node])
+                except SlurmError as exc:
+                    log.warning("the Slurm state of %s is unknown: %s", node, exc)
         return {n: {"state": i.state, "reason": i.reason} for n, i in found.items()}
 
     # ---- stop --------------------------------------------------------------------------------------------
