@@ -40,20 +40,26 @@ def _row(host: str, starts: list[dict[str, Any]], incidents: list[dict[str, Any]
             host, incidents) else "spare"
         trained_before |= here
     named = [i for i in incidents if host in i.get("suspect_nodes", []) or host in _named_by(i)]
-    drain = next((d[host] for i in reversed(incidents) if host in (d := i["evidence"].get("drain") or {})), None)
-    slurm = final or next((s[host] for i in reversed(incidents) if host in (s := i["evidence"].get("slurm") or {})),
+    drain = next((d[host] for i in reversed(incidents) if host in (d := _evidence(i).get("drain") or {})), None)
+    slurm = final or next((s[host] for i in reversed(incidents) if host in (s := _evidence(i).get("slurm") or {})),
                           None)
     links = [f"{_named_by(i)[host].get('summary', '')}" for i in named if host in _named_by(i)]
-    return {"host": host, "roles": roles, "incidents": [{"id": i["id"], "kind": i["kind"], "state": i["state"]}
-                                                       for i in named],
+    return {"host": host, "roles": roles,
+            "incidents": [{"id": i.get("id"), "kind": i.get("kind"), "state": i.get("state")} for i in named],
             "drain": drain, "slurm": slurm, "network": links,
             "pairs_gbps": {k: v for i in named for k, v in (_named_by(i).get(host, {}).get("pairs_gbps") or {}).items()}}
 
 
 def _named_by(incident: dict[str, Any]) -> dict[str, Any]:
     """Hosts a runbook across the job's hosts named in the incident (healer/core/respond.py `named_by`)."""
-    hosts = (incident["evidence"].get("named_by") or {}).get("hosts")
+    hosts = (_evidence(incident).get("named_by") or {}).get("hosts")
     return hosts if isinstance(hosts, dict) else {}
+
+
+def _evidence(incident: dict[str, Any]) -> dict[str, Any]:
+    """The incident's evidence; none in a payload that carries only the ledger's fields."""
+    ev = incident.get("evidence")
+    return ev if isinstance(ev, dict) else {}
 
 
 def _excluded(host: str, incidents: list[dict[str, Any]]) -> bool:
