@@ -2,6 +2,7 @@
 
     name: collectives-quick
     description: ...
+    scope: host                          # host: on each suspect host; job: once across the job's hosts
     steps:
       - name: collectives
         check: collective_bandwidth      # a registered check
@@ -26,6 +27,7 @@ from runbooks.registry import CheckRegistry, default_registry
 
 LIBRARY = Path(__file__).resolve().parent / "library"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+SCOPES = ("host", "job")
 MAX_STEP_TIMEOUT = timedelta(minutes=30)
 
 
@@ -65,12 +67,18 @@ class Runbook:
     """The runbook's name, as `megaheal diagnose NAME` takes it."""
     description: str = ""
     """What it is for and when the healer runs it."""
+    scope: str = "host"
+    """Where the healer runs it for an incident. host: on each suspect host, through that host's agent (node-health:
+    the host's own GPUs, disks, clock). job: once, from the healer's machine, across the job's current hosts, beside
+    the training that goes on (network-triage: its pairwise step spans hosts, so no one host can run it)."""
     steps: list[Step] = field(default_factory=list)
     """The steps, in order."""
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ValueError(f"name {self.name!r} must be lower-case letters, digits, '-' or '_'")
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if not self.steps:
             raise ValueError("steps must list at least one step")
         names = [s.name for s in self.steps]

@@ -27,12 +27,17 @@ class HostVerdict:
     """pass, degraded, fail or error (error: the runbook could not run; it blames no host)."""
     summary: str
     seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
+    """What a runbook across hosts measured on this host (its pairs' bandwidth, links it named); empty otherwise."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))  # a status's name is taken too; a typo is an error
 
     def to_payload(self) -> dict[str, Any]:
-        return {**asdict(self), "status": self.status.value}
+        payload = {**asdict(self), "status": self.status.value}
+        if not self.details:
+            del payload["details"]
+        return payload
 
 
 def to_verdict(verdicts: list[HostVerdict]) -> Verdict:
@@ -131,6 +136,9 @@ class Remediator(Protocol):
     def diagnose(self, nodes: list[str], runbook: str, stop_first: bool,
                  done: Callable[[list[HostVerdict]], None]) -> None:
         """Run `runbook` on each host (stopping the attempt first when `stop_first`) and hand the verdicts on."""
+
+    def diagnose_across(self, nodes: list[str], runbook: str, done: Callable[[list[HostVerdict]], None]) -> None:
+        """Run `runbook` (of scope job) once across `nodes` while the job goes on, and hand a verdict per host on."""
 
     def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
         """Stop what is left of the current attempt and start the next one as ordered."""

@@ -112,7 +112,10 @@ class Responder:
         job = self._job_now(incident, rule, now)
         verdict = self._verdict(incident.id) if state is S.DIAGNOSING else None
         if self.remediator is not None and job is not None:
-            diagnosable = kind.diagnose_first and bool(set(suspects) & set(job.facts.nodes))
+            # A runbook across the job's hosts needs no suspect (a collective slowdown names none) and runs beside the
+            # training; one per host runs where the kind's suspects are diagnosed first.
+            across = rule is not None and rule.runbook_scope == "job" and len(job.facts.nodes) > 1
+            diagnosable = across or (kind.diagnose_first and bool(set(suspects) & set(job.facts.nodes)))
         else:
             diagnosable = self.diagnoser is not None
         first = ev.get("first_step")
@@ -138,7 +141,9 @@ class Responder:
         for other in self.store.of_job(job, frozenset({S.DIAGNOSING, S.REMEDIATING})):
             if other.id == incident_id:
                 continue
-            if other.state == S.DIAGNOSING.value:
+            if other.state == S.DIAGNOSING.value and fault(other.kind).stops_job:
+                # NOTE: only a diagnosis with the job stopped holds the others up; one beside the training (a
+                # network test across the hosts) must not keep a crash waiting for its restart.
                 return other.id
             pending = self.jobs.pending_restart(other.id)
             if pending is not None and pending.attempt is None:
@@ -181,6 +186,13 @@ class Responder:
         nodes = [n for n in facts.suspects if job is None or n in job.facts.nodes]
         # A runbook given as a file path is stored by its name (the column is short; the result holds the rest).
         name = runbook.rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
+        if self.remediator is not None and job is not None and facts.rule is not None \
+                and facts.rule.runbook_scope == "job":
+            nodes = list(job.facts.nodes)
+            run_id = self.store.start_runbook_run(incident.id, name, nodes)
+            self.remediator.diagnose_across(
+                nodes, runbook, lambda verdicts: self._diagnosed(incident.id, run_id, name, verdicts, across=True))
+            return
         run_id = self.store.start_runbook_run(incident.id, name, nodes)
         if self.remediator is not None and job is not None:
             self.remediator.diagnose(nodes, runbook, facts.kind.stops_job,
@@ -195,16 +207,33 @@ class Responder:
 
         self.diagnoser.submit(runbook, nodes, done)
 
-    def _diagnosed(self, incident_id: int, run_id: int, runbook: str, verdicts: list[HostVerdict]) -> None:
+    def _diagnosed(self, incident_id: int, run_id: int, runbook: str, verdicts: list[HostVerdict],
+                   across: bool = False) -> None:
         verdict = to_verdict(verdicts)
-        summary = "; ".join(f"{v.node}: {v.status}: {v.summary}" for v in verdicts) or "no host to diagnose"
+        summary = "; ".join(f"{v.node}: {v.status.value}: {v.summary}" for v in verdicts) or "no host to diagnose"
         hosts = [v.to_payload() for v in verdicts]
         for v in verdicts:
             if v.status is not Status.PASS:
-                log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status, v.summary)
+                log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status.value, v.summary)
         self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
         self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status.value, "diagnosis": hosts},
                         kind="diagnosed")
+        if across:
+            self._name_hosts(incident_id, runbook, [v for v in verdicts if v.status is Status.FAIL])
+
+    def _name_hosts(self, incident_id: int, runbook: str, failed: list[HostVerdict]) -> None:
+        """Hosts a runbook across the job's hosts failed go into the incident's evidence and summary (which host,
+        which link, measured against expected), and become its suspects when the detector named none (a collective
+        slowdown). A runbook per suspect host names no new host: its verdicts are in the diagnosis already."""
+        if not failed:
+            return
+        incident = self.store.row(incident_id)
+        named = {v.node: {"summary": v.summary, **v.details} for v in failed}
+        evidence: dict[str, Any] = {"named_by": {"runbook": runbook, "hosts": named}}
+        if not suspects_of(incident):
+            evidence["suspect_nodes"] = sorted(named)
+        said = "; ".join(f"{runbook}: {v.node}: {v.summary}" for v in failed)
+        self.store.update_evidence(incident_id, evidence, summary=f"{incident.summary} [{said}]"[:2000])
 
     def _remediate(self, incident: Incident, decision: Decision, facts: IncidentFacts) -> None:
         plan = decision.plan

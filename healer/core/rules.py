@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,9 @@ class Rule:
     """info, warning or critical; sent to Alertmanager as the `severity` label. Default: the catalogue's for the
     incident's kind (warning for a kind it does not know)."""
     runbook: str | None = None
-    """Diagnostic runbook to run before remediating (a shipped runbook's name or a .yaml path). For kinds whose
-    suspect hosts are diagnosed first (crash, hang), it runs on each suspect host."""
+    """Diagnostic runbook to run before remediating (a shipped runbook's name or a .yaml path). A runbook of scope
+    host (node-health) runs on each suspect host, for kinds whose suspects are diagnosed first (crash, hang); one of
+    scope job (network-triage) runs once across the job's hosts, beside the training, for any kind."""
     remediate: str | None = None
     """restart, exclude-node-and-restart, rollback-and-skip, notify (tell the sinks, wait for the condition to
     clear) or escalate (page a person at once). Default: the fault catalogue's remedy for the kind."""
@@ -114,6 +116,11 @@ class Rule:
     def condition(self) -> Condition:
         assert isinstance(self.when, (DetectorCondition, PromqlCondition, AlertCondition))
         return self.when
+
+    @property
+    def runbook_scope(self) -> str | None:
+        """host or job (the runbook's own `scope:`, see runbooks/spec.py); None without a runbook."""
+        return runbook_scope(self.runbook) if self.runbook else None
 
     @property
     def remedy(self) -> Remedy | None:
@@ -272,6 +279,14 @@ def _alert_condition(data: dict[str, Any], where: str) -> AlertCondition:
     return AlertCondition(alert=name, labels=dict(labels))
 
 
+@lru_cache(maxsize=64)
+def runbook_scope(name: str) -> str:
+    """The scope of runbook `name` (read once per process: the healer asks at every decision)."""
+    from runbooks.spec import load_runbook
+
+    return load_runbook(name).scope
+
+
 def _check_runbook(name: str, where: str, line: str) -> None:
     try:
         from runbooks.spec import find_runbook
@@ -279,5 +294,6 @@ def _check_runbook(name: str, where: str, line: str) -> None:
         raise ConfigError(f"{where}: runbooks are not available in this installation ({exc}){line}") from exc
     try:
         find_runbook(name)
-    except ConfigError as exc:
+        runbook_scope(name)
+    except (ConfigError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}{line}") from exc

@@ -50,10 +50,12 @@ def proven_bad(timeline: IncidentTimeline, node: str) -> str | None:
 
 
 class Drainer:
-    """Drains, through the launcher, the hosts an incident's restart left out and proved bad."""
+    """Drains, through the launcher, the hosts an incident's restart left out and proved bad (when `drain`), and
+    records in the incident what the scheduler says of every host it left out (`slurm`: state and reason), drained
+    or not."""
 
-    def __init__(self, fleet: AgentFleet, store: IncidentStore, job: str) -> None:
-        self.fleet, self.store, self.job = fleet, store, job
+    def __init__(self, fleet: AgentFleet, store: IncidentStore, job: str, drain: bool = True) -> None:
+        self.fleet, self.store, self.job, self.drain = fleet, store, job, drain
 
     def left_out(self, incident_id: int, nodes: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Drain those of `nodes` that incident `incident_id` proved bad; what was done, by host (also recorded in
@@ -64,13 +66,19 @@ class Drainer:
         if timeline is None:
             return {}
         done: dict[str, dict[str, Any]] = {}
-        for node in nodes:
+        for node in nodes if self.drain else ():
             why = proven_bad(timeline, node)
             if why is not None:
                 done[node] = self._drain(node, drain_reason(incident_id, timeline.kind, why))
+        evidence: dict[str, Any] = {}
         if done:
-            previous = self.store.row(incident_id).evidence.get("drain") or {}
-            self.store.update_evidence(incident_id, {"drain": {**previous, **done}})
+            evidence["drain"] = {**(self.store.row(incident_id).evidence.get("drain") or {}), **done}
+        # NOTE: asked after the drain, so the state shows it (IDLE+DRAIN) as `sinfo` would.
+        states = self.fleet.host_states(nodes)
+        if states:
+            evidence["slurm"] = {**(self.store.row(incident_id).evidence.get("slurm") or {}), **states}
+        if evidence:
+            self.store.update_evidence(incident_id, evidence)
         return done
 
     def _drain(self, node: str, reason: str) -> dict[str, Any]:

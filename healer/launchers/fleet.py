@@ -42,6 +42,12 @@ class AgentFleet(Protocol):
         """Keep other work off `node` (the scheduler's drain); False where the launcher has no scheduler to tell."""
         ...
 
+    def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
+        """What the scheduler says of each of `nodes` now: {"state": ..., "reason": ...} (Slurm: IDLE, MIXED,
+        IDLE+DRAIN, DOWN*, ... and the drain reason); empty where the launcher has no scheduler to ask or it did not
+        answer (the evidence then holds none: this is never worth failing an incident's handling for)."""
+        ...
+
     def stop(self) -> None:
         """End every agent (the job's ranks must already be stopped); twice is once."""
         ...

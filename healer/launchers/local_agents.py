@@ -100,6 +100,10 @@ class LocalAgents(AgentSettings):
         """No scheduler here to keep other work off a host: the healer's own exclusion is all there is."""
         return False
 
+    def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
+        """No scheduler here: nothing to say of a host beyond what the healer itself knows."""
+        return {}
+
     def _registered(self) -> dict[str, str]:
         return agent_registry.save(self.run_dir, {n: a.url for n, a in self.agents.items()})
 

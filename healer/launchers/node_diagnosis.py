@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 from healer.core.remediator import HostVerdict
 from runbooks.verdict import Status
@@ -24,11 +25,17 @@ OSError when it could not run there."""
 
 
 def diagnose_node(run: RunRunbook, node: str, runbook: str, timeout: timedelta) -> HostVerdict:
+    return run_parsed(run, node, runbook, timeout)[0]
+
+
+def run_parsed(run: RunRunbook, node: str, runbook: str,
+               timeout: timedelta) -> tuple[HostVerdict, dict[str, Any] | None]:
+    """The runbook's verdict as `node`'s, and its whole `--json` result (None when it gave none)."""
     t0 = time.monotonic()
     try:
         done = run(node, runbook, timeout.total_seconds())
     except (TimeoutError, OSError) as exc:
-        return HostVerdict(node, Status.ERROR, f"{runbook} could not run: {exc}", time.monotonic() - t0)
+        return HostVerdict(node, Status.ERROR, f"{runbook} could not run: {exc}", time.monotonic() - t0), None
     seconds = time.monotonic() - t0
     try:
         result = json.loads(done.stdout)
@@ -36,16 +43,16 @@ def diagnose_node(run: RunRunbook, node: str, runbook: str, timeout: timedelta) 
     except (json.JSONDecodeError, KeyError, TypeError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return HostVerdict(node, Status.ERROR, f"{runbook} exited {done.returncode} without a result: "
-                                               f"{' | '.join(tail) or 'no output'}", seconds)
+                                               f"{' | '.join(tail) or 'no output'}", seconds), None
     try:
         status = Status(raw)
     except ValueError:
-        return HostVerdict(node, Status.ERROR, f"{runbook} gave an unknown verdict {raw!r}", seconds)
+        return HostVerdict(node, Status.ERROR, f"{runbook} gave an unknown verdict {raw!r}", seconds), None
     # The failing steps say what is wrong; the runbook's own summary only counts them.
     bad = {Status.FAIL.value, Status.DEGRADED.value, Status.ERROR.value}
     failing = [f"{s['step']}: {s['summary']}" for s in result.get("steps", [])
                if isinstance(s, dict) and s.get("status") in bad]
-    return HostVerdict(node, status, "; ".join(failing) or summary, seconds)
+    return HostVerdict(node, status, "; ".join(failing) or summary, seconds), result
 
 
 def diagnose_nodes(run: RunRunbook, nodes: list[str], runbook: str, timeout: timedelta) -> list[HostVerdict]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from healer.launchers import rank_records
@@ -24,9 +24,20 @@ from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
 from healer.launchers.journal import last_start
 from megaheal.names import check_name
+from runbooks.verdict import Status
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
 
 log = logging.getLogger(__name__)
+
+
+class Across(Protocol):
+    """Runs a runbook once across hosts (healer/launchers/job_diagnosis.py)."""
+
+    def __call__(self, nodes: list[str], runbook: str) -> list[HostVerdict]:
+        """A verdict per host of `nodes`."""
+
+    def stop(self) -> None:
+        """End the run in flight, if any."""
 
 
 class LocalRemediator:
@@ -56,9 +67,13 @@ class LocalRemediator:
             if self.fault_grace < timedelta(0) or self.diagnosis_timeout <= timedelta(0):
                 raise ValueError("fault_grace must be >= 0 and diagnosis_timeout > 0")
 
-    def __init__(self, cfg: Config, supervisor: Coordinator, token: str, drainer: Drainer | None = None) -> None:
-        """`drainer`: drains the hosts a restart leaves out that their incident proved bad (None: none is)."""
-        self.cfg, self.sup, self.token, self.drainer = cfg, supervisor, token, drainer
+    def __init__(self, cfg: Config, supervisor: Coordinator, token: str, drainer: Drainer | None = None,
+                 across: Across | None = None) -> None:
+        """`drainer`: drains the hosts a restart leaves out that their incident proved bad and records their Slurm
+        state in the incident (None: neither);
+        `across`: runs a runbook of scope job across hosts from here (healer/launchers/job_diagnosis.py; None: such
+        runbooks cannot run, every host gets an `error` verdict saying so)."""
+        self.cfg, self.sup, self.token, self.drainer, self.across = cfg, supervisor, token, drainer, across
         self.job = supervisor.cfg.job
         self.nodes, self.spares, self.dp = tuple(cfg.nodes), tuple(cfg.spares), cfg.dp
         self.skip_steps: set[int] = set()
@@ -100,6 +115,8 @@ class LocalRemediator:
         soon as `hurry()` is true."""
         self.sup.close()
         self.sup.view.stopping(self.job)
+        if self.across is not None:
+            self.across.stop()
         self.sup.stop(self.token, grace, hurry)
 
     def close(self) -> None:
@@ -170,6 +187,19 @@ class LocalRemediator:
 
         self._submit(run)
 
+    def diagnose_across(self, nodes: list[str], runbook: str, done: Callable[[list[HostVerdict]], None]) -> None:
+        # NOTE: a thread of its own, not the order queue: the job trains on meanwhile, and a crash or a lost host
+        # must not wait minutes behind a network test to be restarted.
+        def run() -> None:
+            if self.across is None:
+                verdicts = [HostVerdict(n, Status.ERROR, f"{runbook} runs across hosts; this launcher cannot run it",
+                                        0.0) for n in nodes]
+            else:
+                verdicts = self.across(list(nodes), runbook)
+            done(verdicts)
+
+        threading.Thread(target=self._guarded, args=(run,), name="megaheal-diagnose-across", daemon=True).start()
+
     def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
         self.sup.view.stopping(self.job)
 
@@ -218,13 +248,18 @@ class LocalRemediator:
     def _work(self) -> None:
         while (order := self._orders.get()) is not None:
             try:
-                order()
-            except Exception:  # noqa: BLE001 - NOTE: the worker must outlive a failed order; the order's own callback
-                # reports what it can, this logs the rest
-                log.error("a remediation order failed", exc_info=True)
+                self._guarded(order)
             finally:
                 with self._lock:
                     self._pending -= 1
+
+    @staticmethod
+    def _guarded(order: Callable[[], None]) -> None:
+        try:
+            order()
+        except Exception:  # noqa: BLE001 - NOTE: the worker must outlive a failed order; the order's own callback
+            # reports what it can, this logs the rest
+            log.error("a remediation order failed", exc_info=True)
 
 
 def wait_idle(remediator: LocalRemediator, timeout_s: float) -> bool:

@@ -32,6 +32,7 @@ from healer.launchers import agent_registry
 from healer.launchers.allocation import Allocation
 from healer.launchers.fleet import AgentSettings
 from megaheal import slurm
+from megaheal.slurm import SlurmError
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "megaheal-agent:"
@@ -155,6 +156,21 @@ class SlurmAgents(AgentSettings):
         saying why when slurmctld refuses (draining needs a Slurm operator) or does not answer."""
         slurm.drain(node, reason)
         return True
+
+    def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
+        """`scontrol show node` of each host: its state and reason; a host Slurm does not know (or a slurmctld that
+        does not answer) is left out."""
+        try:
+            found = slurm.nodes(sorted(nodes)) if nodes else {}
+        except SlurmError:
+            # NOTE: one name scontrol does not know fails the whole query: ask host by host.
+            found = {}
+            for node in sorted(nodes):
+                try:
+                    found |= slurm.nodes([node])
+                except SlurmError as exc:
+                    log.warning("the Slurm state of %s is unknown: %s", node, exc)
+        return {n: {"state": i.state, "reason": i.reason} for n, i in found.items()}
 
     # ---- stop --------------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from healer.core.store import IncidentStore
 from healer.core.timeline import job_timelines, suspects
 from healer.pages import heatmap, lossplot, waterfall
 from healer.pages.cost import Cost, incident_costs
+from healer.pages.hosts import host_table
 from healer.pages.rundir import RunDir, find_run_dir
 
 STATES = tuple(s.value for s in IncidentState)
@@ -254,6 +255,8 @@ class JobView:
     attempts: list[Any]
     """rundir.Attempt where the run directory is known, else the database's restarts (dicts)."""
     incidents: IncidentList
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    """healer.pages.hosts rows where the run directory is known."""
 
 
 def job_view(src: Sources, job: str, ledger: JobLedger | None = None) -> JobView:
@@ -266,7 +269,8 @@ def job_view(src: Sources, job: str, ledger: JobLedger | None = None) -> JobView
          "resume": r.resume, "outcome": r.outcome, "incident": r.incident_id} for r in JobStore(src.engine).restarts(job)]
     return JobView(job, ledger, fall, waterfall.strip(ledger.spans, marks),
                    lossplot.build(run, marks) if run is not None else None, attempts,
-                   incident_list(src, Filters(job=job), limit=1000, ledgers={job: ledger}))
+                   incident_list(src, Filters(job=job), limit=1000, ledgers={job: ledger}),
+                   host_table(run.path, ledger.timelines) if run is not None else [])
 
 
 def stage_list(t: dict[str, Any]) -> list[tuple[str, float, str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from healer.launchers.allocation import Allocation
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
 from healer.launchers.fleet import AgentFleet
+from healer.launchers.job_diagnosis import JobDiagnosis, local_env
 from healer.launchers.local_agents import LocalAgents, write_token
 from healer.launchers.slurm_agents import SlurmAgents
 from healer.launchers.remediator import LocalRemediator
@@ -148,9 +150,13 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                                                  nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
                                                  grace=spec.grace, hosts_are_local=agents.hosts_are_local),
                               table.processes, token, env=rank_env)
+    # Runbooks across the job's hosts run from here: inside the allocation (srun finds the job in our environment)
+    # or, with local agents, over local ranks only.
+    across_env = srun_env(os.environ) if spec.allocation is not None else local_env(os.environ) | rank_env
+    across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=across_env)
     remediator = LocalRemediator(LocalRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
                                                         valid_dp=valid_dp(cfg)), coordinator, token,
-                                 drainer=Drainer(agents, store, spec.job) if spec.drain else None)
+                                 drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
     healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),
                     remediator=remediator, resend=resend)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)

@@ -13,6 +13,7 @@ from healer.core.db import ensure_schema, make_engine
 from healer.core.goodput import CATEGORIES, Ledger, compute
 from healer.core.timeline import job_timelines
 from healer.jsonl import read_jsonl
+from healer.pages.hosts import host_table
 
 
 def run_job_name(run_dir: Path) -> str:
@@ -85,9 +86,32 @@ def render(ledger: Ledger) -> None:
     console.print(f"ETTR (productive / wall): [bold]{100 * ledger.ettr:.1f}%[/bold]")
 
 
+def render_hosts(hosts: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.width = max(console.width, 180)
+    table = Table(title="hosts")
+    for col in ("host", "role by attempt", "incidents", "drained", "slurm at the end", "network"):
+        table.add_column(col, overflow="fold")
+    for h in hosts:
+        roles = ", ".join(f"{a}: {r}" for a, r in h["roles"].items())
+        named = ", ".join(f"#{i['id']} {i['kind']}" for i in h["incidents"])
+        drain = h["drain"]
+        drained = "-" if drain is None else (drain["reason"] if drain.get("drained") else f"no: {drain.get('error')}")
+        slurm = h["slurm"]
+        state = "-" if not slurm else f"{slurm.get('state')}" + (f" ({slurm['reason']})" if slurm.get("reason") else "")
+        table.add_row(h["host"], roles or "-", named or "-", drained, state, "; ".join(h["network"]) or "-")
+    console.print(table)
+
+
 def report(run_dir: Path, incidents: list[dict[str, Any]], quiet: bool = False) -> Ledger:
     ledger = compute(run_dir, incidents)
-    (run_dir / "report.json").write_text(json.dumps(ledger.to_payload(), indent=2, default=str))
+    hosts = host_table(run_dir, incidents)
+    (run_dir / "report.json").write_text(json.dumps(ledger.to_payload() | {"hosts": hosts}, indent=2, default=str))
     if not quiet:
         render(ledger)
+        if hosts:
+            render_hosts(hosts)
     return ledger

@@ -31,6 +31,7 @@ from healer.runner.chaos import Chaos, Schedule, load_schedule
 from healer.runner.goodput_metrics import GoodputServer
 from healer.runner.liveview import LiveView
 from healer.runner.loop import SelfHealingJob
+from healer.runner.hosts import record_states
 from healer.runner.report import report, run_job_name, write_html
 from healer.runner.shutdown import Interrupts, RunDirLock
 from megaheal.names import derive_name
@@ -173,6 +174,7 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
         finally:
             if metrics is not None:
                 metrics.stop()
+    record_states(run_dir, job.agents, [*spec.nodes, *spec.spares])  # Slurm's say on each host, for the report
     ledger = report(run_dir, incidents())
     job.close()
     html = write_html(run_dir, run_dir / "report.html", db_url)

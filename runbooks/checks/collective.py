@@ -11,12 +11,12 @@ on a GPU machine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from runbooks.baselines import BaselineStore, below_baseline
-from runbooks.busbw import COLLECTIVES, bus_factor, check_size
+from runbooks.busbw import COLLECTIVES, bus_factor, check_size, fit_size
 from runbooks.checks.pairwise import attribute
 from runbooks.registry import Check, CheckContext
 from runbooks.verdict import CheckResult, Measurement, Status
@@ -118,7 +118,7 @@ class CollectiveBandwidthCheck(Check):
                 f"{config.ranks_per_node} ranks per node = {world}"
             )
         for s in config.sizes:
-            check_size(s, world)
+            check_size(fit_size(s, world), world)
         if config.pairwise and len(nodes) < 2:
             raise ValueError(f"pairwise needs at least 2 nodes, got {nodes}")
         if config.inject_rank is not None and config.inject_rank >= world:
@@ -139,6 +139,7 @@ class CollectiveBandwidthCheck(Check):
 
         self.validate(config, ctx)
         nodes, world = self.participants(config, ctx)
+        config = _fitted(config, world)
         launcher = self.launcher(config, ctx)
         try:
             # On other hosts the ranks choose (the machine that starts srun may have no GPU).
@@ -193,6 +194,12 @@ class CollectiveBandwidthCheck(Check):
         if sorted(placed) != sorted(nodes):
             raise JobError(f"srun placed the ranks on {placed}, not on the named hosts {nodes}")
         return ranks, placed
+
+
+def _fitted(config: Any, world: int) -> Any:
+    """`config` with its sizes fitted to `world` ranks (busbw.fit_size); measurements are labelled with these."""
+    sizes = [fit_size(s, world) for s in config.sizes]
+    return config if sizes == config.sizes else replace(config, sizes=sizes, ranks=world)
 
 
 def _pick_device(device: str, world: int) -> str:

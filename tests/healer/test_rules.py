@@ -44,16 +44,21 @@ def test_it_loads_every_condition_kind_into_typed_configs(tmp_path: Path) -> Non
 
 
 def test_the_shipped_rules_enable_every_detector_with_the_catalogues_remedies() -> None:
-    from healer.core.catalogue import DETECTED
+    from healer.core.catalogue import DETECTED, fault
     from healer.core.detectors.registry import default_registry
     from healer.core.rules import DetectorCondition, load_rule_set
 
     rules = load_rule_set([DEFAULT_RULES])
     detectors = {r.condition.detector for r in rules.rules if isinstance(r.condition, DetectorCondition)}
     assert detectors == set(default_registry().names()) == DETECTED
-    assert all(r.remediate is None for r in rules.rules), "remedies come from the catalogue"
+    # Remedies come from the catalogue; a rule may only pin the catalogue's own remedy (collective-slowdown pins
+    # notify, so that the host network-triage names does not turn into a restart without a person).
+    assert all(r.remediate is None or r.remedy is fault(r.incident_kind).remedy for r in rules.rules)
+    assert [r.name for r in rules.rules if r.remediate is not None] == ["collective-slowdown"]
     by_name = {r.name: r for r in rules.rules}
     assert by_name["crash"].runbook == by_name["hang"].runbook == "node-health"
+    assert by_name["collective-slowdown"].runbook == "network-triage"
+    assert by_name["collective-slowdown"].runbook_scope == "job" and by_name["crash"].runbook_scope == "host"
     assert rules.limits.budget.max_restarts == 5 and rules.job_actions() == []
 
 

@@ -171,6 +171,9 @@ def test_hosts_proven_bad_are_drained_with_the_incident_as_reason_and_a_refusal_
         assert "draining nosuchhost" in evidence["nosuchhost"]["error"] and "Invalid node name" in \
             evidence["nosuchhost"]["error"]
         assert [e["kind"] for e in store.get(incident)["events"]][-1] == "evidence"
+        states = store.row(incident).evidence["slurm"]
+        assert "DRAIN" in states[failed]["state"] and states[failed]["reason"].startswith(expect[failed][:40])
+        assert "DRAIN" not in states[suspect]["state"], "every host left out is recorded with its Slurm state"
     finally:
         for host in (failed, lemon):
             faults.resume(bed, host)

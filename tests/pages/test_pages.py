@@ -134,3 +134,19 @@ def test_it_writes_a_report_that_is_one_file_and_may_load_nothing(tmp_path: Path
     hrefs = set(re.findall(r'href="([^"]*)"', page))
     assert all(h.startswith("#") or h == "data:," for h in hrefs), hrefs  # anchors within the file, the blank icon
     assert 'id="incident-1"' in page and 'class="waterfall"' in page and 'class="row suspect" data-rank="2"' in page
+
+
+def test_the_report_shows_each_host_with_its_role_and_its_slurm_state_at_the_end(tmp_path: Path) -> None:
+    run = write_run(tmp_path)
+    (run / "supervisor" / "hosts.json").write_text('{"n1": {"state": "IDLE", "reason": null}, '
+                                                   '"n2": {"state": "IDLE+DRAIN", "reason": "megaheal: incident 1"}}')
+    db_url = f"sqlite:///{tmp_path / 'healer.db'}"
+    write_incidents(db_url)
+    from healer.core.db import make_engine
+
+    engine = make_engine(db_url)
+    page = write_report(run, engine, JOB, tmp_path / "report.html").read_text()
+    engine.dispose()
+    table = page[page.index('<table class="hosts">'):]
+    table = table[:table.index("</table>")]
+    assert "<td>n1</td>" in table and "0: trained" in table and "IDLE+DRAIN (megaheal: incident 1)" in table

@@ -54,6 +54,10 @@ class ScriptedRemediator:
             self.stop("diagnosis", timedelta(0))
         self.diagnoses.append(done)
 
+    def diagnose_across(self, nodes: list[str], runbook: str, done: Callable[[list[HostVerdict]], None]) -> None:
+        self.orders.append(("diagnose_across", (tuple(nodes), runbook)))
+        self.diagnoses.append(done)
+
     def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
         self.orders.append(("restart", order))
         if self.fail_restarts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -182,6 +183,90 @@ def test_a_uniform_slowdown_is_no_straggler_but_a_collective_slowdown() -> None:
         s.advance()
         coll.evaluate(s.table, s.clock.now)
     assert coll.evaluate(s.table, s.clock.now).firing == ()
+
+
+def slowdown_steps(s: JobStream, coll: CollectiveSlowdown, change_at: int, change: Callable[[], None],
+                   steps: int = 60) -> list[int]:
+    """The steps at which the detector fired, `change` applied at step `change_at`."""
+    fired = []
+    for i in range(steps):
+        if i == change_at:
+            change()
+        s.advance()
+        if coll.evaluate(s.table, s.clock.now).firing:
+            fired.append(s.step)
+    return fired
+
+
+def two_stages() -> JobStream:
+    """6 ranks on 3 hosts, 2 pipeline stages (ranks 0-2 and 3-5), as on the multi-host bed."""
+    clock = ManualClock()
+    return JobStream(table=HeartbeatTable(clock=clock), clock=clock, nodes={"h1": [0, 1], "h2": [2, 3], "h3": [4, 5]},
+                     mesh=lambda r, world: {"pp": r // 3, "dp": r % 3, "tp": 0})
+
+
+def test_a_slow_link_under_one_pipeline_stage_is_a_collective_slowdown() -> None:
+    s = two_stages()
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+    slow_link = False
+
+    def stage1_slow(rank: int, step: int) -> dict[str, float]:
+        return {"dp_reduce": 0.2} if slow_link and rank >= 3 else {}
+
+    def slow() -> None:
+        nonlocal slow_link
+        slow_link = True
+
+    s.shape = stage1_slow
+    fired = slowdown_steps(s, coll, 25, slow)
+    assert fired and fired[0] > 25, "stage 0's fast reduce must not hide stage 1's slow one"
+    f = coll.evaluate(s.table, s.clock.now).firing[0]
+    assert f.evidence["transfer_s"] == pytest.approx(0.2, rel=0.05) and f.evidence["factor"] > 5
+
+
+def test_a_slow_network_on_a_machine_that_also_got_somewhat_slower_is_still_a_collective_slowdown() -> None:
+    s = stream()
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+
+    def both() -> None:
+        s.compute, s.transfer = 0.2 * 1.6, 0.2  # compute 1.6x (a busy shared machine), the network 10x
+
+    assert slowdown_steps(s, coll, 25, both)
+
+
+def test_a_collective_slowdown_is_not_healthy_while_the_cpus_get_busy_or_the_transfer_wavers_near_the_threshold() -> None:
+    s = stream()
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+
+    def network() -> None:
+        s.transfer = 0.2
+
+    assert slowdown_steps(s, coll, 25, network, steps=50)
+    s.compute = 0.2 * 3  # a network test beside the training takes the CPUs: not slow by the rule, nor healthy
+    for _ in range(15):
+        s.advance()
+        ev = coll.evaluate(s.table, s.clock.now)
+        assert "job" not in ev.healthy
+    s.compute, s.transfer = 0.2, 0.02 * 1.8  # between clearing (1.5 x) and firing (2 x): a wavering slow link
+    for _ in range(15):
+        s.advance()
+        assert "job" not in coll.evaluate(s.table, s.clock.now).healthy
+    s.transfer = 0.02
+    healthy = set()
+    for _ in range(15):
+        s.advance()
+        healthy |= coll.evaluate(s.table, s.clock.now).healthy
+    assert healthy == {"job"}, "healthy once the transfer is back"
+
+
+def test_a_machine_slower_as_a_whole_is_no_collective_slowdown() -> None:
+    s = stream()
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+
+    def everything() -> None:
+        s.compute, s.transfer = 0.2 * 2.5, 0.02 * 2.5  # compute and transfer alike: the CPUs, not the network
+
+    assert slowdown_steps(s, coll, 25, everything) == []
 
 
 # ---- NaN, loss spikes ------------------------------------------------------------------------------------

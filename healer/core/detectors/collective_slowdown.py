@@ -1,10 +1,17 @@
 """`collective_slowdown`: every rank slower at once, with the time going into the collectives rather than into
 compute, which points at the network (or the collective library), not at one rank. One finding per job.
 
-The transfer time of a window is the smallest `dp_reduce` median among the ranks (the time a rank that waits
-for nobody spends in the reduce). The job's baseline is the median of its first `baseline_windows` windows;
-a window fires when the transfer time is above `factor` x the baseline while compute stays within `ratio`
-of its own baseline and no single rank stands out (the straggler detector's case).
+The transfer time of a data-parallel group (the ranks of one pipeline stage) is the smallest `dp_reduce` median
+among its ranks (the time a rank that waits for nobody spends in the reduce); the window's transfer time is that of
+its slowest group. NOTE: per group, not the smallest over the whole job: with pipeline stages, a slow link slows the
+groups whose ranks it carries, and the smallest over every rank would be a group it does not touch.
+
+The job's baseline is the median of its first `baseline_windows` windows. A window is slow when the transfer time
+grew more than `factor` times as much as compute did (a machine that got slower as a whole, as a shared one does,
+slows both alike: that is not the network) and no single rank's compute stands out by more than `ratio` (the
+straggler detector's case). The job is healthy again once the transfer time is back under `clear_factor` x the
+baseline: lower than `factor`, so that a transfer time that wavers around the threshold (the windows are short, and a
+shared machine is noisy) does not resolve the incident while network-triage is still looking at it.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, median, prune
-from healer.core.detectors.phases import phase_table
+from healer.core.detectors.phases import RankRow, phase_table
 from healer.core.jobview import Readings
 
 
@@ -37,8 +44,11 @@ class CollectiveSlowdown(Detector):
         """Windows that make the baseline before anything can fire."""
         factor: float = 2.0
         """Transfer time over the baseline that counts as a slowdown."""
+        clear_factor: float = 1.5
+        """Transfer time over the baseline under which the slowdown is over (at most `factor`)."""
         ratio: float = 1.3
-        """Compute may grow by at most this much for the slowdown to be put on the network."""
+        """No rank's compute may be more than this over the median rank's for the slowdown to be put on the
+        network (a rank that stands out is a straggler)."""
         consecutive: int = 2
         """Slow windows in a row before firing."""
 
@@ -49,6 +59,8 @@ class CollectiveSlowdown(Detector):
                 raise ValueError(f"baseline_windows must be >= 1, got {self.baseline_windows}")
             if self.factor <= 1 or self.ratio <= 1:
                 raise ValueError(f"factor and ratio must be > 1, got {self.factor}, {self.ratio}")
+            if not 1 <= self.clear_factor <= self.factor:
+                raise ValueError(f"clear_factor must be in [1, factor {self.factor}], got {self.clear_factor}")
             if self.consecutive < 1:
                 raise ValueError(f"consecutive must be >= 1, got {self.consecutive}")
 
@@ -75,27 +87,40 @@ class CollectiveSlowdown(Detector):
             state.window_end = low
             if len(rows) < 2:
                 continue
-            transfer = min(r.dp_reduce_s for r in rows)
+            transfer = max(min(r.dp_reduce_s for r in group) for group in _groups(rows))
             compute = median([r.compute_s for r in rows])
             if len(state.transfer) < self.config.baseline_windows:
                 state.transfer.append(transfer)
                 state.compute.append(compute)
                 continue
             base_t, base_c = median(state.transfer), median(state.compute)
-            slow = base_t > 0 and transfer > self.config.factor * base_t and compute <= self.config.ratio * base_c \
+            compute_growth = max(1.0, compute / base_c) if base_c > 0 else 1.0
+            slow = base_t > 0 and transfer > self.config.factor * compute_growth * base_t \
                 and max(r.compute_s for r in rows) <= self.config.ratio * compute
             state.slow_windows = state.slow_windows + 1 if slow else 0
             state.last = {"transfer_s": round(transfer, 4), "baseline_transfer_s": round(base_t, 4),
                           "compute_s": round(compute, 4), "baseline_compute_s": round(base_c, 4),
                           "factor": round(transfer / base_t, 2) if base_t > 0 else None,
+                          "compute_growth": round(compute_growth, 2),
                           "phase_table": [r.to_payload() for r in rows]}
-            if not slow:
+            if transfer <= self.config.clear_factor * base_t:
+                # NOTE: healthy only once the transfer itself is back: a window that is not slow because compute
+                # grew too (a network test running beside the training takes CPUs too) must not resolve the incident.
                 healthy.add(job)
         for job, state in self._jobs.items():
             if state.slow_windows >= self.config.consecutive:
                 firing.append(Finding(
                     key=job, job=job, node=None,
-                    summary=f"every rank slower in the data-parallel reduce: {state.last['transfer_s']} s against a "
-                            f"baseline of {state.last['baseline_transfer_s']} s, compute flat (network suspected)",
+                    summary=f"the data-parallel reduce slower: {state.last['transfer_s']} s against a baseline of "
+                            f"{state.last['baseline_transfer_s']} s, compute x{state.last['compute_growth']} "
+                            "(network suspected)",
                     evidence={**state.last, "windows": state.slow_windows, "window_steps": self.config.window}))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+
+
+def _groups(rows: list[RankRow]) -> list[list[RankRow]]:
+    """The rows by pipeline stage: each stage's ranks reduce together (tensor parallelism stays inside a host)."""
+    stages: dict[int, list[RankRow]] = {}
+    for r in rows:
+        stages.setdefault(r.stage, []).append(r)
+    return list(stages.values())

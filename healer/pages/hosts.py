@@ -1,0 +1,74 @@
+"""The run's hosts, for the report and the job page: what each host was in each attempt (trained, spare, left
+out), the incidents that named it, whether it was drained and why, what Slurm said of it at the end, and what
+network-triage measured on its links. Read from the supervisor's journal, the agents' registry, the incidents'
+evidence and the states `megaheal run` recorded on its way out (healer/runner/run.py); nothing here asks a host or
+the scheduler anything.
+
+    <run_dir>/supervisor/attempts.jsonl   each attempt's hosts (healer/launchers/journal.py)
+    <run_dir>/supervisor/agents.json      every host with an agent, spares included (healer/launchers/agent_registry.py)
+    <run_dir>/supervisor/hosts.json       {host: {"state": ..., "reason": ...}} from Slurm as the run ended
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from healer.jsonl import read_jsonl
+
+
+def states_path(run_dir: Path) -> Path:
+    return run_dir / "supervisor" / "hosts.json"
+
+
+def host_table(run_dir: Path, incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per host the run knew, in name order."""
+    starts = [e for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl") if e.get("event") == "start"]
+    final = _read_json(states_path(run_dir))
+    hosts = set(_read_json(run_dir / "supervisor" / "agents.json")) | set(final)
+    hosts |= {n for e in starts for n in e.get("nodes", [])} | {n for i in incidents for n in i.get("suspect_nodes", [])}
+    return [_row(host, starts, incidents, final.get(host)) for host in sorted(hosts)]
+
+
+def _row(host: str, starts: list[dict[str, Any]], incidents: list[dict[str, Any]],
+         final: dict[str, Any] | None) -> dict[str, Any]:
+    roles, trained_before = {}, False
+    for start in starts:
+        here = host in start.get("nodes", [])
+        roles[str(start.get("attempt"))] = "trained" if here else "left out" if trained_before or _excluded(
+            host, incidents) else "spare"
+        trained_before |= here
+    named = [i for i in incidents if host in i.get("suspect_nodes", []) or host in _named_by(i)]
+    drain = next((d[host] for i in reversed(incidents) if host in (d := _evidence(i).get("drain") or {})), None)
+    slurm = final or next((s[host] for i in reversed(incidents) if host in (s := _evidence(i).get("slurm") or {})),
+                          None)
+    links = [f"{_named_by(i)[host].get('summary', '')}" for i in named if host in _named_by(i)]
+    return {"host": host, "roles": roles,
+            "incidents": [{"id": i.get("id"), "kind": i.get("kind"), "state": i.get("state")} for i in named],
+            "drain": drain, "slurm": slurm, "network": links,
+            "pairs_gbps": {k: v for i in named for k, v in (_named_by(i).get(host, {}).get("pairs_gbps") or {}).items()}}
+
+
+def _named_by(incident: dict[str, Any]) -> dict[str, Any]:
+    """Hosts a runbook across the job's hosts named in the incident (healer/core/respond.py `named_by`)."""
+    hosts = (_evidence(incident).get("named_by") or {}).get("hosts")
+    return hosts if isinstance(hosts, dict) else {}
+
+
+def _evidence(incident: dict[str, Any]) -> dict[str, Any]:
+    """The incident's evidence; none in a payload that carries only the ledger's fields."""
+    ev = incident.get("evidence")
+    return ev if isinstance(ev, dict) else {}
+
+
+def _excluded(host: str, incidents: list[dict[str, Any]]) -> bool:
+    return any(host in ((i.get("plan") or {}).get("exclude") or []) for i in incidents)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return found if isinstance(found, dict) else {}

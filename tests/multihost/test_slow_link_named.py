@@ -1,0 +1,77 @@
+"""A slow link on the multi-host bed, named inside the healing loop: deploy/slurm/megaheal.sbatch on the bed's 4 hosts
+(3 training, 2 ranks each, and a spare), one training host's link slowed with tbf while the job trains, and then what
+the healer made of it: a collective slowdown whose evidence is network-triage's verdict (run once across the job's
+hosts, beside the training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.multihost.conftest import bed_env
+from tests.multihost.slurm_job import SlurmJob
+from tests.support import wait_for
+from testbed import faults
+
+pytestmark = pytest.mark.multihost
+# NOTE: the bed's links are veths on one machine: 100 Mbit/s is far below what they carry (network-triage measured
+# them at ~0.1-1 GB/s), and it slows the data-parallel reduce of the stage whose ranks cross the host several times
+# over while the job goes on training.
+RATE_BIT_S = 100_000_000
+STEPS = 220  # enough for the detector's baseline, the slowdown's windows and network-triage while training runs
+
+
+@pytest.fixture
+def job(healthy_bed, tmp_path, monkeypatch) -> Iterator[SlurmJob]:
+    monkeypatch.setenv("SLURM_CONF", bed_env(healthy_bed)["SLURM_CONF"])  # scontrol, for the hosts' states
+    the_job = SlurmJob.submit(healthy_bed, tmp_path, STEPS)
+    yield the_job
+    the_job.stop()
+
+
+def named_by_triage(job: SlurmJob, host: str) -> dict[str, Any] | None:
+    """The job's incident whose evidence holds network-triage's verdict naming `host`, once there."""
+    for incident in job.incidents():
+        named = (incident["evidence"].get("named_by") or {})
+        if named.get("runbook") == "network-triage" and host in named.get("hosts", {}):
+            return incident
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_a_slowed_link_is_named_by_network_triage_in_the_incident_and_nothing_restarts(healthy_bed, job) -> None:
+    bed = healthy_bed
+    slow = bed.hosts[2].name  # a training host; hosts[0] runs the batch script and the healer
+    job.wait_step(20, 300)
+    t0 = time.monotonic()
+    faults.slow_link(bed, slow, RATE_BIT_S)
+
+    incident = wait_for(f"an incident naming {slow} by network-triage", lambda: named_by_triage(job, slow), 300,
+                        every_s=1.0)
+    named_after_s = time.monotonic() - t0
+    faults.restore_speed(bed, slow)  # the rest of the job at full speed
+    job.finish(420)
+
+    incident = next(i for i in job.incidents() if i["id"] == incident["id"])
+    print(f"\nslowed {slow}: named after {named_after_s:.1f} s by {incident['kind']} incident {incident['id']}; "
+          f"network-triage ran {incident['diagnosed_at'] - incident['detected_at']:.1f} s; {incident['summary']}")
+    assert incident["kind"] in ("collective_slowdown", "straggler"), incident
+    assert incident["suspect_nodes"] == [slow], incident
+    assert incident["verdict"] == "fail" and incident["action"] == "notify", incident
+    mine = incident["evidence"]["named_by"]["hosts"][slow]
+    assert "GB/s" in mine["summary"] and f"network-triage: {slow}: " in incident["summary"], incident
+    # Its pairs with the other two training hosts, measured (GB/s) at about the link's rate.
+    assert len(mine["pairs_gbps"]) == 2 and all(v < 2 * RATE_BIT_S / 8 / 1e9 for v in mine["pairs_gbps"].values()), mine
+    assert {d["node"] for d in incident["diagnosis"]} == {h.name for h in bed.hosts[:3]}, "the job's hosts, at once"
+    assert job.attempts() == [0], "a slow link restarts nothing"
+    assert "DRAIN" not in job.slurm_state(slow).state
+    # The report: a row per host, the slowed one with the incident naming it, its Slurm state at the end, its link.
+    hosts = {h["host"]: h for h in json.loads((job.run_dir / "report.json").read_text())["hosts"]}
+    assert hosts[slow]["roles"] == {"0": "trained"} and hosts[bed.hosts[3].name]["roles"] == {"0": "spare"}
+    assert [i["id"] for i in hosts[slow]["incidents"]] == [incident["id"]] and hosts[slow]["slurm"]["state"]
+    assert hosts[slow]["network"] == [mine["summary"]]
+    job.assert_nothing_left()
