@@ -552,14 +552,20 @@ def test_a_crash_that_says_what_it_is_fires_at_once_even_with_a_silent_host() ->
     assert f.evidence["suspect_rank"] == 0 and f.evidence["class"]["category"] == "oom"
 
 
+def _rank_3_vanished_on_n2() -> HeartbeatTable:
+    """Attempt 0 on n1 and n2; at t=10 n2's agent found rank 3 gone without its exit status (torchrun reaped it)."""
+    table = HeartbeatTable(clock=ManualClock())
+    table.processes.started("job", 0, ("n1", "n2"), 0.0)
+    vanished = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
+    table.processes.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished]), 10.0)
+    return table
+
+
 def test_a_rank_that_vanished_waits_for_its_hosts_report_of_how_it_died() -> None:
     # torchrun reaped rank 3 before its status could be read; its failure report (in its host's report once torchrun
     # has exited) says SIGKILL. However long that takes on a loaded machine, the crash waits for it.
-    table = HeartbeatTable(clock=ManualClock())
+    table = _rank_3_vanished_on_n2()
     view = table.processes
-    view.started("job", 0, ("n1", "n2"), 0.0)
-    vanished = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
-    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished]), 10.0)
     crash = Crash(Crash.Config())
     assert not crash.evaluate(table, 25.0).firing  # 15 s later: still waiting for the report
     died = RankExit(rank=3, pid=1003, at=10.0, signal=signal.SIGKILL)
@@ -571,13 +577,10 @@ def test_a_rank_that_vanished_waits_for_its_hosts_report_of_how_it_died() -> Non
 def test_a_rank_that_vanished_on_a_host_whose_part_exited_0_finished_and_is_no_crash() -> None:
     # The job's last step done: torchrun reaped rank 3 before its agent read its status, and its last heartbeat (the
     # one saying it was finishing) never reached the healer. torchrun exits 0 only when every worker did.
-    table = HeartbeatTable(clock=ManualClock())
+    table = _rank_3_vanished_on_n2()
     view = table.processes
-    view.started("job", 0, ("n1", "n2"), 0.0)
-    vanished = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
-    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished]), 10.0)
-    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished], ended=True, exit_code=0),
-                11.0)
+    gone = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[gone], ended=True, exit_code=0), 11.0)
     crash = Crash(Crash.Config())
     for now in (11.0, 20.0, 60.0):
         assert not crash.evaluate(table, now).firing
