@@ -72,6 +72,7 @@ def test_a_slowed_link_is_named_by_network_triage_in_the_incident_and_nothing_re
     # The report: a row per host, the slowed one with the incident naming it, its Slurm state at the end, its link.
     hosts = {h["host"]: h for h in json.loads((job.run_dir / "report.json").read_text())["hosts"]}
     assert hosts[slow]["roles"] == {"0": "trained"} and hosts[bed.hosts[3].name]["roles"] == {"0": "spare"}
-    assert [i["id"] for i in hosts[slow]["incidents"]] == [incident["id"]] and hosts[slow]["slurm"]["state"]
+    # (a straggler on the slowed host may follow while its reduce waits: it names the same host)
+    assert incident["id"] in [i["id"] for i in hosts[slow]["incidents"]] and hosts[slow]["slurm"]["state"]
     assert hosts[slow]["network"] == [mine["summary"]]
     job.assert_nothing_left()
