@@ -201,8 +201,10 @@ class Responder:
         assert self.diagnoser is not None
 
         def done(verdict: str, summary: str, result: dict[str, Any] | None) -> None:
-            self.store.finish_runbook_run(run_id, incident.id, verdict, summary, result)
+            # NOTE: the note first: the tick decides as soon as the run has its verdict, and the timeline must read
+            # diagnosed before decided.
             self.store.note(incident.id, {"runbook": name, "verdict": verdict, "summary": summary}, kind="diagnosed")
+            self.store.finish_runbook_run(run_id, incident.id, verdict, summary, result)
             log.info("incident %d: runbook %s: %s", incident.id, runbook, summary)
 
         self.diagnoser.submit(runbook, nodes, done)
@@ -215,9 +217,10 @@ class Responder:
         for v in verdicts:
             if v.status is not Status.PASS:
                 log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status.value, v.summary)
-        self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
         self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status.value, "diagnosis": hosts},
                         kind="diagnosed")
+        # NOTE: after the note: the tick decides as soon as the run has its verdict (diagnosed before decided).
+        self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
         if across:
             self._name_hosts(incident_id, runbook, [v for v in verdicts if v.status is Status.FAIL])
 
