@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import logging
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -18,9 +19,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from healer.launchers import agent_registry
-from healer.launchers.agent_client import AgentClient
+from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
 from healer.launchers.fleet import AgentSettings
+from megaheal import procfs
 
+log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
 
 
@@ -162,13 +165,16 @@ class LocalAgents(AgentSettings):
     def stop(self) -> None:
         """End the agents (the job's ranks must already be stopped: an agent leaves them as they are); twice is once."""
         token = self.token_file.read_text().strip() if self.token_file.exists() else ""
+        adopted: list[int] = []
         for agent in self.agents.values():
             if agent.in_process is not None:
                 agent.in_process.stop()
             elif agent.process is not None and agent.process.poll() is None:
                 agent.process.send_signal(signal.SIGTERM)
             elif agent.process is None:  # adopted from a healer that died: not our child, but it takes orders
-                agent_registry.shut_down(agent.node, agent.url, token)
+                pid = _pid_of(agent, token)
+                if agent_registry.shut_down(agent.node, agent.url, token) and pid is not None:
+                    adopted.append(pid)
         for agent in self.agents.values():
             if agent.process is not None:
                 try:
@@ -178,4 +184,20 @@ class LocalAgents(AgentSettings):
                     agent.process.wait(timeout=15)
             if agent._log is not None:
                 agent._log.close()
+        # The adopted ones are not ours to wait for; they are on this machine, so watch them leave (as for our own).
+        deadline = time.monotonic() + 15
+        while adopted and time.monotonic() < deadline:
+            adopted = [p for p in adopted if procfs.alive(p)]
+            time.sleep(0.1)
+        if adopted:
+            log.warning("adopted agent(s) still running 15 s after their shutdown: pid(s) %s", adopted)
         self.agents.clear()  # stopped once: a second stop (an error after the loop stopped them) has nothing to do
+
+
+def _pid_of(agent: LocalAgent, token: str) -> int | None:
+    """The pid an adopted agent says it has (None when it does not answer)."""
+    try:
+        pid = AgentClient(agent.node, agent.url, token, timeout_s=3, attempts=1).state().get("pid")
+    except (AgentUnreachable, OrderFailed):
+        return None  # it does not answer: nothing to wait for
+    return pid if isinstance(pid, int) else None
