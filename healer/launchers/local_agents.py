@@ -8,6 +8,7 @@ The agents run in sessions of their own: a healer that dies leaves them (and the
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -135,6 +136,8 @@ class LocalAgents(AgentSettings):
         env.setdefault("OMP_NUM_THREADS", "1")
         proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=agent_log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        # Who the agent is, for a healer that takes the run over and finds it not answering (see _end_stale).
+        (work / "pid.json").write_text(json.dumps({"pid": proc.pid, "started": procfs.start_time(proc.pid)}) + "\n")
         return node, url_file, agent_log, proc, log_path
 
     def adopt(self, nodes: list[str]) -> dict[str, str]:
@@ -146,10 +149,33 @@ class LocalAgents(AgentSettings):
             url = known.get(node)
             if url is not None and agent_registry.redirect(node, url, token, self.healer_url):
                 self.agents[node] = LocalAgent(node, url)
+            else:
+                # An agent too slow to answer in time may still be alive: two agents must never serve one host.
+                self._end_stale(node)
         missing = [n for n in nodes if n not in self.agents]
         if missing:
             self.start(missing)
         return {n: a.url for n, a in self.agents.items()}
+
+    def _end_stale(self, node: str) -> None:
+        """Kill the agent this run last started on `node` if it still runs (it did not answer: hung, or starved of
+        CPU). Its pid and start time are in its pid.json, so a pid the kernel gave to a later process is left alone;
+        its ranks are in sessions of their own and live on, for the host's next agent to adopt or stop."""
+        try:
+            rec = json.loads((self.work_dir(node) / "pid.json").read_text())
+            pid, started = int(rec["pid"]), float(rec["started"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return
+        if not (procfs.alive(pid) and procfs.is_same_process(pid, started)):
+            return
+        log.warning("the agent of %s (pid %d) runs but does not answer: killing it", node, pid)
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the agent leads its own session (see _spawn)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 15
+        while procfs.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def known(self) -> dict[str, str]:
         """The agents this run's launcher last started (`agents.json` in the run's supervisor directory)."""
@@ -175,6 +201,8 @@ class LocalAgents(AgentSettings):
                 pid = _pid_of(agent, token)
                 if agent_registry.shut_down(agent.node, agent.url, token) and pid is not None:
                     adopted.append(pid)
+                else:
+                    self._end_stale(agent.node)
         for agent in self.agents.values():
             if agent.process is not None:
                 try:

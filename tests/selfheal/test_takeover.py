@@ -6,8 +6,10 @@ attempt that still runs is adopted as it is, one that does not is stopped and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -60,12 +62,25 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
     try:
         wait_for(f"the first healer's {stage} incident", lambda: any(stage in i.stages for i in incidents(run_dir)),
                  timeout_s=240, every_s=0.05)
-        left = procfs.descendants(first.pid)
+        left = {pid: procfs.start_time(pid) for pid in procfs.descendants(first.pid)}
         first.send_signal(signal.SIGKILL)  # the healer dies; its job's agents and ranks do not
         first.wait(timeout=30)
     except BaseException:
         kill_job(first)
         raise
+    try:
+        _take_over(tmp_path, run_dir, left, kill_after)
+    finally:
+        # Whatever failed, nothing of either healer outlives the test: the agents are in sessions of their own, and
+        # the second healer's are orphans once it has exited.
+        mine = [p for p in procfs.pids() if str(run_dir) in " ".join(procfs.cmdline(p))]
+        gone = [p for p, t in left.items() if t is not None and procfs.is_same_process(p, t)]
+        for pid in {*gone, *mine, *(d for p in mine for d in procfs.descendants(p))}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _take_over(tmp_path: Path, run_dir: Path, left: dict[int, float | None], kill_after: str) -> None:
     (inc,) = incidents(run_dir)
     assert inc.kind == "crash"
     # Killed before it decided (it may have begun diagnosing), or after it restarted the job.
