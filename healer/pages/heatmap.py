@@ -3,7 +3,7 @@ relative to the fastest rank of its pipeline stage at that step; and each rank's
 
 Why compute and not step time: in synchronous training every rank's step takes as long as the slowest one's (the
 others wait for it in the collectives), so step time is the same on every row. The slow rank is the one whose
-compute (forward/backward, gradient clipping, optimizer: healer.core.detectors.phases.COMPUTE_PHASES) is long
+compute (forward/backward and optimizer: healer.core.detectors.phases.COMPUTE_PHASES) is long
 while its collective waits are short. A silent rank (crashed, frozen) is the row whose records stop early.
 NOTE: pipeline sends and receives are timed inside forward/backward (torch's schedules do not expose them), so
 the pipeline peers of a slow rank look slow as well, if less so; the suspect row is marked.

@@ -224,6 +224,52 @@ def test_a_slow_link_under_one_pipeline_stage_is_a_collective_slowdown() -> None
     assert f.evidence["transfer_s"] == pytest.approx(0.2, rel=0.05) and f.evidence["factor"] > 5
 
 
+def test_a_slow_link_that_also_slows_its_pipeline_peers_and_the_other_stages_norm_is_a_collective_slowdown() -> None:
+    # As measured on the bed with one host's link at 100 Mbit/s: stage 1's reduce 15x slower; stage 0 waits for it
+    # in the global gradient norm's all-reduce; a rank sending activations over the slow link computes 1.4x the
+    # median (pipeline sends are timed in forward/backward). Under load, that rank used to veto the finding.
+    s = two_stages()
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+    slow_link = False
+
+    def measured(rank: int, step: int) -> dict[str, float]:
+        if not slow_link:
+            return {}
+        if rank >= 3:
+            return {"dp_reduce": 0.3}
+        return {"grad_norm_clip": 0.3, **({"forward_backward": 0.16 * 1.5} if rank == 1 else {})}
+
+    def slow() -> None:
+        nonlocal slow_link
+        slow_link = True
+
+    s.shape = measured
+    fired = slowdown_steps(s, coll, 25, slow)
+    assert fired and fired[0] > 25
+    assert coll.evaluate(s.table, s.clock.now).firing[0].evidence["factor"] > 5
+
+
+def test_a_straggler_that_holds_its_group_in_the_reduce_is_no_collective_slowdown() -> None:
+    # Rank 4 descheduled for 0.1 s a step, now and then inside the reduce: its group's reduce grows by at most what
+    # its compute did, and that is the straggler detector's case.
+    s = two_stages()
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+    held = False
+
+    def stalled(rank: int, step: int) -> dict[str, float]:
+        if not held or rank < 3:
+            return {}
+        stall = {"dp_reduce": 0.02 + 0.08}  # rank 4 too: it was stopped inside the reduce
+        return {"forward_backward": 0.16 + 0.1, **stall} if rank == 4 else stall
+
+    def hold() -> None:
+        nonlocal held
+        held = True
+
+    s.shape = stalled
+    assert slowdown_steps(s, coll, 25, hold) == []
+
+
 def test_a_slow_network_on_a_machine_that_also_got_somewhat_slower_is_still_a_collective_slowdown() -> None:
     s = stream()
     coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
