@@ -6,7 +6,6 @@ hosts, beside the training) naming that host and its pairs' bandwidth, and nothi
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -43,12 +42,6 @@ def named_by_triage(job: SlurmJob, host: str) -> dict[str, Any] | None:
     return None
 
 
-# NOTE: not yet reliable enough for CI: of 6 runs on this machine (after the detector's per-stage fix) the collective
-# slowdown fired in 5, and network-triage then named the host; in one fresh-clone CI run no incident opened at all
-# while the link stayed slowed for 300 s. Until the detector's windows are understood under load, the test runs only
-# when asked for.
-@pytest.mark.skipif(not os.environ.get("MEGAHEAL_SLOW_LINK_TEST"),
-                    reason="the slow-link detection fired in 5 of 6 runs here: set MEGAHEAL_SLOW_LINK_TEST=1 to run it")
 @pytest.mark.timeout(600)
 def test_a_slowed_link_is_named_by_network_triage_in_the_incident_and_nothing_restarts(healthy_bed, job) -> None:
     bed = healthy_bed
