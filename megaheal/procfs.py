@@ -148,6 +148,16 @@ def alive(pid: int, proc: Path = PROC) -> bool:
     return st is not None and st.state not in NOT_ALIVE
 
 
+def wchan(pid: int, proc: Path = PROC) -> str | None:
+    """The kernel function `pid` sleeps in ("pipe_read", "futex_wait_queue", "do_freezer_trap", ...); None when it
+    is running (the kernel says "0"), gone, or the kernel hides it."""
+    try:
+        text = (proc / str(pid) / "wchan").read_text().strip()
+    except _UNREADABLE:
+        return None
+    return text if text and text != "0" else None
+
+
 def start_time(pid: int, proc: Path = PROC) -> float | None:
     """When `pid` started, in seconds after boot (see Stat.started); None when it is gone."""
     st = stat(pid, proc)

@@ -179,7 +179,7 @@ class Bed:
         report = Report()
         layout = self.layout
         # Thaw first: a frozen process takes SIGKILL only once thawed.
-        for group in freezer.groups(layout):
+        for group in freezer.groups(layout.freezer):
             freezer.thaw(group)
         ns, _ = network.found(layout)
         victims: set[int] = set()
@@ -192,7 +192,7 @@ class Bed:
         if left:
             raise BedError(f"processes of the bed survived SIGKILL: {left}")
         report.removed += [f"{len(victims)} process(es)"] if victims else []
-        report.removed += [f"freezer group {g}" for g in freezer.remove_all(layout)]
+        report.removed += [f"freezer group {g}" for g in freezer.remove_all(layout.freezer)]
         report.removed += [f"mount {m}" for m in hostns.remove(layout)]
         report.removed += network.remove(layout)
         if layout.made_netns_dir.exists():
@@ -225,7 +225,7 @@ class Bed:
         layout = self.layout
         ns, links = network.found(layout)
         states = slurm.node_states(layout) if slurm.slurmctld_pid(layout) else {}
-        frozen = freezer.frozen_pids(layout)
+        frozen = freezer.frozen_pids(layout.freezer)
         hosts = []
         for h in layout.hosts:
             hosts.append({

@@ -32,7 +32,7 @@ def kill_host(bed: Bed, host: str | Host) -> list[int]:
     network.set_link(h, up=False)
     victims = bed.pids(h)
     procs.kill(victims)
-    for group, pids in freezer.frozen_pids(bed.layout).items():
+    for group, pids in freezer.frozen_pids(bed.layout.freezer).items():
         if set(pids) & set(victims):
             freezer.thaw(bed.layout.freezer / group)  # a frozen task takes its SIGKILL only when thawed
     left = procs.wait_gone(victims, 10.0)
@@ -70,7 +70,7 @@ def restore_speed(bed: Bed, host: str | Host) -> None:
 
 def freeze(bed: Bed, pids: list[int], name: str) -> Path:
     """Freeze `pids` in the kernel; returns the freezer group to pass to `thaw`."""
-    return freezer.freeze(bed.layout, pids, name)
+    return freezer.freeze(bed.layout.freezer, pids, name)
 
 
 def thaw(group: Path) -> None:
@@ -89,7 +89,7 @@ def clear(bed: Bed) -> None:
     """Undo every fault: cancel the bed's jobs, thaw and remove frozen groups, links up at full speed,
     dead hosts revived, drained hosts resumed. The bed is as `up` left it."""
     slurm.cancel_all(bed.layout)
-    freezer.remove_all(bed.layout)
+    freezer.remove_all(bed.layout.freezer)
     for h in bed.hosts:
         network.unshape(h)
         network.set_link(h, up=True)

@@ -12,6 +12,7 @@ from megaheal.names import check_name
 from megaheal.typedconfig import apply_overrides, from_mapping, load_yaml
 from train.checkpoint.manager import CheckpointConfig
 from train.data import DataConfig
+from train.hang_faults import HangFault
 from train.layout import ParallelConfig
 from train.model import ModelConfig
 from train.optim import OptimConfig
@@ -49,6 +50,9 @@ class TrainConfig:
     inject_spike_at_sample: int | None = None
     """Fault injection: after training on the batch that starts at this global sample index, every weight is
     multiplied by 4 (a bad batch that throws the model off without a NaN): the loss spikes, finite."""
+    inject_hangs: list[HangFault] = field(default_factory=list)
+    """Fault injection: a rank hangs at a step, as real hangs do (train/hang_faults.py: spin, data, collective,
+    syscall), each once per run, e.g. `--set 'inject_hangs=[{mode: spin, at_step: 6, rank: 1}]'`."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -8,24 +8,40 @@ step, after the step has synchronised anyway (reading the loss), which adds no e
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
+from exporters.phase_now import PhaseBeacon
+
 
 class PhaseTimer:
-    """Accumulates named phase durations for one step."""
+    """Accumulates named phase durations for one step. `on_enter(name)` runs as each phase begins (the rank's
+    phase-now beacon, then any injected hang), `on_exit()` as it ends."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, on_enter: Callable[[str], None] | None = None,
+                 on_exit: Callable[[], None] | None = None) -> None:
         self._cuda = device.type == "cuda"
         self._cpu_ns: dict[str, int] = {}
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._on_enter, self._on_exit = on_enter, on_exit
 
     @contextmanager
     def phase(self, name: str, host: bool = False) -> Iterator[None]:
         """Time the enclosed work; host=True times the host (e.g. waiting for data), not the device."""
+        if self._on_enter is not None:
+            self._on_enter(name)
+        try:
+            with self._timed(name, host):
+                yield
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
+
+    @contextmanager
+    def _timed(self, name: str, host: bool) -> Iterator[None]:
         if self._cuda and not host:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -70,7 +86,14 @@ class TimedReduceScatter(DefaultReduceScatter):
         self._cpu_ns = 0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
+    beacon: PhaseBeacon | None = None
+    """Where the rank says it is now (set by the trainer): inside the reduce while it runs."""
+
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # type: ignore[override]
+        with self.beacon.inside("dp_reduce") if self.beacon is not None else nullcontext():
+            return self._reduce(output_tensor, input_tensor, group, op, async_op)
+
+    def _reduce(self, output_tensor, input_tensor, group, op, async_op):  # type: ignore[no-untyped-def]
         if self.enter_ns is None:
             self.enter_ns = time.monotonic_ns()
         if self._cuda:
@@ -113,7 +136,14 @@ class TimedAllGather(DefaultAllGather):
         self._cpu_ns = 0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
+    beacon: PhaseBeacon | None = None
+    """Where the rank says it is now (set by the trainer): inside the all-gather while it runs."""
+
     def __call__(self, output_tensor, input_tensor, group, async_op=False):  # type: ignore[override]
+        with self.beacon.inside("dp_gather") if self.beacon is not None else nullcontext():
+            return self._gather(output_tensor, input_tensor, group, async_op)
+
+    def _gather(self, output_tensor, input_tensor, group, async_op):  # type: ignore[no-untyped-def]
         if self._cuda:
             # Issued on FSDP's all-gather stream: the events time the transfer there (overlapped with compute).
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -22,11 +22,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
+from exporters.phase_now import PhaseBeacon
 from megaheal.names import derive_name
 from train.checkpoint.manager import Checkpointer
 from train.checkpoint.state import ModelParts, capture, config_hash, load_template, model_hash, restore
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenStream, build_source
+from train.hang_faults import HangInjector
 from train.layout import stage_ids, stage_layers, validate_layout
 from train.mfu import Peak, flops_per_token, mfu, resolve_peak
 from train.model import GPT, count_flop_params, cross_entropy_loss
@@ -61,9 +63,14 @@ class Trainer:
         self.device = _rank_device(cfg.device)
         self.mesh = _build_mesh(cfg, self.device) if world > 1 else None
         self.place = _rank_place(self.mesh, world)
-        self.timer = PhaseTimer(self.device)
+        # Where this rank is now, for the node agent when the job hangs (nothing is written unless asked for).
+        self.beacon = PhaseBeacon.from_env(self.place.rank)
+        self.hang = HangInjector(cfg.inject_hangs, self.place.rank, run_dir)
+        self.timer = PhaseTimer(self.device, on_enter=self._entering,
+                                on_exit=self.beacon.leave if self.beacon is not None else None)
         self.reduce_timer = TimedReduceScatter(self.device)
         self.gather_timer = TimedAllGather(self.device)
+        self.reduce_timer.beacon = self.gather_timer.beacon = self.beacon
         self.chunks, self.stage_indices = self._build_chunks()
         self.schedule = self._build_schedule()
         self.optimizer = build_optimizer(
@@ -176,6 +183,11 @@ class Trainer:
 
     # ------------------------------------------------------------ the step
 
+    def _entering(self, phase: str) -> None:
+        if self.beacon is not None:
+            self.beacon.enter(phase, self.step_index)
+        self.hang.maybe(self.step_index, phase)
+
     def step(self) -> dict[str, Any]:
         """Run one optimizer step and return its record (also written to this rank's JSON lines)."""
         t0 = time.perf_counter()
@@ -202,7 +214,8 @@ class Trainer:
             self._corrupt_weights(float("nan"), "set to NaN")
         elif batch_start == self.cfg.inject_spike_at_sample:
             self._corrupt_weights(4.0, "multiplied by 4")
-        loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
+        with self.beacon.inside("global_scalars") if self.beacon is not None else nullcontext():
+            loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
         with timer.phase("checkpoint", host=True):
             self._maybe_save(self.step_index + 1)
         phases = timer.collect()
@@ -220,6 +233,8 @@ class Trainer:
         if self.table is not None and self.step_index % self.cfg.log_every == 0:
             self.table.row(record)
         self.step_index += 1
+        if self.beacon is not None:
+            self.beacon.between(self.step_index)
         return record
 
     def _corrupt_weights(self, factor: float, what: str) -> None:
@@ -359,6 +374,8 @@ class Trainer:
             self.close()
 
     def close(self) -> None:
+        if self.beacon is not None:
+            self.beacon.close()
         self.checkpointer.close()
         self.loader.close()
         self.writer.close()

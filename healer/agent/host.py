@@ -93,12 +93,16 @@ class HostAttempt:
         self.process = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
                                         stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def adopt(self) -> bool:
+    def adopt(self, node: str) -> bool:
         """Take on the attempt's torchrun agent on this host, started by an agent that died (it runs in a session
-        of its own and outlived it); found by the attempt's run id. False when none runs."""
+        of its own and outlived it); found by the attempt's run id and, where hosts share a PID namespace (a test
+        bed, the local launcher), by the host its agent named in its environment. False when none runs."""
         for pid in procfs.pids():
             t = kill.identify(pid, self.run_id)
-            if t is not None and "torch.distributed.run" in procfs.cmdline(pid):
+            # NOTE: the run id is the attempt's, the same on every host: without the host, the agent of one host
+            # took on another's torchrun (the bed's hosts share this machine's PID namespace).
+            if t is not None and "torch.distributed.run" in procfs.cmdline(pid) \
+                    and procfs.environ(pid).get("MEGAHEAL_NODE", node) == node:
                 self.process = AdoptedTorchrun(t, self.agent_log)
                 log.warning("adopted attempt %d of %s: torchrun pid %d", self.attempt, self.job, pid)
                 return True

@@ -25,12 +25,14 @@ from typing import Any
 
 import msgspec
 
+from exporters import phase_now
 from exporters.heartbeat import HeartbeatForwarder
 from exporters.schema import HeartbeatBatch
 from exporters.sidecar import AUTO, Sidecar
 from healer.agent.host import HostAttempt, run_id
 from healer.agent.orders import (
     AdoptOrder,
+    EvidenceOrder,
     Order,
     OrderBook,
     ReportOrder,
@@ -40,7 +42,7 @@ from healer.agent.orders import (
     StartOrder,
     StopOrder,
 )
-from megaheal import procfs
+from megaheal import procfs, rank_evidence
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +190,8 @@ class NodeAgent:
         if isinstance(order, ShutdownOrder):
             threading.Timer(0.2, self._shutdown.set).start()  # after this answer is out
             return {"shutdown": True}
+        if isinstance(order, EvidenceOrder):
+            return self._evidence(order)
         if isinstance(order, SignalOrder):
             with self._lock:
                 if self.attempt is None or self.attempt.attempt != order.attempt:
@@ -207,7 +211,8 @@ class NodeAgent:
             env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
                 "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
                 "MEGAHEAL_NODE": self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
-                "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path}
+                "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path,
+                phase_now.ENV: str(self._phase_dir(order.job, order.attempt))}
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
                                        env=env, cwd=self.cfg.cwd,
                                        log_dir=self._attempt_dir(order))
@@ -232,7 +237,7 @@ class NodeAgent:
                 raise RuntimeError(f"attempt {self.attempt.attempt} runs on {self.cfg.node}; it cannot adopt another")
             found = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=[], env={},
                                 cwd=self.cfg.cwd, log_dir=self._attempt_dir(order))
-            if not found.adopt():
+            if not found.adopt(self.cfg.node):
                 raise LookupError(f"attempt {order.attempt} of {order.job} does not run on {self.cfg.node}")
             self.attempt = found
             assert found.process is not None
@@ -240,6 +245,21 @@ class NodeAgent:
 
     def _attempt_dir(self, order: StartOrder | AdoptOrder) -> Path:
         return self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}"
+
+    def _phase_dir(self, job: str, attempt: int) -> Path:
+        """Where the attempt's ranks say which phase they are in (exporters/phase_now.py)."""
+        return (self.cfg.work_dir / f"{job}-attempt-{attempt:03d}" / "phase").absolute()
+
+    def _evidence(self, order: EvidenceOrder) -> dict[str, Any]:
+        """What each rank of the attempt here is doing, read from outside (nothing is signalled or stopped)."""
+        with self._lock:
+            attempt = self.attempt
+            if attempt is None or attempt.attempt != order.attempt:
+                raise LookupError(f"attempt {order.attempt} is not running on {self.cfg.node}")
+            report = attempt.report()
+        ranks = {r.pid: r.rank for r in report.ranks}
+        found, took = rank_evidence.collect_all(ranks, self._phase_dir(report.job, report.attempt), order.timeout_s)
+        return {"node": self.cfg.node, "ranks": found, "took_s": round(took, 3)}
 
     def _rdzv_host(self) -> str:
         host = (self.cfg.advertise or self.cfg.listen).rpartition(":")[0]

@@ -7,6 +7,7 @@ was lost) returns the first one's state instead of starting a second attempt.
     {"kind": "signal", "id": ..., "attempt": 7, "rank": 3, "signal": "SIGKILL"}
     {"kind": "runbook", "id": ..., "runbook": "node-health", "timeout_s": 90}
     {"kind": "adopt", "id": ..., "job": ..., "attempt": 7, "node_rank": 1}
+    {"kind": "evidence", "id": ..., "attempt": 7, "timeout_s": 10}
 """
 
 from __future__ import annotations
@@ -89,13 +90,24 @@ class AdoptOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="adopt
     node_rank: Count
 
 
+class EvidenceOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="evidence"):
+    """Say what each rank of the attempt on this host is doing (state, phase, Python stack), touching none of them:
+    a hang is looked at before anything is stopped."""
+
+    id: OrderId
+    attempt: Count
+    timeout_s: Annotated[float, Meta(gt=0, le=120)] = 10.0
+    """Per rank's stack dump."""
+
+
 class ShutdownOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="shutdown"):
     """End the agent (its job is over; the ranks must already be stopped)."""
 
     id: OrderId
 
 
-Order = StartOrder | StopOrder | SignalOrder | RunbookOrder | ReportOrder | ShutdownOrder | AdoptOrder
+Order = (StartOrder | StopOrder | SignalOrder | RunbookOrder | ReportOrder | ShutdownOrder | AdoptOrder
+         | EvidenceOrder)
 decode_order = msgspec.json.Decoder(Order).decode
 
 

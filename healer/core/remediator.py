@@ -153,6 +153,11 @@ class Remediator(Protocol):
         """For nonfinite and loss_spike: the first bad step among every step the attempt recorded (heartbeats only
         sample steps, and a rollback one step late skips the wrong batches); None if it cannot tell."""
 
+    def rank_evidence(self, attempt: int) -> dict[str, Any] | None:
+        """What every rank of `attempt` is doing, looked at from its host without touching it (kernel state, phase,
+        Python stack: megaheal/rank_evidence.py), as {"ranks": [...], "unreached": {host: why}}; None when
+        `attempt` is not the one running."""
+
 
 class Diagnoser(Protocol):
     """Runs a rule's runbook for an incident without a launcher (the service's `diagnosis: local`)."""

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from healer.core.catalogue import Remedy, fault
+from healer.core.hang_attribution import attribute
 from healer.core.jobstore import JobStore
 from healer.core.metrics import HealerMetrics
 from healer.core.models import Incident
@@ -83,6 +84,8 @@ class Responder:
         rule = self.rules.get(incident.rule)
         if state is S.OPEN and fault(incident.kind).remedy is Remedy.ROLLBACK:
             incident = self._refine_first_bad_step(incident, rule)
+        if state is S.OPEN and incident.kind == "hang" and "stacks" not in (incident.evidence or {}):
+            incident = self._look_at_hang(incident)
         facts = self.facts(incident, rule, now)
         decision = decide(facts)
         if decision.action is Action.WAIT or decision.to_state is None:
@@ -174,6 +177,37 @@ class Responder:
         if first is None or (isinstance(seen, int) and first >= seen):
             return incident
         self.store.update_evidence(incident.id, {"first_step": first, "first_step_from": "ranks/0.jsonl"})
+        return self.store.row(incident.id)
+
+    def _look_at_hang(self, incident: Incident) -> Incident:
+        """Before anything is stopped: what every rank is doing (healer.core.hang_attribution reads it), and the
+        rank that holds the job up becomes the suspect. The detector alone names a stopped rank (state T) or the one
+        behind; a rank spinning, blocked in a read or in another collective looks like all the others to it."""
+        r = self.remediator
+        if r is None or incident.job != r.job or incident.attempt is None:
+            return incident
+        try:
+            found = r.rank_evidence(incident.attempt)
+        except Exception as exc:  # noqa: BLE001 - evidence is worth having, never worth failing the incident for
+            log.warning("incident %d: the ranks could not be looked at: %s", incident.id, exc)
+            found = None
+        if not found or not found.get("ranks"):
+            self.store.update_evidence(incident.id, {"stacks": {"error": "no rank could be looked at",
+                                                                "unreached": (found or {}).get("unreached", {})}})
+            return self.store.row(incident.id)
+        ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+        mesh = {x["rank"]: x["mesh"] for x in ev.get("ranks", []) if isinstance(x, dict) and isinstance(x.get("mesh"), dict)}
+        att = attribute(found["ranks"], mesh)
+        nodes = sorted({x["node"] for x in found["ranks"] if x.get("rank") in att.suspects})
+        said = f"rank(s) {', '.join(map(str, att.suspects))} on {', '.join(nodes)}: {att.how}"
+        update: dict[str, Any] = {
+            "stacks": {"attempt": found.get("attempt"), "ranks": found["ranks"], "unreached": found.get("unreached", {}),
+                       "attribution": att.to_payload()},
+            "suspect_ranks": att.suspects, "suspect_nodes": nodes, "suspected_by": att.how}
+        if len(nodes) == 1:
+            update["suspect_node"] = nodes[0]
+        log.warning("incident %d: the ranks' stacks name %s", incident.id, said)
+        self.store.update_evidence(incident.id, update, summary=f"{incident.summary} [stacks: {said}]"[:2000])
         return self.store.row(incident.id)
 
     def restart_pending(self, incident_id: int) -> bool:

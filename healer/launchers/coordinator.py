@@ -341,6 +341,31 @@ class Coordinator:
         return subprocess.CompletedProcess(["diagnose", runbook], result["returncode"], result["stdout"],
                                            result["stderr"])
 
+    def rank_evidence(self, timeout_s: float) -> dict[str, Any]:
+        """What every rank of the current attempt is doing, from each host's agent at once (stacks, states, phases;
+        nothing is signalled): {"attempt", "ranks": [... each with its "node"], "unreached": {host: why}}."""
+        with self._lock:
+            a = self.attempt
+            nodes = [n for n in a.nodes if n not in a.ended] if a is not None else []
+        if a is None:
+            return {"attempt": None, "ranks": [], "unreached": {}}
+        found: list[dict[str, Any]] = []
+        unreached: dict[str, str] = {}
+
+        def ask(node: str) -> None:
+            order = {"kind": "evidence", "id": self._order_id("evidence", a.number, node, f":{time.time_ns()}"),
+                     "attempt": a.number, "timeout_s": timeout_s}
+            try:
+                answer = self.agents[node].run(order, timeout_s + 15)
+            except (AgentUnreachable, OrderFailed) as exc:
+                unreached[node] = str(exc)[:300]
+                return
+            found.extend({**r, "node": node} for r in answer.get("ranks", []))
+
+        _on_each(nodes, ask)
+        return {"attempt": a.number, "ranks": sorted(found, key=lambda r: (r.get("rank") is None, r.get("rank"))),
+                "unreached": unreached}
+
     def rank_pids(self) -> list[int]:
         return [s.pid for s in self.view.states() if s.job == self.cfg.job]
 

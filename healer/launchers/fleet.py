@@ -33,6 +33,11 @@ class AgentFleet(Protocol):
         where they are gone; their URLs by host."""
         ...
 
+    def gone(self, node: str) -> bool:
+        """True when the agent of `node` is known to have ended (its process, or its srun step's client, exited);
+        False while it runs, or where this launcher cannot tell (an agent adopted from a healer that died)."""
+        ...
+
     def restart(self, node: str) -> str:
         """A new agent on `node`, whose agent died or stopped answering (its ranks, if still running, are left as they
         are: the new agent does not know them); its URL."""

@@ -100,6 +100,14 @@ class LocalAgents(AgentSettings):
         self.start([node])
         return self.agents[node].url
 
+    def gone(self, node: str) -> bool:
+        agent = self.agents.get(node)
+        if agent is None or agent.in_process is not None:
+            return False
+        if agent.process is not None:
+            return agent.process.poll() is not None
+        return self._pid_of_run(node) is None  # adopted: gone once its recorded process is
+
     def drain(self, node: str, reason: str) -> bool:
         """No scheduler here to keep other work off a host: the healer's own exclusion is all there is."""
         return False
@@ -157,16 +165,21 @@ class LocalAgents(AgentSettings):
             self.start(missing)
         return {n: a.url for n, a in self.agents.items()}
 
-    def _end_stale(self, node: str) -> None:
-        """Kill the agent this run last started on `node` if it still runs (it did not answer: hung, or starved of
-        CPU). Its pid and start time are in its pid.json, so a pid the kernel gave to a later process is left alone;
-        its ranks are in sessions of their own and live on, for the host's next agent to adopt or stop."""
+    def _pid_of_run(self, node: str) -> int | None:
+        """The pid of the agent this run last started on `node`, while that process runs (its pid.json holds its
+        pid and start time, so a pid the kernel gave to a later process is not taken for it)."""
         try:
             rec = json.loads((self.work_dir(node) / "pid.json").read_text())
             pid, started = int(rec["pid"]), float(rec["started"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return
-        if not (procfs.alive(pid) and procfs.is_same_process(pid, started)):
+            return None
+        return pid if procfs.alive(pid) and procfs.is_same_process(pid, started) else None
+
+    def _end_stale(self, node: str) -> None:
+        """Kill the agent this run last started on `node` if it still runs (it did not answer: hung, or starved of
+        CPU); its ranks are in sessions of their own and live on, for the host's next agent to adopt or stop."""
+        pid = self._pid_of_run(node)
+        if pid is None:
             return
         log.warning("the agent of %s (pid %d) runs but does not answer: killing it", node, pid)
         try:

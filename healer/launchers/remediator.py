@@ -56,6 +56,8 @@ class LocalRemediator:
         never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
         diagnosis_timeout: timedelta = timedelta(seconds=90)
         """A host's runbook past this is an `error` verdict (no host is blamed on a guess)."""
+        evidence_timeout: timedelta = timedelta(seconds=5)
+        """Per rank, for its stack dump when a hang is looked at (the dump does not stop the rank: it is quick)."""
 
         def __post_init__(self) -> None:
             if not self.nodes or set(self.nodes) & set(self.spares):
@@ -165,6 +167,10 @@ class LocalRemediator:
         if kind == "loss_spike":
             return rank_records.first_spike_step(self.sup.cfg.run_dir, window[0], detector_config)
         return None
+
+    def rank_evidence(self, attempt: int) -> dict[str, Any] | None:
+        found = self.sup.rank_evidence(self.cfg.evidence_timeout.total_seconds())
+        return found if found.get("attempt") == attempt else None
 
     # ---- orders -----------------------------------------------------------------------------------------
 

@@ -141,6 +141,10 @@ class SlurmAgents(AgentSettings):
             self.start(missing)
         return self._registered()
 
+    def gone(self, node: str) -> bool:
+        step = self.agents.get(node)
+        return step is not None and step.srun is not None and step.srun.poll() is not None
+
     def restart(self, node: str) -> str:
         """A new agent on `node`: its step is cancelled if it still runs (an agent that hangs), then started again."""
         old = self.agents.pop(node, None)

@@ -7,6 +7,8 @@
       - {at_step: 45, kind: corrupt-checkpoint, rank: 0}        # truncate the newest checkpoint, then SIGKILL
       - {at_step: 50, kind: nan}                                # a poisoned batch: NaN weights from step 51 on
       - {at_step: 56, kind: break-node, rank: 2}                # rank 2's node loses its local disk, rank 2 dies
+      - {at_step: 60, kind: hang-spin, rank: 1}                 # a hang that is not SIGSTOP (train/hang_faults.py)
+      - {at_step: 70, kind: freeze, rank: 3}                    # stuck in the kernel (cgroup freezer): state D
 
 A fault fires once, when every rank of the running attempt has reported `at_step`. Signals go through the
 coordinator (so they need the run's token) to the rank's node agent; nothing from the schedule reaches a shell.
@@ -15,6 +17,7 @@ coordinator (so they need the run's token) to the rank's node agent; nothing fro
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import threading
@@ -26,9 +29,13 @@ from typing import Any
 
 from healer.launchers import kill
 from megaheal.typedconfig import ConfigError, from_mapping, read_yaml
+from testbed import freezer
+from testbed.layout import FREEZER_ROOT
 
 log = logging.getLogger(__name__)
-KINDS = ("kill", "stop", "slow", "corrupt-checkpoint", "nan", "break-node")
+HANG_KINDS = {"hang-spin": "spin", "hang-data": "data", "hang-collective": "collective", "hang-syscall": "syscall"}
+"""Hangs the rank itself plays (train/hang_faults.py), set when the job starts like a nan fault."""
+KINDS = ("kill", "stop", "slow", "corrupt-checkpoint", "nan", "break-node", "freeze", *HANG_KINDS)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,7 +48,12 @@ class Fault:
     (the batch of step `at_step` is poisoned: the trainer sets its weights to NaN after training on it, see
     TrainConfig.inject_nan_at_sample; set when the job starts, so it must be the only nan fault), break-node
     (the local disk of `rank`'s node fails: its scratch directory, the ranks' TMPDIR, is replaced by a file,
-    and `rank` dies with SIGKILL as a process losing its disk would; the node then fails its diagnostics)."""
+    and `rank` dies with SIGKILL as a process losing its disk would; the node then fails its diagnostics),
+    hang-spin, hang-data, hang-collective, hang-syscall (`rank` hangs as it reaches `at_step`, once per run:
+    spinning in compute, blocked in data loading, waiting in a collective no peer enters, blocked in a read(2);
+    set when the job starts, TrainConfig.inject_hangs), freeze (`rank` is frozen by the cgroup v1 freezer: state D,
+    and SIGKILL waits; as a rank stuck in a driver or on a dead mount; root, and hosts on this machine, only; it is
+    thawed, and so dies, when the run ends)."""
     rank: int = 0
     """The global rank it hits."""
     duty: float = 0.5
@@ -73,8 +85,12 @@ class Schedule:
             raise ValueError(f"faults must be in at_step order, got {steps}")
 
     def start_overrides(self, global_batch: int) -> tuple[str, ...]:
-        """Training overrides the schedule needs from the start (the poisoned batch of a nan fault)."""
-        return tuple(f"inject_nan_at_sample={f.at_step * global_batch}" for f in self.faults if f.kind == "nan")
+        """Training overrides the schedule needs from the start (the poisoned batch of a nan fault, the hang a rank
+        plays)."""
+        nan = tuple(f"inject_nan_at_sample={f.at_step * global_batch}" for f in self.faults if f.kind == "nan")
+        hangs = [f"{{mode: {HANG_KINDS[f.kind]}, at_step: {f.at_step}, rank: {f.rank}}}"
+                 for f in self.faults if f.kind in HANG_KINDS]
+        return nan + ((f"inject_hangs=[{', '.join(hangs)}]",) if hangs else ())
 
 
 def load_schedule(path: str | Path) -> Schedule:
@@ -125,20 +141,24 @@ class Chaos:
 
     def __init__(self, schedule: Schedule, kill: Any, ckpt_dir: Path, scratch_of: Any = None) -> None:
         """`kill(rank, sig) -> pid`: the remediator's signal_rank (through the rank's agent); `scratch_of(rank) -> Path`:
-        the scratch directory of the node `rank` runs on (needed by break-node faults)."""
-        if scratch_of is None and any(f.kind == "break-node" for f in schedule.faults):
-            raise ValueError("a break-node fault needs scratch_of (the launcher's node scratch directories)")
+        the scratch directory of the node `rank` runs on (needed by break-node faults; given only where the hosts
+        are this machine, which freeze faults need too)."""
+        if scratch_of is None and any(f.kind in ("break-node", "freeze") for f in schedule.faults):
+            raise ValueError("break-node and freeze faults need the job's hosts on this machine (scratch_of)")
         self.pending = list(schedule.faults)
         self.fired: list[dict[str, Any]] = []
         self._kill, self._ckpt_dir, self._scratch_of = kill, ckpt_dir, scratch_of
+        self._frozen = FREEZER_ROOT / f"megaheal-chaos-{os.getpid()}"
 
     def tick(self, lowest_step: int | None) -> None:
-        if not self.pending or lowest_step is None or lowest_step < self.pending[0].at_step:
+        if not self.pending or lowest_step is None or lowest_step < _due(self.pending[0]):
             return
         fault = self.pending.pop(0)
         entry: dict[str, Any] = {"kind": fault.kind, "rank": fault.rank, "at_step": fault.at_step, "at": time.time()}
         if fault.kind == "nan":
             entry["note"] = "the poisoned batch was set at start (inject_nan_at_sample)"
+        elif fault.kind in HANG_KINDS:
+            entry["note"] = "the rank plays the hang itself, set at start (inject_hangs)"
         elif fault.kind == "corrupt-checkpoint":
             victim = corrupt_newest_checkpoint(self._ckpt_dir)
             entry["corrupted"] = str(victim) if victim else None
@@ -146,6 +166,10 @@ class Chaos:
         elif fault.kind == "break-node":
             entry["broken"] = str(break_scratch(self._scratch_of(fault.rank)))
             entry["pid"] = self._kill(fault.rank, signal.SIGKILL)
+        elif fault.kind == "freeze":
+            pid = self._kill(fault.rank, signal.SIGCONT)  # resolves the pid (SIGCONT to a running rank is a no-op)
+            freezer.freeze(self._frozen, [pid], f"rank-{fault.rank}")
+            entry["pid"] = pid
         elif fault.kind in ("kill", "stop"):
             entry["pid"] = self._kill(fault.rank, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
         else:
@@ -155,6 +179,18 @@ class Chaos:
             entry["pid"] = pid
         log.warning("chaos: %s", entry)
         self.fired.append(entry)
+
+
+    def close(self) -> None:
+        """Thaw what it froze (a frozen rank's pending SIGKILL lands then) and remove its freezer groups."""
+        if self._frozen.exists():
+            freezer.remove_all(self._frozen)
+
+
+def _due(fault: Fault) -> int:
+    """The lowest step at which `fault` is played. A hang-* fault is the rank's own doing in step `at_step`, which
+    then never finishes: it is noted once every rank finished the step before."""
+    return max(0, fault.at_step - 1) if fault.kind in HANG_KINDS else fault.at_step
 
 
 def duty_cycle(pid: int, duty: float, seconds: float, period: float = 0.2) -> None:

@@ -1,5 +1,6 @@
 """Keeping a node agent on every host of a run: an agent that stopped posting batches and does not answer is
-restarted through the launcher (healer/launchers/fleet.py), and the new one takes on the attempt's part on its host
+restarted through the launcher (at once when its process has ended, after `unreachable_after` when it may only be
+out of reach) (healer/launchers/fleet.py), and the new one takes on the attempt's part on its host
 (the ranks never noticed: they run in a session of their own and go on training). Nothing about the job changes:
 no incident, no restart, no budget.
 
@@ -29,7 +30,12 @@ log = logging.getLogger(__name__)
 @dataclass(kw_only=True, slots=True)
 class KeeperConfig:
     silent_after: timedelta = timedelta(seconds=3)
-    """An agent whose last batch is older than this is asked whether it still lives."""
+    """An agent whose last batch is older than this is asked whether it still lives; one that does not answer and
+    whose process is known to have ended is replaced at once."""
+    unreachable_after: timedelta = timedelta(seconds=20)
+    """An agent that does not answer while its process is not known to have ended (its host's link is down, or
+    the host stalls) is replaced only after this long a silence. NOTE: replacing a live agent cancels its step, and
+    under Slurm its ranks go with it: a link down for 4 s once cost a whole attempt (CI, 2026-12-01)."""
     retry: timedelta = timedelta(seconds=30)
     """After a failed restart, the next try on that host."""
     every: timedelta = timedelta(seconds=1)
@@ -37,6 +43,8 @@ class KeeperConfig:
     def __post_init__(self) -> None:
         if min(self.silent_after, self.retry, self.every) <= timedelta(0):
             raise ValueError("silent_after, retry and every must be > 0")
+        if self.unreachable_after < self.silent_after:
+            raise ValueError(f"unreachable_after must be >= silent_after, got {self.unreachable_after}")
 
 
 class AgentKeeper:
@@ -79,10 +87,13 @@ class AgentKeeper:
             if self._stop.is_set():
                 return
             last = max(heard.get(node, self._since), self._since)
-            if now - last <= self.cfg.silent_after.total_seconds() or now < self._next_try.get(node, 0.0):
+            silent = now - last
+            if silent <= self.cfg.silent_after.total_seconds() or now < self._next_try.get(node, 0.0):
                 continue
             if self._answers(node):
                 continue  # alive, only its batches are late (a slow healer endpoint, a busy host)
+            if silent <= self.cfg.unreachable_after.total_seconds() and not self.fleet.gone(node):
+                continue  # out of reach, not known dead: a short cut is ridden out
             self._replace(node, now)
 
     def _answers(self, node: str) -> bool:

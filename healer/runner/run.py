@@ -129,9 +129,9 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None)
 def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule | None, timeout: timedelta,
                 metrics_port: int | None, overrides: tuple[str, ...], resume: bool, db_url: str | None,
                 alertmanager_url: str | None, rules: tuple[str, ...], placement: Placement) -> int:
-    nan_overrides = schedule.start_overrides(cfg.global_batch) if schedule else ()
+    start_overrides = schedule.start_overrides(cfg.global_batch) if schedule else ()
     spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=config, run_dir=run_dir, nodes=placement.nodes,
-                   spares=placement.spares, overrides=("checkpoint.every_steps=5", *nan_overrides, *overrides),
+                   spares=placement.spares, overrides=("checkpoint.every_steps=5", *start_overrides, *overrides),
                    rules=load_rule_set(list(rules)) if rules else None, db_url=db_url,
                    alertmanager_url=alertmanager_url, allocation=placement.allocation, drain=placement.drain)
     job = build_job(spec)
@@ -172,6 +172,8 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
             job.agents.stop()  # the job is stopped by now: its agents (their own processes) go too
             raise
         finally:
+            if chaos is not None:
+                chaos.close()  # a frozen rank dies only once thawed
             if metrics is not None:
                 metrics.stop()
     record_states(run_dir, job.agents, [*spec.nodes, *spec.spares])  # Slurm's say on each host, for the report

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runbooks.baselines import BaselineStore, below_baseline
 from runbooks.checks.clock import ClockReading, kernel_clock, parse_server, sntp_offset
-from runbooks.checks.procscan import GPU_DEVICE, gpu_holders
+from runbooks.checks.procscan import GPU_DEVICE, gpu_holders, stuck_ranks
 from runbooks.registry import Check, CheckContext
 from runbooks.verdict import CheckResult, Measurement, Status, Suspect, worst
 
@@ -54,6 +54,9 @@ class HostCheck(Check):
         """Degraded when the kernel says the clock is not NTP-synchronised and no server was asked."""
         fail_on_gpu_holders: bool = False
         """Fail when any process holds a GPU (use before a restart, when the job's processes are gone)."""
+        fail_on_stuck_ranks: bool = False
+        """Fail when a training rank of this node is stuck in the kernel (state D) and SIGKILL cannot end it (use
+        after the job was stopped: such a host cannot be trusted with the next attempt)."""
         baseline_fraction: float = 0.9
         """Degraded below this fraction of the stored write-speed baseline."""
 
@@ -90,6 +93,7 @@ class HostCheck(Check):
             _shm(config, ctx),
             _clock(config, ctx),
             self._holders(config, ctx),
+            _stuck(config, ctx),
         ]
         status = worst([p.status for p in parts])
         bad = [p.summary for p in parts if p.status not in (Status.PASS, Status.SKIPPED)]
@@ -187,6 +191,22 @@ class HostCheck(Check):
         )
         text = "GPU held by " + ", ".join(f"pid {h.pid} ({h.comm}, state {h.state})" for h in flagged)
         return CheckResult(status=status, summary=text, suspects=suspects, measurements=measurements, details=details)
+
+
+def _stuck(config: Config, ctx: CheckContext) -> CheckResult:
+    if not config.fail_on_stuck_ranks:
+        return CheckResult(status=Status.SKIPPED, summary="stuck ranks not looked for")
+    # NOTE: the node agent names its host in MEGAHEAL_NODE (several "hosts" may share one machine in tests).
+    node = os.environ.get("MEGAHEAL_NODE") or ctx.hostname
+    stuck = stuck_ranks(node)
+    if not stuck:
+        return CheckResult(status=Status.PASS, summary="no rank stuck in the kernel")
+    text = "rank process(es) stuck in the kernel (state D; SIGKILL cannot end them): " + ", ".join(
+        f"pid {h.pid} ({h.comm})" for h in stuck)
+    return CheckResult(status=Status.FAIL, summary=text,
+                       suspects=tuple(Suspect(kind="process", name=str(h.pid), reason=f"{h.comm} in state D")
+                                      for h in stuck),
+                       details={"stuck_ranks": [h.to_payload() for h in stuck]})
 
 
 def _bad(

@@ -8,6 +8,7 @@ cannot be killed at all and needs a GPU reset or reboot. /proc shows both even w
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,3 +48,28 @@ def gpu_holders(
         if st is not None:  # None: it left while we looked, and holds nothing now
             holders.append(Holder(pid=pid, comm=st.comm, state=st.state, devices=tuple(sorted(devices))))
     return holders, unreadable
+
+
+def stuck_ranks(node: str, settle_s: float = 0.5, proc: Path = procfs.PROC) -> list[Holder]:
+    """Training ranks of `node` (torchrun's workers: TORCHELASTIC_RUN_ID in their environment; MEGAHEAL_NODE, where
+    set, naming this node) in state D now and `settle_s` later, the same processes both times: stuck in the kernel,
+    where SIGKILL cannot end them (a hung driver call, a dead mount, a frozen cgroup). A read from disk is in D for
+    moments, not for both looks."""
+    def in_d() -> dict[int, float]:
+        out = {}
+        for pid in procfs.pids(proc):
+            st = procfs.stat(pid, proc)
+            if st is None or st.state != "D":
+                continue
+            env = procfs.environ(pid)
+            if "TORCHELASTIC_RUN_ID" in env and env.get("MEGAHEAL_NODE", node) == node:
+                out[pid] = st.started
+        return out
+
+    first = in_d()
+    if not first:
+        return []
+    time.sleep(settle_s)
+    again = in_d()
+    return [Holder(pid=pid, comm=(procfs.stat(pid, proc) or procfs.Stat("?", "D", 0.0, 0.0, None)).comm, state="D",
+                   devices=()) for pid, started in sorted(again.items()) if first.get(pid) == started]

@@ -18,6 +18,8 @@ from runbooks.checks.host import HostCheck
 from runbooks.checks.loopback import LoopbackCheck
 from runbooks.registry import CheckContext
 from runbooks.verdict import Status
+from testbed import freezer
+from testbed.layout import FREEZER_ROOT
 
 CTX = CheckContext(hostname="node-a", timeout_s=20)
 
@@ -50,6 +52,33 @@ def test_a_process_holding_a_gpu_is_named(tmp_path) -> None:
     assert [(s.kind, s.name) for s in result.suspects] == [("process", str(holder.pid))]
     assert f"GPU held by pid {holder.pid} (python" in result.summary
     assert result.details["gpu_holders"][0]["devices"] == [str(device)]
+
+
+def test_a_rank_frozen_in_the_kernel_fails_its_own_node_and_only_while_it_is_stuck(tmp_path, monkeypatch) -> None:
+    # A "rank" as torchrun starts them (its run id in the environment), of node n7, frozen by the cgroup v1 freezer:
+    # state D, and SIGKILL waits until it is thawed.
+    env = {"PATH": "/usr/bin:/bin", "TORCHELASTIC_RUN_ID": "test-run", "MEGAHEAL_NODE": "n7"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    root = FREEZER_ROOT / f"mh-hostcheck-{rank.pid}"
+    config = HostCheck.Config(checkpoint_dir=str(tmp_path), min_free_gib=0, write_test_mib=0, min_shm_free_gib=0,
+                              fail_on_stuck_ranks=True)
+    try:
+        group = freezer.freeze(root, [rank.pid], "rank")
+        rank.kill()  # pending: it cannot die while frozen
+        monkeypatch.setenv("MEGAHEAL_NODE", "n7")
+        result = HostCheck().run(config, CTX)
+        assert result.status is Status.FAIL and f"pid {rank.pid}" in result.summary and "state D" in result.summary
+        assert [(s.kind, s.name) for s in result.suspects] == [("process", str(rank.pid))]
+        monkeypatch.setenv("MEGAHEAL_NODE", "n8")  # another host's check: not its rank
+        assert HostCheck().run(config, CTX).status is Status.PASS
+        freezer.thaw(group)
+        rank.wait(10)  # the pending SIGKILL lands
+        monkeypatch.setenv("MEGAHEAL_NODE", "n7")
+        assert HostCheck().run(config, CTX).status is Status.PASS
+    finally:
+        freezer.remove_all(root)
+        rank.kill()
+        rank.wait(10)
 
 
 def test_a_small_shm_fails_and_the_write_probe_leaves_nothing_behind(tmp_path) -> None:

@@ -31,6 +31,8 @@ class ScriptedRemediator:
     diagnoses: list[Callable[[list[HostVerdict]], None]] = field(default_factory=list)
     """Diagnoses in flight: call one with the verdicts to finish it."""
     fail_restarts: bool = False
+    evidence: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """attempt -> what rank_evidence answers (the ranks' stacks, states and phases)."""
 
     def __post_init__(self) -> None:
         self.view.started(self.job, self.attempt)
@@ -81,3 +83,6 @@ class ScriptedRemediator:
 
     def first_bad_step(self, kind: str, attempt: int, detector_config: Any) -> int | None:
         return None
+
+    def rank_evidence(self, attempt: int) -> dict[str, Any] | None:
+        return self.evidence.get(attempt)

@@ -24,15 +24,17 @@ from healer.runner.chaos import (
 )
 from megaheal.typedconfig import ConfigError
 from train.checkpoint.catalog import choose_resume
+from train.config import load_config
+from train.hang_faults import HangFault
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_demo_schedule_loads_and_bad_ones_are_refused(tmp_path: Path) -> None:
     schedule = load_schedule(REPO / "configs" / "chaos-demo.yaml")
-    assert [f.kind for f in schedule.faults] == ["kill", "stop", "slow", "corrupt-checkpoint", "nan", "break-node"]
+    assert [f.kind for f in schedule.faults] == ["kill", "hang-spin", "slow", "corrupt-checkpoint", "nan", "break-node"]
     assert schedule.faults[2].for_ == timedelta(seconds=60)
-    assert schedule.start_overrides(16) == ("inject_nan_at_sample=800",)
+    assert schedule.start_overrides(16) == ("inject_nan_at_sample=800", "inject_hangs=[{mode: spin, at_step: 16, rank: 1}]")
     for text, message in (("faults: [{at_step: 3, kind: explode}]", "kind must be one of"),
                           ("faults: [{at_step: 3, kind: kill, rnak: 1}]", "rnak"),
                           ("faults: [{at_step: 9, kind: kill}, {at_step: 3, kind: kill}]", "at_step order"),
@@ -41,6 +43,21 @@ def test_the_demo_schedule_loads_and_bad_ones_are_refused(tmp_path: Path) -> Non
         (tmp_path / "c.yaml").write_text(text)
         with pytest.raises(ConfigError, match=message):
             load_schedule(tmp_path / "c.yaml")
+
+
+def test_a_hang_the_rank_plays_is_set_at_start_as_a_training_override_the_trainer_reads(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("faults: [{at_step: 7, kind: hang-syscall, rank: 2}, {at_step: 9, kind: kill},"
+                                     " {at_step: 12, kind: hang-spin, rank: 1}]")
+    schedule = load_schedule(tmp_path / "c.yaml")
+    (override,) = schedule.start_overrides(16)
+    cfg = load_config(str(REPO / "configs" / "demo.yaml"), [override])
+    assert cfg.inject_hangs == [HangFault(mode="syscall", at_step=7, rank=2), HangFault(mode="spin", at_step=12, rank=1)]
+    noted: list[tuple[int, int]] = []
+    chaos = Chaos(schedule, lambda rank, sig: noted.append((rank, sig)), tmp_path)
+    chaos.tick(5)
+    assert chaos.fired == []
+    chaos.tick(6)  # every rank finished step 6: rank 2 hangs in step 7, which nobody finishes
+    assert [f["kind"] for f in chaos.fired] == ["hang-syscall"] and noted == [], "nothing sent: the rank plays it"
 
 
 def make_checkpoint(ckpt_dir: Path, step: int) -> None:
@@ -101,7 +118,7 @@ def test_break_node_turns_the_scratch_directory_into_a_file_and_kills_the_rank(t
     (scratch / "cache").mkdir(parents=True)
     killed: list[tuple[int, int]] = []
     schedule = Schedule(faults=[Fault(at_step=4, kind="break-node", rank=2)])
-    with pytest.raises(ValueError, match="break-node fault needs scratch_of"):
+    with pytest.raises(ValueError, match="break-node and freeze faults need the job's hosts on this machine"):
         Chaos(schedule, lambda rank, sig: 0, tmp_path / "checkpoints")
     chaos = Chaos(schedule, lambda rank, sig: killed.append((rank, sig)) or 4242, tmp_path / "checkpoints",
                   scratch_of=lambda rank: scratch)

@@ -11,7 +11,7 @@ from pathlib import Path
 from healer.core.engine import Healer
 from healer.core.jobstore import JobStore
 from healer.core.jobview import TickView
-from healer.core.processes import ProcessExit, ProcessView
+from healer.core.processes import ProcessExit, ProcessState, ProcessView
 from healer.core.remediator import HostVerdict
 from healer.core.timeline import job_timelines
 from tests.healer.helpers import ManualClock, batch, make_healer
@@ -177,3 +177,43 @@ def _beats(job: str, node: str, ranks: list[int], pid0: int, step: int) -> dict[
         entry["pid"], entry["step"] = pid0 + rank, step
     return b
 
+
+
+def test_a_hang_is_looked_at_before_anything_stops_and_the_rank_its_stacks_name_is_the_one_diagnosed(
+        tmp_path: Path) -> None:
+    healer, hands, clock = setup(tmp_path, RULES + "  - {name: hang, when: {detector: hang, floor: 10s}, "
+                                                   "runbook: node-health}\n")
+    spin = ["_spin_in_compute (train/hang_faults.py:70)"]
+    gather = ["all_gather_into_tensor (torch/distributed/distributed_c10d.py:3800)"]
+    recv = ["_wait_batch_p2p (torch/distributed/pipelining/schedules.py:600)"]
+    looked = [(0, "n1", "dp_gather", gather, "S"), (1, "n1", "forward_backward", spin, "R"),
+              (2, "n2", "forward_backward", recv, "S"), (3, "n2", "forward_backward", recv, "S")]
+    hands.evidence[0] = {"attempt": 0, "unreached": {}, "ranks": [
+        {"rank": r, "node": n, "pid": 1000 + r, "state": st, "wchan": None, "stack": stack, "threads": 2,
+         "error": None, "phase": {"rank": r, "step": 8, "phase": phase, "since": 0.0}}
+        for r, n, phase, stack, st in looked]}
+
+    def beats() -> None:
+        for node, ranks in (("n1", [0, 1]), ("n2", [2, 3])):
+            b = _beats(JOB, node, ranks, pid0=1000, step=8)
+            for entry, r in zip(b["ranks"], ranks):  # type: ignore[union-attr]
+                entry["mesh"] = {"pp": r // 2, "dp": r % 2, "tp": 0}
+            healer.table.ingest(b)
+
+    # The agents' view of the ranks: all alive, none stopped (SIGSTOP's state T would name the rank by itself).
+    healer.table.processes.update_states([ProcessState(job=JOB, attempt=0, node=n, rank=r, pid=1000 + r, state=st,
+                                                       cpu_seconds=1.0, sampled_at=clock.now)
+                                          for r, n, _, _, st in looked])
+    beats()
+    tick(healer)
+    clock.now += 11
+    beats()  # the ranks still report: alive, at the same step
+    tick(healer)
+    (inc,) = job_timelines(healer.store.engine, JOB)
+    assert inc.kind == "hang" and inc.suspect_ranks == [1] and inc.suspect_nodes == ["n1"]
+    stacks = inc.evidence["stacks"]
+    assert stacks["attribution"]["how"] == "not in any collective while its peers wait for it"
+    assert [g["ranks"] for g in stacks["attribution"]["groups"]][0] == [2, 3]
+    assert "[stacks: rank(s) 1 on n1: not in any collective" in inc.summary
+    # Looked at first, then diagnosed: node-health on the one host its stacks name, not on every host of the job.
+    assert hands.orders[:2] == [("diagnose", (("n1",), "node-health", True)), ("stop", "diagnosis")]

@@ -137,7 +137,8 @@ class Hang(Detector):
                       "p99_step_s": round(p99, 4) if p99 is not None else None, "k": self.config.k,
                       "floor_s": self.config.floor.total_seconds(), "step": low,
                       "suspect_ranks": suspects, "suspect_nodes": nodes, "suspected_by": how,
-                      "ranks": [{"rank": b.rank, "node": b.node, "step": b.step, "staleness_s": round(b.staleness(now), 3),
+                      "ranks": [{"rank": b.rank, "node": b.node, "step": b.step, "mesh": dict(b.entry.mesh),
+                                 "staleness_s": round(b.staleness(now), 3),
                                  "proc_state": job_states[b.rank].state if b.rank in job_states else None}
                                 for b in sorted(job_beats, key=lambda b: b.rank)][:64]},
             labels={"suspect_node": nodes[0]} if len(nodes) == 1 else {},

@@ -1,0 +1,139 @@
+"""Which rank holds a hung job, from what every rank was doing when the hang was called (megaheal/rank_evidence.py:
+kernel state, the phase it is in and its Python stack) and where each rank sits in the mesh.
+
+A hung job is a chain of waits: most ranks wait in a collective for a peer that is somewhere else. Each rank is read
+as waiting in a collective of a known group (the data-parallel gather or reduce: its dp group; a pipeline send or
+receive: its pipeline peers; the per-step all-reduce of the loss: everyone), waiting in a collective of a group that
+cannot be told, or not in a collective at all (computing, loading data, in a system call). A rank in a known group's
+collective is held up by the members of that group that are not in the same collective. The culprit is a rank that
+holds others up and is held up by nobody it can be shown to wait for: the rank not in any collective, or the one
+waiting in a collective none of its peers entered. Before that: ranks stuck in the kernel (state D) or stopped (T),
+and ranks still in an earlier step than the others, are named as such.
+
+When the chain has no single end (two candidates, or a cycle of known waits), the answer says so and names every
+candidate rather than guess one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+COLLECTIVE_PHASES = {"dp_gather": "dp", "dp_reduce": "dp", "global_scalars": "world"}
+"""Phases that are a collective, and the group each runs over."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    op: str | None
+    """The collective it waits in (None: not in one)."""
+    group: str | None
+    """"dp", "pp", "world", "dp+pp", or None when the group cannot be told."""
+
+
+@dataclass(slots=True)
+class Attribution:
+    suspects: list[int]
+    how: str
+    ambiguous: bool = False
+    waits: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Per rank: what it waits in, and the ranks shown to hold it up."""
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    """The ranks grouped by where they are (phase, collective, innermost frame), largest group first."""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"suspect_ranks": self.suspects, "how": self.how, "ambiguous": self.ambiguous,
+                "waits": {str(r): w for r, w in sorted(self.waits.items())}, "groups": self.groups}
+
+
+def wait_of(rank: dict[str, Any]) -> Wait:
+    """Where one rank's evidence says it waits."""
+    phase = (rank.get("phase") or {}).get("phase")
+    if phase in COLLECTIVE_PHASES:
+        return Wait(op=phase, group=COLLECTIVE_PHASES[phase])
+    stack: list[str] = rank.get("stack") or []
+    if any("pipelining" in f for f in stack[:12]):
+        return Wait(op="pipeline p2p", group="pp")
+    c10d = next((f for f in stack[:12] if "distributed_c10d" in f), None)
+    if c10d is not None:
+        op = c10d.split(" ", 1)[0]
+        if phase == "grad_norm_clip":
+            return Wait(op=f"{op} (gradient norm)", group="dp+pp")
+        return Wait(op=op, group=None)
+    return Wait(op=None, group=None)
+
+
+def members(group: str, rank: int, mesh: dict[int, dict[str, int]]) -> set[int]:
+    """The ranks of `rank`'s `group` (from each rank's pp/dp/tp coordinates)."""
+    me = mesh.get(rank)
+    if group == "world" or me is None:
+        return set(mesh)
+    out: set[int] = set()
+    for g in group.split("+"):
+        fixed = {"dp": ("pp", "tp"), "pp": ("dp", "tp")}[g]
+        out |= {r for r, c in mesh.items() if all(c.get(k, 0) == me.get(k, 0) for k in fixed)}
+    return out
+
+
+def attribute(ranks: list[dict[str, Any]], mesh: dict[int, dict[str, int]]) -> Attribution:
+    """`ranks`: one evidence payload per rank (rank, state, wchan, phase, stack); `mesh`: rank -> {pp, dp, tp}."""
+    by_rank = {r["rank"]: r for r in ranks if isinstance(r.get("rank"), int)}
+    groups = _groups(by_rank)
+    for states, how in ((("D",), "process stuck in the kernel (state D)"), (("T", "t"), "process stopped (state T)")):
+        stuck = sorted(r for r, ev in by_rank.items() if ev.get("state") in states)
+        if stuck:
+            return Attribution(stuck, how, groups=groups)
+    gone = sorted(r for r, ev in by_rank.items() if ev.get("state") is None)
+    if gone:
+        return Attribution(gone, "its process is gone", groups=groups)
+    steps = {r: (ev.get("phase") or {}).get("step") for r, ev in by_rank.items()}
+    known = {r: s for r, s in steps.items() if isinstance(s, int)}
+    if len(set(known.values())) > 1:
+        low = min(known.values())
+        behind = sorted(r for r, s in known.items() if s == low)
+        return Attribution(behind, f"still in step {low} while the others are past it", groups=groups)
+    waits = {r: wait_of(ev) for r, ev in by_rank.items()}
+    # First, only the waits whose group is known count; where that leaves no end (every peer waits in a collective
+    # whose group cannot be told: a checkpoint's), such a wait is taken as one on every rank.
+    for unknown_is_world in (False, True):
+        held = _held(waits, mesh, unknown_is_world)
+        holding = {r for hs in held.values() for r in hs}
+        ends = sorted(r for r in holding if not held[r])
+        if ends:
+            break
+    detail = {r: {"op": w.op, "group": w.group, "held_up_by": sorted(held[r])} for r, w in waits.items()}
+    if len(ends) == 1:
+        (end,) = ends
+        w = waits[end]
+        how = ("not in any collective while its peers wait for it" if w.op is None else
+               f"waits in {w.op}, a collective none of its peers entered, while they wait for it")
+        return Attribution(ends, how, waits=detail, groups=groups)
+    if ends:
+        return Attribution(ends, "several ranks hold the others up: named them all", ambiguous=True, waits=detail,
+                           groups=groups)
+    return Attribution(sorted(by_rank), "the waits form no chain with one end: every rank named", ambiguous=True,
+                       waits=detail, groups=groups)
+
+
+def _held(waits: dict[int, Wait], mesh: dict[int, dict[str, int]], unknown_is_world: bool) -> dict[int, set[int]]:
+    """Per rank, the ranks shown to hold it up: those of the group it waits on that are not in the same collective."""
+    held: dict[int, set[int]] = {}
+    for r, w in waits.items():
+        group = w.group or ("world" if unknown_is_world and w.op is not None else None)
+        if w.op is None or group is None:
+            held[r] = set()  # not shown to wait for anyone
+            continue
+        peers = members(group, r, mesh) & set(waits)
+        held[r] = {p for p in peers if p != r and waits[p] != w}
+    return held
+
+
+def _groups(by_rank: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ranks grouped by phase, kernel state and innermost frame: what ByteRobust-style stack grouping shows."""
+    out: dict[tuple[str, str, str], list[int]] = {}
+    for r, ev in sorted(by_rank.items()):
+        stack = ev.get("stack") or []
+        key = ((ev.get("phase") or {}).get("phase") or "-", ev.get("state") or "gone", stack[0] if stack else "-")
+        out.setdefault(key, []).append(r)
+    rows = [{"phase": k[0], "state": k[1], "frame": k[2], "ranks": v, "size": len(v)} for k, v in out.items()]
+    return sorted(rows, key=lambda g: (-g["size"], g["ranks"]))

@@ -1,0 +1,95 @@
+"""Hangs that are not SIGSTOP, end to end: one job of 2 nodes x 2 ranks (the demo's 2 pipeline stages x 2
+data-parallel ranks) and a spare node, under the embedded healer, played from a chaos schedule as `megaheal run
+--chaos` plays it. Four ranks hang in turn, each the way real hangs look (train/hang_faults.py): spinning in compute,
+blocked in data loading, waiting in a collective no peer entered, blocked in a read(2). Every rank stays alive and
+none is stopped, so the kernel state that names a SIGSTOPped rank says nothing: each incident must name its rank and
+node from what the ranks were doing when the hang was called (their stacks, phases and states, read by the node
+agents before anything is stopped). Last, a rank is frozen in the kernel (cgroup freezer: state D, SIGKILL cannot
+end it): its node fails node-health and is left out, and the job finishes on the spare. One job for all five (each
+hang fires once per run): about four minutes on 2 cores."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from healer.launchers.local_agents import LocalAgents
+from healer.runner.build import JobSpec, build_job
+from healer.runner.build import shipped_rules as rule_set
+from healer.runner.chaos import Chaos, load_schedule
+from healer.runner.loop import SelfHealingJob
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.distributed
+STEPS = 34
+# (kind, step, rank, node, what names it, the frame of the rank's own stack that shows it): ranks 0, 1 on n1; 2, 3 on
+# n2 (n3 is the spare).
+HANGS = [("hang-spin", 5, 1, "n1", "not in any collective", "_spin_in_compute"),
+         ("hang-data", 11, 2, "n2", "not in any collective", "_block_in_data_loading"),
+         ("hang-collective", 17, 3, "n2", "waits in barrier, a collective none of its peers entered",
+          "_wait_in_another_collective"),
+         ("hang-syscall", 22, 0, "n1", "still in step 22 while the others are past it", "_block_in_read"),
+         ("freeze", 28, 3, "n2", "process stuck in the kernel (state D)", None)]
+
+
+@pytest.mark.timeout(600)
+def test_hangs_that_are_not_sigstop_are_each_named_by_rank_and_node_and_a_frozen_ranks_node_is_left_out(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (tmp_path / "chaos.yaml").write_text("faults:\n" + "".join(
+        f"  - {{at_step: {step}, kind: {kind}, rank: {rank}}}\n" for kind, step, rank, *_ in HANGS))
+    schedule = load_schedule(tmp_path / "chaos.yaml")
+    spec = JobSpec(job="hangs", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir, nodes=("n1", "n2"),
+                   spares=("n3",), overrides=(f"steps={STEPS}", "checkpoint.every_steps=4",
+                                              *schedule.start_overrides(16)),
+                   rules=rule_set(hang={"floor": "6s", "k": 3}, lemon_incidents=10, max_restarts=8),
+                   grace=timedelta(seconds=20))
+    loop = build_job(spec)
+    chaos = Chaos(schedule, loop.remediator.signal_rank, run_dir / "checkpoints",
+                  scratch_of=lambda rank: LocalAgents.scratch_dir(run_dir, loop.sup.node_of_rank(rank)))
+
+    def on_tick(job: SelfHealingJob) -> None:
+        a = job.sup.attempt
+        steps = [b.step for b in job.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
+        if a is not None and len(steps) == len(a.ranks) == 4:
+            chaos.tick(min(steps))
+
+    try:
+        loop.start()
+        outcome = loop.run(timedelta(seconds=540), on_tick=on_tick)  # type: ignore[arg-type]
+    finally:
+        try:
+            chaos.close()  # the frozen rank dies once thawed
+        finally:
+            loop.close()
+    incidents = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    assert outcome == "finished", [(i.kind, i.state, i.summary) for i in incidents]
+    assert [i.kind for i in incidents] == ["hang"] * 5, [(i.kind, i.summary) for i in incidents]
+    for inc, (kind, step, rank, node, how, frame) in zip(incidents, HANGS):
+        stacks = inc.evidence["stacks"]
+        att = stacks["attribution"]
+        assert (inc.suspect_ranks, inc.suspect_nodes) == ([rank], [node]), (kind, inc.summary, att)
+        assert att["how"].startswith(how) and not att["ambiguous"], (kind, att)
+        action = "exclude-node-and-restart" if kind == "freeze" else "restart"
+        assert (inc.state, inc.action) == ("resolved", action), (kind, inc.state, inc.action)
+        assert f"[stacks: rank(s) {rank} on {node}: " in inc.summary
+        seen = {r["rank"]: r for r in stacks["ranks"]}
+        assert sorted(seen) == [0, 1, 2, 3] and sum(g["size"] for g in att["groups"]) == 4, (kind, seen)
+        if frame is not None:  # the culprit's own frame in its stack; every rank alive (R or S), none stopped
+            assert any(frame in line for line in seen[rank]["stack"]), (kind, seen[rank]["stack"])
+            assert all(r["state"] in ("R", "S") for r in seen.values()), (kind, seen)
+    # The frozen rank's node failed node-health (SIGKILL could not end its rank) and was left out for the spare.
+    frozen = incidents[-1]
+    assert frozen.verdict == "fail" and [d["node"] for d in frozen.diagnosis if d["status"] == "fail"] == ["n2"]
+    assert "stuck in the kernel" in json.dumps(frozen.diagnosis), frozen.diagnosis
+    assert loop.sup.history[-1].nodes == ("n1", "n3")
+    assert [f["kind"] for f in chaos.fired] == [k for k, *_ in HANGS]
+    losses: dict[int, float] = {}
+    for line in (run_dir / "ranks" / "0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        losses[rec["step"]] = rec["loss"]
+    assert sorted(losses) == list(range(STEPS)) and all(math.isfinite(v) for v in losses.values())
