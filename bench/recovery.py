@@ -4,9 +4,13 @@
 
 Run:  .venv/bin/python bench/recovery.py [--faults crash,hang] [--ettr-minutes 10] [--out bench/results/recovery.json]
 
-For each fault (crash: SIGKILL of rank 3; hang: SIGSTOP of rank 1), injected once the job has done 10 steps:
+For each fault (crash: SIGKILL of rank 3; hang: SIGSTOP of rank 1; hang-spin, hang-data, hang-collective,
+hang-syscall: rank 1 hangs by itself in step 10 as train/hang_faults.py plays it), injected once the job has done 10
+steps:
 - detection latency: fault -> the incident (megaheal) / the agent's restart of its workers (torchrun);
-- MTTR: fault -> the first step record of the resumed job.
+- MTTR: fault -> the first step record of the resumed job;
+- for hangs, naming: the rank the incident names, how, and fault -> named (detection plus the look at every rank's
+  stack, state and phase through the node agents).
 torchrun cannot see a hang before the process group's timeout (600 s here), so its hang run is cut off at
 `--hang-cap` seconds and reported as not detected. With --ettr-minutes M (0: skip), it also runs megaheal
 for M minutes with a crash every 2 minutes and reports the goodput ledger's ETTR.
@@ -38,14 +42,27 @@ from megaheal import procfs
 from healer.runner.build import shipped_rules as rule_set
 
 SIGNALS = {"crash": (3, signal.SIGKILL), "hang": (1, signal.SIGSTOP)}
+HANG_MODES = {"hang-spin": "spin", "hang-data": "data", "hang-collective": "collective", "hang-syscall": "syscall"}
+"""Hangs rank 1 plays itself at FAULT_STEP (train/hang_faults.py), next to the SIGSTOP one."""
+HANG_RANK = 1
 FAULT_STEP = 10
+
+
+def hang_override(fault: str) -> str:
+    return f"inject_hangs=[{{mode: {HANG_MODES[fault]}, at_step: {FAULT_STEP}, rank: {HANG_RANK}}}]"
+
+
+def hang_started(run_dir: Path) -> float | None:
+    """When the rank began its hang: the mark it leaves just before (run_dir/chaos/*.fired)."""
+    marks = sorted((run_dir / "chaos").glob("*.fired")) if (run_dir / "chaos").is_dir() else []
+    return marks[0].stat().st_mtime if marks else None
 
 
 # ---- megaheal ----------------------------------------------------------------------------------------------
 
-def megaheal_job(run_dir: Path, steps: int, max_restarts: int = 5) -> SelfHealingJob:
+def megaheal_job(run_dir: Path, steps: int, max_restarts: int = 5, extra: tuple[str, ...] = ()) -> SelfHealingJob:
     spec = JobSpec(job="bench", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir,
-                   overrides=(f"steps={steps}", "checkpoint.every_steps=5"),
+                   overrides=(f"steps={steps}", "checkpoint.every_steps=5", *extra),
                    rules=rule_set(max_restarts=max_restarts, hang={"floor": "5s"}))
     job = build_job(spec)
     job.start()
@@ -60,13 +77,15 @@ def current_steps(job: SelfHealingJob) -> list[int]:
 
 
 def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
-    job = megaheal_job(workdir / f"megaheal-{fault}", 30)
-    rank, sig = SIGNALS[fault]
+    run_dir = workdir / f"megaheal-{fault}"
+    played = fault in HANG_MODES
+    job = megaheal_job(run_dir, 30, extra=(hang_override(fault),) if played else ())
     fired: dict[str, float] = {}
 
     def hook(j: SelfHealingJob) -> None:
         steps = current_steps(j)
-        if not fired and len(steps) == 4 and min(steps) >= FAULT_STEP:
+        if not played and not fired and len(steps) == 4 and min(steps) >= FAULT_STEP:
+            rank, sig = SIGNALS[fault]
             j.remediator.signal_rank(rank, sig)
             fired["at"] = time.time()
 
@@ -74,6 +93,10 @@ def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
     incidents = job.incidents()
     inc = incidents[0] if incidents else None
     job.close()
+    if played and (started := hang_started(run_dir)) is not None:
+        fired["at"] = started
+    stacks = inc.evidence.get("stacks") if inc else None
+    detection = round(inc.detected_at - fired["at"], 3) if inc and "at" in fired else None
 
     def since(t0: float | None, t1: float | None) -> float | None:
         return round(t1 - t0, 3) if t0 is not None and t1 is not None else None
@@ -89,6 +112,12 @@ def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
             "startup_to_first_step_s": since(inc.remediated_at, inc.recovered_at) if inc else None,
             "hang_timeout_s": inc.evidence.get("timeout_s") if inc else None,
             "p99_step_s": inc.evidence.get("p99_step_s") if inc else None,
+            # Naming the culprit: the ranks are looked at (stacks, states, phases) as the incident is first acted on.
+            "suspect_ranks": inc.suspect_ranks if inc else None,
+            "named_by": inc.evidence.get("suspected_by") if inc else None,
+            "stacks_took_s": stacks.get("took_s") if isinstance(stacks, dict) else None,
+            "named_s": round(detection + stacks["took_s"], 3)
+            if detection is not None and isinstance(stacks, dict) and "took_s" in stacks else None,
             "lost_steps": inc.lost_steps if inc else None}
 
 
@@ -109,15 +138,17 @@ def last_record(run_dir: Path) -> dict[str, object] | None:
 
 def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, object]:
     run_dir = workdir / f"torchrun-{fault}"
+    played = fault in HANG_MODES
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
             "--max-restarts", "3", "--monitor-interval", "0.2", "-m", "train", "--config", "configs/demo.yaml",
-            "--run-dir", str(run_dir), "--resume", "auto", "--set", "steps=30", "--set", "checkpoint.every_steps=5"]
+            "--run-dir", str(run_dir), "--resume", "auto", "--set", "steps=30", "--set", "checkpoint.every_steps=5",
+            *(["--set", hang_override(fault)] if played else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     run_dir.mkdir(parents=True, exist_ok=True)
     agent_log = open(run_dir / "torchrun.log", "wb")  # noqa: SIM115 - closed below, after the agent is gone
     agent = subprocess.Popen(argv, cwd=REPO, env=env, stdout=agent_log, stderr=subprocess.STDOUT,
                              start_new_session=True)
-    rank, sig = SIGNALS[fault]
+    rank, sig = SIGNALS.get(fault, (HANG_RANK, 0))
     result: dict[str, object] = {"outcome": None, "detection_s": None, "mttr_s": None}
     try:
         fired_at = None
@@ -128,7 +159,9 @@ def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, ob
             kids = set(procfs.children(agent.pid))
             if fired_at is None:
                 workers = kids
-                if rec is not None and int(rec["step"]) >= FAULT_STEP:  # type: ignore[call-overload]
+                if played:
+                    fired_at = hang_started(run_dir)  # the rank hangs by itself at FAULT_STEP
+                elif rec is not None and int(rec["step"]) >= FAULT_STEP:  # type: ignore[call-overload]
                     victim = next(p for p in kids if procfs.worker_rank(p) == rank)
                     os.kill(victim, sig)
                     fired_at = time.time()
@@ -183,7 +216,7 @@ def ettr_run(workdir: Path, minutes: float) -> dict[str, object]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faults", default="crash,hang")
+    parser.add_argument("--faults", default="crash,hang," + ",".join(HANG_MODES))
     parser.add_argument("--hang-cap", type=float, default=90.0)
     parser.add_argument("--ettr-minutes", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")

@@ -11,6 +11,7 @@ or resolved as superseded) -> restarted (the new attempt started) -> recovered (
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -186,6 +187,7 @@ class Responder:
         r = self.remediator
         if r is None or incident.job != r.job or incident.attempt is None:
             return incident
+        t0 = time.monotonic()
         try:
             found = r.rank_evidence(incident.attempt)
         except Exception as exc:  # noqa: BLE001 - evidence is worth having, never worth failing the incident for
@@ -196,13 +198,15 @@ class Responder:
                                                                 "unreached": (found or {}).get("unreached", {})}})
             return self.store.row(incident.id)
         ev = incident.evidence if isinstance(incident.evidence, dict) else {}
-        mesh = {x["rank"]: x["mesh"] for x in ev.get("ranks", []) if isinstance(x, dict) and isinstance(x.get("mesh"), dict)}
+        mesh = {x["rank"]: x["mesh"] for x in ev.get("ranks", [])
+                if isinstance(x, dict) and isinstance(x.get("mesh"), dict)}
         att = attribute(found["ranks"], mesh)
         nodes = sorted({x["node"] for x in found["ranks"] if x.get("rank") in att.suspects})
         said = f"rank(s) {', '.join(map(str, att.suspects))} on {', '.join(nodes)}: {att.how}"
         update: dict[str, Any] = {
-            "stacks": {"attempt": found.get("attempt"), "ranks": found["ranks"], "unreached": found.get("unreached", {}),
-                       "attribution": att.to_payload()},
+            "stacks": {"attempt": found.get("attempt"), "ranks": found["ranks"],
+                       "unreached": found.get("unreached", {}), "attribution": att.to_payload(),
+                       "took_s": round(time.monotonic() - t0, 3)},
             "suspect_ranks": att.suspects, "suspect_nodes": nodes, "suspected_by": att.how}
         if len(nodes) == 1:
             update["suspect_node"] = nodes[0]

@@ -34,7 +34,8 @@ def test_the_demo_schedule_loads_and_bad_ones_are_refused(tmp_path: Path) -> Non
     schedule = load_schedule(REPO / "configs" / "chaos-demo.yaml")
     assert [f.kind for f in schedule.faults] == ["kill", "hang-spin", "slow", "corrupt-checkpoint", "nan", "break-node"]
     assert schedule.faults[2].for_ == timedelta(seconds=60)
-    assert schedule.start_overrides(16) == ("inject_nan_at_sample=800", "inject_hangs=[{mode: spin, at_step: 16, rank: 1}]")
+    assert schedule.start_overrides(16) == ("inject_nan_at_sample=800",
+                                            "inject_hangs=[{mode: spin, at_step: 16, rank: 1}]")
     for text, message in (("faults: [{at_step: 3, kind: explode}]", "kind must be one of"),
                           ("faults: [{at_step: 3, kind: kill, rnak: 1}]", "rnak"),
                           ("faults: [{at_step: 9, kind: kill}, {at_step: 3, kind: kill}]", "at_step order"),
@@ -51,7 +52,8 @@ def test_a_hang_the_rank_plays_is_set_at_start_as_a_training_override_the_traine
     schedule = load_schedule(tmp_path / "c.yaml")
     (override,) = schedule.start_overrides(16)
     cfg = load_config(str(REPO / "configs" / "demo.yaml"), [override])
-    assert cfg.inject_hangs == [HangFault(mode="syscall", at_step=7, rank=2), HangFault(mode="spin", at_step=12, rank=1)]
+    assert cfg.inject_hangs == [HangFault(mode="syscall", at_step=7, rank=2),
+                                HangFault(mode="spin", at_step=12, rank=1)]
     noted: list[tuple[int, int]] = []
     chaos = Chaos(schedule, lambda rank, sig: noted.append((rank, sig)), tmp_path)
     chaos.tick(5)

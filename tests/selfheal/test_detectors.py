@@ -620,6 +620,25 @@ def test_a_rank_that_vanished_waits_for_its_hosts_report_of_how_it_died() -> Non
     assert f.evidence["signal"] == "SIGKILL" and f.summary.startswith("rank 3 on n2 killed by SIGKILL")
 
 
+def test_a_vanished_rank_seen_at_the_same_moment_as_a_peer_with_its_status_still_waits_for_the_report() -> None:
+    # As in CI: n2's agent found rank 2 a zombie (SIGTERM, torchrun stopping it) and rank 3 already reaped, in one
+    # look. The peer sorts first; the crash must still wait to learn how rank 3 died.
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 0, ("n1", "n2"), 0.0)
+    echo = RankExit(rank=2, pid=1002, at=10.0, signal=signal.SIGTERM,
+                    log_tail=["RuntimeError: [gloo] Connection closed by peer"])
+    gone = RankExit(rank=3, pid=1003, at=10.0, vanished=True)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[echo, gone]), 10.0)
+    crash = Crash(Crash.Config())
+    assert not crash.evaluate(table, 12.0).firing
+    died = RankExit(rank=3, pid=1003, at=12.5, signal=signal.SIGKILL)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[echo, died], ended=True, exit_code=1),
+                12.5)
+    (f,) = crash.evaluate(table, 13.0).firing
+    assert f.summary.startswith("rank 3 on n2 killed by SIGKILL"), f.summary
+
+
 def test_a_rank_that_vanished_on_a_host_whose_part_exited_0_finished_and_is_no_crash() -> None:
     # The job's last step done: torchrun reaped rank 3 before its agent read its status, and its last heartbeat (the
     # one saying it was finishing) never reached the healer. torchrun exits 0 only when every worker did.

@@ -39,7 +39,8 @@ def test_a_dead_agent_is_replaced_at_once_and_one_out_of_reach_only_after_its_lo
                                   reattach=lambda node, client: 0)
     fleet = Fleet(dead={"n1"})
     # Not started: each look is taken by hand below.
-    keeper = AgentKeeper(fleet, coordinator, table, lambda: ["n1", "n2", "n3"], "t", clock=clock)  # type: ignore[arg-type]
+    hosts = ["n1", "n2", "n3"]
+    keeper = AgentKeeper(fleet, coordinator, table, lambda: hosts, "t", clock=clock)  # type: ignore[arg-type]
     for node in ("n1", "n2", "n3"):
         table.ingest(batch(node, [0]))
     clock.now += 5

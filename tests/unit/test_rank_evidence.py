@@ -1,6 +1,6 @@
 """What the node agent reads of a rank from outside it, on real processes: a rank spinning in compute (state R),
-one blocked in a read(2) (S, in the kernel's pipe read) with its phase-now beacon, one stopped (T); its Python stack from
-py-spy without pausing it; and a process that is gone."""
+one blocked in a read(2) (S, in the kernel's pipe read) with its phase-now beacon, one stopped (T); its Python
+stack from py-spy without pausing it; and a process that is gone."""
 
 from __future__ import annotations
 

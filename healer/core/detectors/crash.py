@@ -80,9 +80,10 @@ class Crash(Detector):
                             key=lambda e: e.at)
             if not failed or now - failed[0].at < self.config.settle.total_seconds():
                 continue
-            first = failed[0]
-            if first.vanished and first.node not in ended and \
-                    now - first.at < self.config.report_wait.total_seconds():
+            # NOTE: any exit without its status, not only the first: a peer's echo seen at the same moment (its
+            # status read from its zombie) once came first, and the crash fired naming the cause "vanished".
+            unknown = [e for e in failed if e.vanished and e.node not in ended]
+            if unknown and now - unknown[0].at < self.config.report_wait.total_seconds():
                 continue  # how it died is on its way: torchrun's report, once its host's part has ended
             echoes = all(classify(e.exit_code, e.signal, e.log_tail).peer_failure for e in failed if e.rank is not None)
             if echoes and now - failed[0].at < self.config.silent_after.total_seconds():
