@@ -90,10 +90,22 @@ def send(t: Target, sig: int) -> bool:
             os.close(fd)
 
 
-def wait_gone(targets: list[Target], timeout_s: float) -> list[Target]:
-    """Wait until none of `targets` can run any more (exited, or its pid reused); returns those still there."""
+def wait_gone(targets: list[Target], timeout_s: float, stuck_s: float = 5.0) -> list[Target]:
+    """Wait until none of `targets` can run any more (exited, or its pid reused); returns those still there. Those
+    left that stay in the kernel's state D for `stuck_s` on end are given up on early: a SIGKILL reaches a process
+    stuck in a driver call, on a dead mount or in a frozen cgroup only when the kernel lets it go, and waiting out
+    `timeout_s` only delays whoever must now decide about its host (node-health fails it)."""
     deadline = time.monotonic() + timeout_s
+    stuck_since: float | None = None
     while (left := [t for t in targets if is_current(t)]) and time.monotonic() < deadline:
+        if all((st := procfs.stat(t.pid)) is not None and st.state == "D" for t in left):
+            stuck_since = stuck_since if stuck_since is not None else time.monotonic()
+            if time.monotonic() - stuck_since >= stuck_s:
+                log.warning("pids %s stuck in the kernel (state D) %.0f s after SIGKILL: not waiting longer",
+                            [t.pid for t in left], stuck_s)
+                return left
+        else:
+            stuck_since = None
         time.sleep(0.05)
     if left:
         log.warning("pids %s still alive %.0f s after SIGKILL", [t.pid for t in left], timeout_s)

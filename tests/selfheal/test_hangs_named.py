@@ -6,7 +6,7 @@ none is stopped, so the kernel state that names a SIGSTOPped rank says nothing: 
 node from what the ranks were doing when the hang was called (their stacks, phases and states, read by the node
 agents before anything is stopped). Last, a rank is frozen in the kernel (cgroup freezer: state D, SIGKILL cannot
 end it): its node fails node-health and is left out, and the job finishes on the spare. One job for all five (each
-hang fires once per run): about four minutes on 2 cores."""
+hang fires once per run): about two minutes on 2 cores."""
 
 from __future__ import annotations
 

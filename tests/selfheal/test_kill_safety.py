@@ -77,3 +77,23 @@ def test_it_refuses_a_process_whose_start_time_is_not_the_one_recorded(tmp_path:
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.timeout(20)  # NOTE: below wait_gone's 30 s: waiting it out fails the test
+def test_a_rank_stuck_in_the_kernel_after_sigkill_is_given_up_on_early_not_waited_out(tmp_path: Path) -> None:
+    from testbed import freezer
+    from testbed.layout import FREEZER_ROOT
+
+    rank = subprocess.Popen(SLEEP)
+    root = FREEZER_ROOT / f"mh-waitgone-{rank.pid}"
+    try:
+        freezer.freeze(root, [rank.pid], "rank")
+        target = kill.identify(rank.pid, None)
+        assert target is not None and kill.send(target, signal.SIGKILL)
+        left = kill.wait_gone([target], timeout_s=30, stuck_s=1.0)
+        assert [t.pid for t in left] == [rank.pid], "still there: the SIGKILL waits for the thaw"
+        assert (procfs.stat(rank.pid) or procfs.stat(1)).state == "D"
+    finally:
+        freezer.remove_all(root)
+        rank.wait(10)
+    assert rank.returncode == -signal.SIGKILL
