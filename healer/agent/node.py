@@ -247,8 +247,10 @@ class NodeAgent:
         return self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}"
 
     def _phase_dir(self, job: str, attempt: int) -> Path:
-        """Where the attempt's ranks say which phase they are in (exporters/phase_now.py)."""
-        return (self.cfg.work_dir / f"{job}-attempt-{attempt:03d}" / "phase").absolute()
+        """Where the attempt's ranks say which phase they are in (exporters/phase_now.py). NOTE: on the host's own
+        scratch disk, not under the run directory: that is shared between hosts on a cluster, and a page mapped
+        from a network filesystem is written back over the network."""
+        return (self.cfg.scratch_dir / "megaheal-phase" / f"{job}-attempt-{attempt:03d}").absolute()
 
     def _evidence(self, order: EvidenceOrder) -> dict[str, Any]:
         """What each rank of the attempt here is doing, read from outside (nothing is signalled or stopped)."""
