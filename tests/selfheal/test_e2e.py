@@ -1,7 +1,8 @@
 """End to end on real processes: 2 nodes x 2 ranks (torchrun agents under the supervisor, a sidecar each), the
-one healer embedded with the local launcher (`megaheal run`'s loop), a real fault (SIGKILL or SIGSTOP of one rank),
-detected, remediated, and training resumed from the newest good checkpoint with the loss continuing. Incidents are
-read back from the healer's store. Few and short: each one is a whole training job."""
+one healer embedded with the local launcher (`megaheal run`'s loop), a real fault (a SIGKILLed rank, a rank slowed
+by a SIGSTOP/SIGCONT duty cycle, a poisoned batch, a broken disk, ...; hangs are in test_hangs_named.py), detected,
+remediated, and training resumed from the newest good checkpoint with the loss continuing. Incidents are read back
+from the healer's store. Few and short: each one is a whole training job."""
 
 from __future__ import annotations
 
@@ -113,18 +114,6 @@ def test_a_killed_rank_is_detected_as_a_crash_and_the_job_resumes_from_its_check
     assert inc.kind == "crash" and inc.suspect_ranks == [3] and inc.suspect_nodes == ["n2"]
     # Read while it is a zombie, or from its agent's failure report when the agent reaped it first.
     assert inc.evidence["signal"] == "SIGKILL" and inc.summary.startswith("rank 3 on n2 killed by SIGKILL")
-    check_resumed(loop, fired)
-
-
-@pytest.mark.timeout(240)
-def test_a_stopped_rank_is_detected_as_a_hang_and_the_job_resumes(tmp_path: Path) -> None:
-    loop = make_loop(tmp_path, rule_set(hang={"floor": "6s", "k": 3}))
-    fired, hook = inject_at(9, rank=1, sig=signal.SIGSTOP)
-    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
-    (inc,) = loop.incidents()
-    assert inc.kind == "hang" and inc.suspect_ranks == [1] and inc.suspect_nodes == ["n1"]
-    assert inc.evidence["suspected_by"] == "process stopped (state T)"
-    assert inc.detected_at - fired["at"] >= inc.evidence["timeout_s"] - 1  # not before the learned timeout
     check_resumed(loop, fired)
 
 

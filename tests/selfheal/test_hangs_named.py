@@ -5,8 +5,9 @@ blocked in data loading, waiting in a collective no peer entered, blocked in a r
 none is stopped, so the kernel state that names a SIGSTOPped rank says nothing: each incident must name its rank and
 node from what the ranks were doing when the hang was called (their stacks, phases and states, read by the node
 agents before anything is stopped). Last, a rank is frozen in the kernel (cgroup freezer: state D, SIGKILL cannot
-end it): its node fails node-health and is left out, and the job finishes on the spare. One job for all five (each
-hang fires once per run): about two minutes on 2 cores."""
+end it): its node fails node-health and is left out, and the job finishes on the spare. Between them, a SIGSTOPped
+rank, named by its state T as before. One job for all six (each fault fires once per run): about two and a half
+minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ HANGS = [("hang-spin", 5, 1, "n1", "not in any collective", "_spin_in_compute"),
          ("hang-collective", 17, 3, "n2", "waits in barrier, a collective none of its peers entered",
           "_wait_in_another_collective"),
          ("hang-syscall", 22, 0, "n1", "still in step 22 while the others are past it", "_block_in_read"),
-         ("freeze", 28, 3, "n2", "process stuck in the kernel (state D)", None)]
+         ("stop", 25, 1, "n1", "process stopped (state T)", None),
+         ("freeze", 29, 3, "n2", "process stuck in the kernel (state D)", None)]
 
 
 @pytest.mark.timeout(600)
-def test_hangs_that_are_not_sigstop_are_each_named_by_rank_and_node_and_a_frozen_ranks_node_is_left_out(
+def test_each_kind_of_hang_is_named_by_rank_and_node_and_a_frozen_ranks_node_is_left_out_for_the_spare(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (tmp_path / "chaos.yaml").write_text("faults:\n" + "".join(
@@ -68,7 +70,8 @@ def test_hangs_that_are_not_sigstop_are_each_named_by_rank_and_node_and_a_frozen
             loop.close()
     incidents = sorted(loop.incidents(), key=lambda i: i.detected_at)
     assert outcome == "finished", [(i.kind, i.state, i.summary) for i in incidents]
-    assert [i.kind for i in incidents] == ["hang"] * 5, [(i.kind, i.summary) for i in incidents]
+    assert [i.kind for i in incidents] == ["hang"] * len(HANGS), [(i.kind, i.summary) for i in incidents]
+    fired = {f["kind"]: f["at"] for f in chaos.fired}
     for inc, (kind, step, rank, node, how, frame) in zip(incidents, HANGS):
         stacks = inc.evidence["stacks"]
         att = stacks["attribution"]
@@ -77,17 +80,22 @@ def test_hangs_that_are_not_sigstop_are_each_named_by_rank_and_node_and_a_frozen
         action = "exclude-node-and-restart" if kind == "freeze" else "restart"
         assert (inc.state, inc.action) == ("resolved", action), (kind, inc.state, inc.action)
         assert f"[stacks: rank(s) {rank} on {node}: " in inc.summary
+        assert inc.stages == ["detected", "diagnosed", "decided", "restarted", "recovered"], (kind, inc.stages)
         seen = {r["rank"]: r for r in stacks["ranks"]}
         assert sorted(seen) == [0, 1, 2, 3] and sum(g["size"] for g in att["groups"]) == 4, (kind, seen)
         if frame is not None:  # the culprit's own frame in its stack; every rank alive (R or S), none stopped
             assert any(frame in line for line in seen[rank]["stack"]), (kind, seen[rank]["stack"])
             assert all(r["state"] in ("R", "S") for r in seen.values()), (kind, seen)
+    # The SIGSTOPped rank: not called a hang before the learned timeout (it is the one mode timed from outside).
+    stopped = incidents[-2]
+    assert stopped.detected_at - fired["stop"] >= stopped.evidence["timeout_s"] - 1
     # The frozen rank's node failed node-health (SIGKILL could not end its rank) and was left out for the spare.
     frozen = incidents[-1]
     assert frozen.verdict == "fail" and [d["node"] for d in frozen.diagnosis if d["status"] == "fail"] == ["n2"]
     assert "stuck in the kernel" in json.dumps(frozen.diagnosis), frozen.diagnosis
     assert loop.sup.history[-1].nodes == ("n1", "n3")
     assert [f["kind"] for f in chaos.fired] == [k for k, *_ in HANGS]
+    assert len(list((run_dir / "chaos").iterdir())) == 4, "each played hang fired once: its mark"
     losses: dict[int, float] = {}
     for line in (run_dir / "ranks" / "0.jsonl").read_text().splitlines():
         rec = json.loads(line)
