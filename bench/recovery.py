@@ -40,16 +40,16 @@ from healer.runner.build import JobSpec, build_job
 from healer.runner.loop import SelfHealingJob
 from megaheal import procfs
 from healer.runner.build import shipped_rules as rule_set
+from healer.runner.chaos import HANG_KINDS
 
 SIGNALS = {"crash": (3, signal.SIGKILL), "hang": (1, signal.SIGSTOP)}
-HANG_MODES = {"hang-spin": "spin", "hang-data": "data", "hang-collective": "collective", "hang-syscall": "syscall"}
-"""Hangs rank 1 plays itself at FAULT_STEP (train/hang_faults.py), next to the SIGSTOP one."""
 HANG_RANK = 1
+"""The rank that plays each of chaos's HANG_KINDS (train/hang_faults.py) at FAULT_STEP, as SIGSTOP hits it."""
 FAULT_STEP = 10
 
 
 def hang_override(fault: str) -> str:
-    return f"inject_hangs=[{{mode: {HANG_MODES[fault]}, at_step: {FAULT_STEP}, rank: {HANG_RANK}}}]"
+    return f"inject_hangs=[{{mode: {HANG_KINDS[fault]}, at_step: {FAULT_STEP}, rank: {HANG_RANK}}}]"
 
 
 def hang_started(run_dir: Path) -> float | None:
@@ -78,7 +78,7 @@ def current_steps(job: SelfHealingJob) -> list[int]:
 
 def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
     run_dir = workdir / f"megaheal-{fault}"
-    played = fault in HANG_MODES
+    played = fault in HANG_KINDS
     job = megaheal_job(run_dir, 30, extra=(hang_override(fault),) if played else ())
     fired: dict[str, float] = {}
 
@@ -138,7 +138,7 @@ def last_record(run_dir: Path) -> dict[str, object] | None:
 
 def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, object]:
     run_dir = workdir / f"torchrun-{fault}"
-    played = fault in HANG_MODES
+    played = fault in HANG_KINDS
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
             "--max-restarts", "3", "--monitor-interval", "0.2", "-m", "train", "--config", "configs/demo.yaml",
             "--run-dir", str(run_dir), "--resume", "auto", "--set", "steps=30", "--set", "checkpoint.every_steps=5",
@@ -148,7 +148,6 @@ def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, ob
     agent_log = open(run_dir / "torchrun.log", "wb")  # noqa: SIM115 - closed below, after the agent is gone
     agent = subprocess.Popen(argv, cwd=REPO, env=env, stdout=agent_log, stderr=subprocess.STDOUT,
                              start_new_session=True)
-    rank, sig = SIGNALS.get(fault, (HANG_RANK, 0))
     result: dict[str, object] = {"outcome": None, "detection_s": None, "mttr_s": None}
     try:
         fired_at = None
@@ -162,6 +161,7 @@ def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, ob
                 if played:
                     fired_at = hang_started(run_dir)  # the rank hangs by itself at FAULT_STEP
                 elif rec is not None and int(rec["step"]) >= FAULT_STEP:  # type: ignore[call-overload]
+                    rank, sig = SIGNALS[fault]
                     victim = next(p for p in kids if procfs.worker_rank(p) == rank)
                     os.kill(victim, sig)
                     fired_at = time.time()
@@ -216,7 +216,7 @@ def ettr_run(workdir: Path, minutes: float) -> dict[str, object]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faults", default="crash,hang," + ",".join(HANG_MODES))
+    parser.add_argument("--faults", default="crash,hang," + ",".join(HANG_KINDS))
     parser.add_argument("--hang-cap", type=float, default=90.0)
     parser.add_argument("--ettr-minutes", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")

@@ -132,9 +132,9 @@ def read(path: Path, attempts: int = 5) -> PhaseNow | None:
         if len(raw) < SIZE:
             return None
         magic, seq = _HEAD.unpack_from(raw, 0)
-        if magic != MAGIC:
-            return None
-        if seq and seq % 2 == 0:
+        if magic != MAGIC or seq == 0:
+            return None  # not a beacon, or one that has recorded no phase yet
+        if seq % 2 == 0:
             step, at_ns, rank, name = _BODY.unpack_from(raw, _HEAD.size)
             again = path.read_bytes()
             if again[:_HEAD.size] == raw[:_HEAD.size]:

@@ -21,6 +21,9 @@ from typing import Any
 
 COLLECTIVE_PHASES = {"dp_gather": "dp", "dp_reduce": "dp", "global_scalars": "world"}
 """Phases that are a collective, and the group each runs over."""
+INNER_FRAMES = 12
+"""Frames from the innermost looked at for the collective a rank waits in (deeper ones are the caller's: a frame of
+the training loop far down every stack says nothing of where the rank is blocked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +55,10 @@ def wait_of(rank: dict[str, Any]) -> Wait:
     if phase in COLLECTIVE_PHASES:
         return Wait(op=phase, group=COLLECTIVE_PHASES[phase])
     stack: list[str] = rank.get("stack") or []
-    if any("pipelining" in f for f in stack[:12]):
+    inner = stack[:INNER_FRAMES]
+    if any("pipelining" in f for f in inner):
         return Wait(op="pipeline p2p", group="pp")
-    c10d = next((f for f in stack[:12] if "distributed_c10d" in f), None)
+    c10d = next((f for f in inner if "distributed_c10d" in f), None)
     if c10d is not None:
         op = c10d.split(" ", 1)[0]
         if phase == "grad_norm_clip":

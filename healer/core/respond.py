@@ -190,8 +190,8 @@ class Responder:
         t0 = time.monotonic()
         try:
             found = r.rank_evidence(incident.attempt)
-        except Exception as exc:  # noqa: BLE001 - evidence is worth having, never worth failing the incident for
-            log.warning("incident %d: the ranks could not be looked at: %s", incident.id, exc)
+        except Exception:  # noqa: BLE001 - evidence is worth having, never worth failing the incident for
+            log.warning("incident %d: the ranks could not be looked at", incident.id, exc_info=True)
             found = None
         if not found or not found.get("ranks"):
             self.store.update_evidence(incident.id, {"stacks": {"error": "no rank could be looked at",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from healer.launchers import agent_registry
-from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+from healer.launchers.agent_client import AgentClient
 from healer.launchers.fleet import AgentSettings
 from megaheal import procfs
 
@@ -211,11 +211,11 @@ class LocalAgents(AgentSettings):
             elif agent.process is not None and agent.process.poll() is None:
                 agent.process.send_signal(signal.SIGTERM)
             elif agent.process is None:  # adopted from a healer that died: not our child, but it takes orders
-                pid = _pid_of(agent, token)
-                if agent_registry.shut_down(agent.node, agent.url, token) and pid is not None:
-                    adopted.append(pid)
-                else:
+                pid = self._pid_of_run(agent.node)
+                if not agent_registry.shut_down(agent.node, agent.url, token):
                     self._end_stale(agent.node)
+                elif pid is not None:
+                    adopted.append(pid)
         for agent in self.agents.values():
             if agent.process is not None:
                 try:
@@ -234,11 +234,3 @@ class LocalAgents(AgentSettings):
             log.warning("adopted agent(s) still running 15 s after their shutdown: pid(s) %s", adopted)
         self.agents.clear()  # stopped once: a second stop (an error after the loop stopped them) has nothing to do
 
-
-def _pid_of(agent: LocalAgent, token: str) -> int | None:
-    """The pid an adopted agent says it has (None when it does not answer)."""
-    try:
-        pid = AgentClient(agent.node, agent.url, token, timeout_s=3, attempts=1).state().get("pid")
-    except (AgentUnreachable, OrderFailed):
-        return None  # it does not answer: nothing to wait for
-    return pid if isinstance(pid, int) else None

@@ -1,6 +1,6 @@
 """Keeping a node agent on every host of a run: an agent that stopped posting batches and does not answer is
-restarted through the launcher (at once when its process has ended, after `unreachable_after` when it may only be
-out of reach) (healer/launchers/fleet.py), and the new one takes on the attempt's part on its host
+restarted through the launcher (healer/launchers/fleet.py): at once when its process has ended, after
+`unreachable_after` when it may only be out of reach. The new one takes on the attempt's part on its host
 (the ranks never noticed: they run in a session of their own and go on training). Nothing about the job changes:
 no incident, no restart, no budget.
 

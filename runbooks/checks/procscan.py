@@ -55,7 +55,7 @@ def stuck_ranks(node: str, settle_s: float = 0.5, proc: Path = procfs.PROC) -> l
     set, naming this node) in state D now and `settle_s` later, the same processes both times: stuck in the kernel,
     where SIGKILL cannot end them (a hung driver call, a dead mount, a frozen cgroup). A read from disk is in D for
     moments, not for both looks."""
-    def in_d() -> dict[int, float]:
+    def in_d() -> dict[int, procfs.Stat]:
         out = {}
         for pid in procfs.pids(proc):
             st = procfs.stat(pid, proc)
@@ -63,13 +63,12 @@ def stuck_ranks(node: str, settle_s: float = 0.5, proc: Path = procfs.PROC) -> l
                 continue
             env = procfs.environ(pid)
             if "TORCHELASTIC_RUN_ID" in env and env.get("MEGAHEAL_NODE", node) == node:
-                out[pid] = st.started
+                out[pid] = st
         return out
 
     first = in_d()
     if not first:
         return []
     time.sleep(settle_s)
-    again = in_d()
-    return [Holder(pid=pid, comm=(procfs.stat(pid, proc) or procfs.Stat("?", "D", 0.0, 0.0, None)).comm, state="D",
-                   devices=()) for pid, started in sorted(again.items()) if first.get(pid) == started]
+    return [Holder(pid=pid, comm=st.comm, state="D", devices=()) for pid, st in sorted(in_d().items())
+            if pid in first and first[pid].started == st.started]
