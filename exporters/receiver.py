@@ -88,6 +88,9 @@ class DatagramReceiver:
         self.path = path
         self._on_message = on_message
         self._policy = policy or SenderPolicy()
+        # NOTE: a directory this receiver made is removed with the socket (the node agent's is one per host and work
+        # directory under the temp directory: hundreds were left behind by a day of test runs).
+        self._made_dir = not path.parent.exists()
         self._sock = bind_datagram_socket(path)
         self._sock.setblocking(False)
         self._poll_s = poll_s
@@ -111,6 +114,11 @@ class DatagramReceiver:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        if self._made_dir:
+            try:
+                self.path.parent.rmdir()
+            except OSError:
+                pass  # not empty (a newer sidecar's socket is in it), or gone already
 
     @property
     def rejected_senders(self) -> int:

@@ -1,5 +1,7 @@
 """What a hung rank is doing, read from outside it on its own host: its kernel state and the kernel function it
-sleeps in, the training phase it entered last and since when (exporters/phase_now.py), and its Python stacks.
+sleeps in, the training phase it entered last and since when (exporters/phase_now.py), its Python stacks, and its
+flight recorder's last collectives per process group (train/flight_recorder.py: asked for first, through a request
+file its dump thread answers, and read last, so the stacks are dumped while the ranks write theirs).
 
 The stacks come from py-spy (`py-spy dump --json --nonblocking`): it reads the process's memory without stopping
 it, so it also answers for a rank that is stopped or frozen in the kernel, where attaching with ptrace would wait
@@ -18,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from exporters import phase_now
+from train import flight_recorder
 from megaheal import procfs
 
 DUMP_TIMEOUT_S = 10.0
+RECORDER_WAIT_S = 1.5
+"""How long after the stacks the ranks' flight recorder answers are waited for (their threads poll twice a second)."""
 MAX_FRAMES = 40
 """Frames kept per thread, innermost first (a deep recursion says no more after that)."""
 
@@ -48,11 +53,14 @@ class RankEvidence:
     threads: int = 0
     error: str | None = None
     """Why there is no stack."""
+    collectives: dict[str, Any] | None = None
+    """The flight recorder's view, per process group (None: the rank keeps none, or did not answer in time)."""
 
     def to_payload(self, now_ns: int | None = None) -> dict[str, Any]:
         return {"pid": self.pid, "rank": self.rank, "state": self.state, "wchan": self.wchan,
                 "phase": self.phase.to_payload(now_ns) if self.phase is not None else None,
-                "stack": [f.text() for f in self.stack], "threads": self.threads, "error": self.error}
+                "stack": [f.text() for f in self.stack], "threads": self.threads, "error": self.error,
+                "collectives": self.collectives}
 
 
 def py_spy() -> str | None:
@@ -112,9 +120,40 @@ def parse_dump(text: str) -> tuple[list[Frame], int]:
 
 
 def collect_all(ranks: dict[int, int | None], phase_dir: Path | None,
-                timeout_s: float = DUMP_TIMEOUT_S) -> tuple[list[dict[str, Any]], float]:
+                timeout_s: float = DUMP_TIMEOUT_S, recorder_wait_s: float = RECORDER_WAIT_S,
+                ) -> tuple[list[dict[str, Any]], float]:
     """Evidence of each rank process ({pid: rank or None}), as payloads, and how long it took (s)."""
     t0 = time.monotonic()
     now = time.time_ns()
-    out = [collect(pid, rank, phase_dir, timeout_s).to_payload(now) for pid, rank in sorted(ranks.items())]
-    return out, time.monotonic() - t0
+    if phase_dir is not None:
+        for pid in ranks:
+            _ask_recorder(phase_dir, pid)
+    found = [collect(pid, rank, phase_dir, timeout_s) for pid, rank in sorted(ranks.items())]
+    if phase_dir is not None:
+        deadline = time.monotonic() + recorder_wait_s
+        for ev in found:
+            if ev.state is not None:
+                ev.collectives = _recorder_answer(phase_dir, ev.pid, deadline)
+    return [ev.to_payload(now) for ev in found], time.monotonic() - t0
+
+
+def _ask_recorder(phase_dir: Path, pid: int) -> None:
+    flight_recorder.answer_path(phase_dir, pid).unlink(missing_ok=True)  # an old answer is not this hang's
+    try:
+        flight_recorder.request_path(phase_dir, pid).touch()
+    except OSError:
+        pass  # no directory: the rank keeps no phase file, and no recorder thread either
+
+
+def _recorder_answer(phase_dir: Path, pid: int, deadline: float) -> dict[str, Any] | None:
+    """The rank's answer once it is there (None by the deadline: no recorder, or its thread cannot run)."""
+    path = flight_recorder.answer_path(phase_dir, pid)
+    while True:
+        try:
+            answer = json.loads(path.read_text())
+            return answer if isinstance(answer, dict) else None
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                flight_recorder.request_path(phase_dir, pid).unlink(missing_ok=True)
+                return None
+            time.sleep(0.05)

@@ -22,12 +22,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
+from exporters.phase_now import ENV as PHASE_DIR_ENV
 from exporters.phase_now import PhaseBeacon
 from megaheal.names import derive_name
 from train.checkpoint.manager import Checkpointer
 from train.checkpoint.state import ModelParts, capture, config_hash, load_template, model_hash, restore
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenStream, build_source
+from train.flight_recorder import FlightRecorderDumper
 from train.hang_faults import HangInjector
 from train.layout import stage_ids, stage_layers, validate_layout
 from train.mfu import Peak, flops_per_token, mfu, resolve_peak
@@ -65,6 +67,10 @@ class Trainer:
         self.place = _rank_place(self.mesh, world)
         # Where this rank is now, for the node agent when the job hangs (nothing is written unless asked for).
         self.beacon = PhaseBeacon.from_env(self.place.rank)
+        if self.beacon is not None:
+            # NOTE: the phases longer than a step have names of their own (startup, restore, checkpoint_save): the
+            # healer learns how long each takes, so a slow save or restore is not called a hang.
+            self.beacon.enter("startup", 0)
         self.hang = HangInjector(cfg.inject_hangs, self.place.rank, run_dir)
         self.timer = PhaseTimer(self.device, on_enter=self._entering,
                                 on_exit=self.beacon.leave if self.beacon is not None else None)
@@ -91,7 +97,8 @@ class Trainer:
                   "model_hash": model_hash(cfg.model),
                   "config_hash": config_hash(cfg)},
         )
-        self.step_index, start_sample = self._resume()
+        with self.beacon.inside("restore") if self.beacon is not None else nullcontext():
+            self.step_index, start_sample = self._resume()
         self.loader = PrefetchLoader(
             TokenStream(
                 build_source(cfg.data, cfg.model.vocab_size),
@@ -114,6 +121,10 @@ class Trainer:
         self.telemetry.hello()
         self.table = StepTable() if self.place.rank == 0 else None
         self._host = socket.gethostname()
+        # Every process group is made by now: the dump names each with its ranks.
+        self.flight_recorder = FlightRecorderDumper.from_env(os.environ.get(PHASE_DIR_ENV))
+        if self.beacon is not None:
+            self.beacon.between(self.step_index)
 
     # ------------------------------------------------------------ construction
 
@@ -310,11 +321,12 @@ class Trainer:
         preempted = self.stopping and ckpt.cfg.save_on_sigterm
         if not (ckpt.due(steps_done) or final or preempted):
             return
-        state = capture(self.parts, self.optimizer, self.lr_scheduler, steps_done, self.loader.position,
-                        self.place.rank)
-        ckpt.save(state, steps_done, self.loader.position)
-        if preempted:
-            ckpt.wait()  # the job is about to exit: the save must be committed first
+        with self.beacon.inside("checkpoint_save") if self.beacon is not None else nullcontext():
+            state = capture(self.parts, self.optimizer, self.lr_scheduler, steps_done, self.loader.position,
+                            self.place.rank)
+            ckpt.save(state, steps_done, self.loader.position)  # waits for the previous save, when one is in flight
+            if preempted:
+                ckpt.wait()  # the job is about to exit: the save must be committed first
 
     def _record(
         self,
@@ -374,6 +386,8 @@ class Trainer:
             self.close()
 
     def close(self) -> None:
+        if self.flight_recorder is not None:
+            self.flight_recorder.close()
         if self.beacon is not None:
             self.beacon.close()
         self.checkpointer.close()

@@ -3,7 +3,8 @@
 - start: one torchrun agent for this host (`--nnodes N --node-rank K`, c10d rendezvous on the attempt's first
   host, `--max-restarts 0`: restarts are the healer's), in a session of its own;
 - poll: finds the ranks under it (their global rank from their environment, their start time for identity),
-  samples their kernel state and CPU time (a SIGSTOPped rank is 'T'), and records every exit: read from the zombie
+  samples their kernel state, CPU time (a SIGSTOPped rank is 'T') and the phase each says it is in now
+  (exporters/phase_now.py: what the healer's hang detector times a save or a restore by), and records every exit: read from the zombie
   while it is one, else as vanished until the torchrun agent's failure report says how the rank died;
 - stop: SIGTERM to every rank (the trainer saves a final checkpoint and exits 0), SIGKILL to what is left after the
   grace, then the torchrun agent and whatever it left. Every signal goes only to a process that is still the one
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from exporters import phase_now
 from exporters.schema import MAX_TAIL_LINES, AttemptReport, RankExit, RankProcess
 from healer.launchers import kill
 from healer.launchers.agent_log import parse_failures
@@ -45,6 +47,15 @@ class _Rank:
         return kill.Target(self.pid, self.started, run_id)
 
 
+def _process(r: _Rank, state: str, cpu_seconds: float, phase: phase_now.PhaseNow | None) -> RankProcess:
+    if phase is None or not phase.phase:
+        return RankProcess(rank=r.rank, local_rank=r.local_rank, pid=r.pid, started=r.started, state=state,
+                           cpu_seconds=cpu_seconds)
+    return RankProcess(rank=r.rank, local_rank=r.local_rank, pid=r.pid, started=r.started, state=state,
+                       cpu_seconds=cpu_seconds, phase=phase.phase, phase_step=phase.step,
+                       phase_for_s=max(0.0, time.time() - phase.since_ns / 1e9))
+
+
 @dataclass(slots=True)
 class HostAttempt:
     job: str
@@ -56,12 +67,14 @@ class HostAttempt:
     log_dir: Path
     """This host's logs of the attempt: torchrun's own output and its per-rank files."""
     clock: Callable[[], float] = time.time
+    phase_dir: Path | None = None
+    """Where the attempt's ranks keep their phase-now files (None: they keep none)."""
     process: subprocess.Popen[bytes] | AdoptedTorchrun | None = None
     """This host's torchrun agent: our child, or one an agent before us started (`adopt`)."""
     ranks: dict[int, _Rank] = field(default_factory=dict)
     """pid -> rank, as found under the torchrun agent."""
-    states: dict[int, tuple[str, float]] = field(default_factory=dict)
-    """rank -> (kernel state, CPU seconds) at the last poll, for the ranks still running."""
+    states: dict[int, tuple[str, float, phase_now.PhaseNow | None]] = field(default_factory=dict)
+    """rank -> (kernel state, CPU seconds, phase now) at the last poll, for the ranks still running."""
     exits: dict[int | None, RankExit] = field(default_factory=dict)
     """rank (None: the torchrun agent itself) -> how it ended."""
     stopping: bool = False
@@ -131,7 +144,8 @@ class HostAttempt:
                 continue
             st = procfs.stat(pid)
             if st is not None and st.state not in procfs.NOT_ALIVE and st.started == r.started:
-                self.states[r.rank] = (st.state, st.cpu_seconds)
+                phase = phase_now.read(phase_now.path_for(self.phase_dir, pid)) if self.phase_dir else None
+                self.states[r.rank] = (st.state, st.cpu_seconds, phase)
                 continue
             self.states.pop(r.rank, None)
             if self.process.poll() is None:
@@ -184,9 +198,7 @@ class HostAttempt:
         return AttemptReport(
             job=self.job, attempt=self.attempt, node_rank=self.node_rank, ended=self.ended, exit_code=self.exit_code,
             stopping=self.stopping, exits=list(self.exits.values()),
-            ranks=[RankProcess(rank=r.rank, local_rank=r.local_rank, pid=r.pid, started=r.started,
-                               state=self.states[r.rank][0], cpu_seconds=self.states[r.rank][1])
-                   for r in self.ranks.values() if r.rank in self.states])
+            ranks=[_process(r, *self.states[r.rank]) for r in self.ranks.values() if r.rank in self.states])
 
     # ---- acting --------------------------------------------------------------------------------------
 

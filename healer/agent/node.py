@@ -44,6 +44,9 @@ from healer.agent.orders import (
 )
 from megaheal import procfs, rank_evidence
 
+FR_BUFFER_SIZE = 2000
+"""Collectives the flight recorder keeps per rank (a few steps' worth: a hang needs only the last ones)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -213,9 +216,14 @@ class NodeAgent:
                 "MEGAHEAL_NODE": self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
                 "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path,
                 phase_now.ENV: str(self._phase_dir(order.job, order.attempt))}
+            # The flight recorder on (gloo's and NCCL's), unless the order or the host says how large: what a hang's
+            # evidence reads each rank's last collectives from (train/flight_recorder.py). Torch 2.9 renamed the
+            # setting; both names, so that either build reads it.
+            size = env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or str(FR_BUFFER_SIZE)
+            env |= {"TORCH_FR_BUFFER_SIZE": size, "TORCH_NCCL_TRACE_BUFFER_SIZE": size}
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
-                                       env=env, cwd=self.cfg.cwd,
-                                       log_dir=self._attempt_dir(order))
+                                       env=env, cwd=self.cfg.cwd, log_dir=self._attempt_dir(order),
+                                       phase_dir=self._phase_dir(order.job, order.attempt))
             self.attempt.start()
             return self._started(order.attempt)
 
@@ -236,7 +244,8 @@ class NodeAgent:
             if self.attempt is not None and not self.attempt.ended:
                 raise RuntimeError(f"attempt {self.attempt.attempt} runs on {self.cfg.node}; it cannot adopt another")
             found = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=[], env={},
-                                cwd=self.cfg.cwd, log_dir=self._attempt_dir(order))
+                                cwd=self.cfg.cwd, log_dir=self._attempt_dir(order),
+                                phase_dir=self._phase_dir(order.job, order.attempt))
             if not found.adopt(self.cfg.node):
                 raise LookupError(f"attempt {order.attempt} of {order.job} does not run on {self.cfg.node}")
             self.attempt = found

@@ -10,6 +10,14 @@ holds others up and is held up by nobody it can be shown to wait for: the rank n
 waiting in a collective none of its peers entered. Before that: ranks stuck in the kernel (state D) or stopped (T),
 and ranks still in an earlier step than the others, are named as such.
 
+Where every rank's flight recorder answered (train/flight_recorder.py), the waits are read from it instead of from
+stacks and phases: for each process group, the last collective each rank enqueued and those still in flight. A rank in
+collective #N of a group is held up by the members that have not enqueued #N; a rank in a point-to-point operation by
+the members of its group that are in none. That is what NCCL's flight recorder analysis does, and it also tells the
+group of a collective no stack names (a checkpoint's, the hang injector's own). Gloo's recorder keeps no
+point-to-point operation: a rank in none that its stack shows waiting in a pipeline receive is read as the stacks
+read it.
+
 When the chain has no single end (two candidates, or a cycle of known waits), the answer says so and names every
 candidate rather than guess one.
 """
@@ -96,6 +104,9 @@ def attribute(ranks: list[dict[str, Any]], mesh: dict[int, dict[str, int]]) -> A
         low = min(known.values())
         behind = sorted(r for r, s in known.items() if s == low)
         return Attribution(behind, f"still in step {low} while the others are past it", groups=groups)
+    recorded = _recorder_attribution(by_rank, mesh, groups)
+    if recorded is not None:
+        return recorded
     waits = {r: wait_of(ev) for r, ev in by_rank.items()}
     # First, only the waits whose group is known count; where that leaves no end (every peer waits in a collective
     # whose group cannot be told: a checkpoint's), such a wait is taken as one on every rank.
@@ -117,6 +128,71 @@ def attribute(ranks: list[dict[str, Any]], mesh: dict[int, dict[str, int]]) -> A
                            groups=groups)
     return Attribution(sorted(by_rank), "the waits form no chain with one end: every rank named", ambiguous=True,
                        waits=detail, groups=groups)
+
+
+def _recorder_attribution(by_rank: dict[int, dict[str, Any]], mesh: dict[int, dict[str, int]],
+                          groups: list[dict[str, Any]]) -> Attribution | None:
+    """The chain of waits as the flight recorders tell it; None unless every rank answered. A rank in no recorded
+    operation may still wait in one the recorder does not keep (gloo's point-to-point sends and receives, a
+    pipeline's): its stack says so, and its mesh group, as in the stack-only reading."""
+    recs = {r: (ev.get("collectives") or {}).get("groups") for r, ev in by_rank.items()}
+    if not recs or not all(isinstance(g, dict) for g in recs.values()):
+        return None
+    enqueued = {r: {g: int(v.get("last_enqueued", -1)) for g, v in gs.items()} for r, gs in recs.items()}
+    completed = {r: {g: int(v.get("last_completed", -1)) for g, v in gs.items()} for r, gs in recs.items()}
+    group_ranks: dict[str, set[int]] = {}
+    for gs in recs.values():
+        for g, v in gs.items():
+            group_ranks.setdefault(g, set()).update(x for x in v.get("ranks") or [] if isinstance(x, int))
+    flights: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    for r, gs in recs.items():
+        # A collective is in flight while its number is past the last completed; a point-to-point operation while the
+        # recorder has not retired it.
+        flights[r] = [(g, f) for g, v in gs.items() for f in v.get("in_flight") or []
+                      if isinstance(f, dict) and (f.get("p2p") or int(f.get("seq", -1)) > completed[r].get(g, -1))]
+    stacked = {r: wait_of(ev) for r, ev in by_rank.items()}
+    held: dict[int, set[int]] = {}
+    for r in recs:
+        held[r] = set()
+        if not flights[r] and stacked[r].op is not None and stacked[r].group is not None:
+            held[r] = {p for p in members(stacked[r].group, r, mesh) & set(recs) - {r} if stacked[p] != stacked[r]}
+        for g, f in flights[r]:
+            peers = (group_ranks.get(g) or set(recs)) & set(recs) - {r}
+            if f.get("p2p"):
+                held[r] |= {p for p in peers if not any(h == g and x.get("p2p") for h, x in flights[p])}
+            else:
+                held[r] |= {p for p in peers if enqueued[p].get(g, -1) < int(f.get("seq", -1))}
+    detail = {r: {"op": ", ".join(f"{f.get('op')} #{f.get('seq')} of group {g}" for g, f in flights[r])
+                        or stacked[r].op,
+                  "group": ",".join(sorted({g for g, _ in flights[r]})) or stacked[r].group, "held_up_by": sorted(held[r])}
+              for r in recs}
+    holding = {r for hs in held.values() for r in hs}
+    ends = sorted(r for r in holding if not held[r])
+    if len(ends) == 1 and not flights[ends[0]] and stacked[ends[0]].op is None:
+        return Attribution(ends, "not in any collective while its peers wait for it (flight recorder)", waits=detail,
+                           groups=groups)
+    if len(ends) == 1:
+        return Attribution(ends, "holds its peers up (flight recorder)", waits=detail, groups=groups)
+    if not ends:
+        # A cycle: some rank waits in a collective that none of the other members of its group entered. In a pair
+        # that is as true of the peer left waiting (its partner never came): the odd one out is the rank alone in the
+        # collective of the most members, ByteRobust's minority.
+        alone: dict[int, tuple[int, str, dict[str, Any]]] = {}
+        for r, fs in flights.items():
+            for g, f in fs:
+                peers = (group_ranks.get(g) or set(recs)) & set(recs) - {r}
+                if not f.get("p2p") and peers and all(enqueued[p].get(g, -1) < int(f.get("seq", -1)) for p in peers):
+                    alone[r] = max(alone.get(r, (0, g, f)), (len(peers), g, f), key=lambda x: x[0])
+        most = max((n for n, _, _ in alone.values()), default=0)
+        odd = sorted(r for r, (n, _, _) in alone.items() if n == most)
+        if len(odd) == 1:
+            _, g, f = alone[odd[0]]
+            return Attribution(odd, f"waits in {f.get('op')}, a collective none of its peers entered, while they wait "
+                                    f"for it (flight recorder: #{f.get('seq')} of group {g})", waits=detail,
+                               groups=groups)
+        ends = odd or sorted(recs)
+    return Attribution(ends, "the flight recorders show no single rank holding the others up: named them all",
+                       ambiguous=True, waits=detail, groups=groups)
 
 
 def _held(waits: dict[int, Wait], mesh: dict[int, dict[str, int]], unknown_is_world: bool) -> dict[int, set[int]]:

@@ -61,6 +61,11 @@ class ProcessState:
     cpu_seconds: float
     """User + system CPU time so far."""
     sampled_at: float
+    phase: str | None = None
+    """The phase the rank says it is in now (exporters/phase_now.py), when it keeps a phase file and is in one."""
+    phase_step: int | None = None
+    phase_entered: float | None = None
+    """Healer time at which it entered `phase` (when its agent's report came, less how long it had been in it)."""
 
 
 @dataclass(slots=True)
@@ -126,7 +131,9 @@ class ProcessView:
             for p in r.ranks:
                 self._states[(r.job, p.rank)] = ProcessState(job=r.job, attempt=r.attempt, node=node, rank=p.rank,
                                                              pid=p.pid, state=p.state, cpu_seconds=p.cpu_seconds,
-                                                             sampled_at=now)
+                                                             sampled_at=now, phase=p.phase, phase_step=p.phase_step,
+                                                             phase_entered=None if p.phase_for_s is None
+                                                             else now - p.phase_for_s)
             ranks: dict[int, tuple[int, int, int, float | None]] = {
                 p.rank: (p.pid, p.rank, p.local_rank, p.started) for p in r.ranks}
             for e in r.exits:

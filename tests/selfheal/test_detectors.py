@@ -127,6 +127,110 @@ def test_hang_uses_the_floor_until_it_has_learned_and_ignores_a_job_that_is_star
     assert Hang(Hang.Config()).evaluate(starting.table, starting.clock.now).firing == ()
 
 
+def _in_phase(s: JobStream, phase: str | None, since: float) -> None:
+    """The attempt's ranks as the agents see them, each in `phase` (from its phase file) since `since`."""
+    s.table.processes.update_states([
+        ProcessState(job="job", attempt=0, node=n, rank=r, pid=1000 + r, state="S", cpu_seconds=1.0,
+                     sampled_at=s.clock.now, phase=phase, phase_step=s.step, phase_entered=since)
+        for n, rs in NODES.items() for r in rs])
+
+
+def _stalled_until_fired(s: JobStream, detector: Hang, limit: int, phase: str | None = None) -> int | None:
+    """Seconds of no progress until `detector` fires (None: not within `limit`), the ranks in `phase` throughout."""
+    since = s.clock.now
+    for t in range(1, limit + 1):
+        s.clock.now += 1.0
+        s.send()
+        _in_phase(s, phase, since)
+        if detector.evaluate(s.table, s.clock.now).firing:
+            return t
+    return None
+
+
+def test_a_checkpoint_save_is_timed_by_what_saves_took_and_a_hang_in_a_step_by_the_step_time() -> None:
+    s = stream()
+    _placed(s)
+    hang = Hang(Hang.Config(floor=timedelta(seconds=5), phase_floors={"checkpoint_save": timedelta(seconds=30)}))
+    for _ in range(6):
+        s.advance()
+        _in_phase(s, "forward_backward", s.clock.now)
+        hang.evaluate(s.table, s.clock.now)
+    # The first save: 20 s, past the 5 s step timeout, under the 30 s save floor. No hang.
+    assert _stalled_until_fired(s, hang, 20, "checkpoint_save") is None
+    s.advance()
+    _in_phase(s, "data_wait", s.clock.now)  # seen to leave the save: it took 20 s
+    assert hang.evaluate(s.table, s.clock.now).healthy == {"job"}
+    assert hang.phase_timeout_s("job", "checkpoint_save") == (60.0, 20.0)  # k x 20 s, above the floor
+    # A save stalled past that is a hang, timed as a save; a stall inside a step fires at the step's timeout.
+    fired = _stalled_until_fired(s, hang, 70, "checkpoint_save")
+    assert fired is not None and 60 <= fired <= 62
+    (f,) = hang.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["timed_as"] == "checkpoint_save" and "that of checkpoint_save" in f.summary
+    assert f.evidence["ranks"][0]["phase"] == "checkpoint_save"
+    s.advance()
+    _in_phase(s, "data_wait", s.clock.now)
+    hang.evaluate(s.table, s.clock.now)
+    assert _stalled_until_fired(s, hang, 10, "forward_backward") == 6
+
+
+def test_a_save_does_not_count_in_the_step_time_it_was_timed_in() -> None:
+    s = stream(shape=lambda rank, step: {"checkpoint": 40.0} if step % 5 == 0 else {})
+    hang = Hang(Hang.Config(floor=timedelta(seconds=5)))
+    for _ in range(20):
+        s.advance()
+        hang.evaluate(s.table, s.clock.now)
+    timeout, p99 = hang.timeout_s("job")
+    assert p99 is not None and p99 < 1.0 and timeout == 5.0
+
+
+def test_under_a_launcher_an_attempt_that_never_finishes_its_first_step_is_a_hang_at_the_first_step_timeout() -> None:
+    s = stream()
+    _placed(s)
+    hang = Hang(Hang.Config(floor=timedelta(seconds=5), phase_floors={"first_step": timedelta(seconds=40)}))
+    # The ranks are running (their agents report them) and none has said hello: no heartbeat, no step.
+    fired = None
+    for t in range(1, 50):
+        s.clock.now += 1.0
+        _in_phase(s, "restore" if t < 10 else "forward_backward", s.clock.now - t)
+        if hang.evaluate(s.table, s.clock.now).firing:
+            fired = t
+            break
+    assert fired == 42  # first seen at 1 s, fired past 40 s after it
+    (f,) = hang.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["timed_as"] == "first_step" and f.evidence["step"] is None
+    assert "before the attempt's first step" in f.summary and f.evidence["suspected_by"] == "all ranks alike"
+    # Ranks 0-1 got through it and rank 3 did not: 3 is named.
+    s.send(only={0, 1, 2})
+    (f,) = hang.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["suspect_ranks"] == [3] and f.evidence["suspected_by"] == "not through its first step"
+    assert f.node == "n2"
+
+
+def test_the_first_step_is_learned_and_kept_across_a_restart() -> None:
+    s = stream()
+    _placed(s)
+    hang = Hang(Hang.Config(floor=timedelta(seconds=5), phase_floors={"first_step": timedelta(seconds=10)}))
+    _in_phase(s, "startup", s.clock.now)
+    hang.evaluate(s.table, s.clock.now)
+    s.clock.now += 8.0
+    _in_phase(s, "forward_backward", s.clock.now)
+    assert hang.evaluate(s.table, s.clock.now).firing == ()
+    s.advance()  # through the first step 9 s after the ranks were first seen
+    _in_phase(s, "data_wait", s.clock.now)
+    hang.evaluate(s.table, s.clock.now)
+    assert hang.phase_timeout_s("job", "first_step") == (27.0, 9.0)
+    s.table.processes.started("job", 1, tuple(s.nodes), s.clock.now)  # a restart: the learned first step stays
+    hang.evaluate(s.table, s.clock.now)
+    assert hang.phase_timeout_s("job", "first_step") == (27.0, 9.0)
+
+
+def test_a_phase_floor_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="phase_floors must be > 0, got restore"):
+        Hang.Config(phase_floors={"restore": timedelta(0)})
+    assert Hang.Config(phase_floors={"restore": timedelta(seconds=9)}).phase_floors["checkpoint_save"] \
+        == timedelta(minutes=5)
+
+
 # ---- straggler -------------------------------------------------------------------------------------------
 
 def test_straggler_names_a_slow_computing_rank_only_after_k_windows_with_the_phase_table() -> None:

@@ -89,3 +89,72 @@ def test_every_rank_waiting_in_the_same_collective_names_every_rank_and_says_so(
     ranks = [rank(r, "global_scalars", SCALARS) for r in range(4)]
     att = attribute(ranks, MESH)
     assert att.suspects == [0, 1, 2, 3] and att.ambiguous and "every rank" in att.how
+
+
+# ---- from the flight recorders (train/flight_recorder.py) ----------------------------------------------------------
+# Groups as the demo's mesh makes them: "0" the world, "1", "2" the data-parallel pairs, "3", "4" the pipeline pairs,
+# "5" a group of everyone that only the hang injector uses.
+GROUPS = {"0": [0, 1, 2, 3], "1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3], "5": [0, 1, 2, 3]}
+BED_GROUPS = {"0": [0, 1, 2, 3], "1": [0, 2], "2": [1, 3], "3": [0, 1], "4": [2, 3], "9": [0, 1, 2, 3]}
+"""As the demo's mesh named them on the bed: 1, 2 the pipeline pairs, 3, 4 the data-parallel pairs, 9 the injector's."""
+
+
+def recorded(r: int, enqueued: dict[str, int], flying: dict[str, str] | None = None, p2p: str | None = None,
+             stack: list[str] | None = None, phase: str = "forward_backward",
+             named: dict[str, list[int]] = GROUPS) -> dict[str, Any]:
+    """Rank `r` having enqueued collective #n of each group ({group: n}), `flying` ({group: op}) still in flight (its
+    last enqueued), and a point-to-point operation in flight on group `p2p`."""
+    groups = {}
+    for g, ranks in named.items():
+        if r not in ranks:
+            continue
+        n = enqueued.get(g, 0)
+        flight = [{"op": flying[g], "seq": n, "p2p_seq": 0, "p2p": False, "for_s": 9.0}] if g in (flying or {}) else []
+        if g == p2p:
+            flight.append({"op": "recv", "seq": 0, "p2p_seq": 7, "p2p": True, "for_s": 9.0})
+        groups[g] = {"desc": "", "ranks": ranks, "last_enqueued": n,
+                     "last_completed": n - 1 if g in (flying or {}) else n, "in_flight": flight}
+    return {**rank(r, phase, stack or ["somewhere (x.py:1)"]), "collectives": {"groups": groups, "at": 0.0}}
+
+
+def test_the_flight_recorders_name_the_rank_that_never_entered_the_collective_its_peers_wait_in() -> None:
+    # Rank 1 spins: rank 0 waits in gather #5 of their dp group; stage 1 waits on a receive from stage 0.
+    ranks = [recorded(0, {"1": 5}, {"1": "allgather"}), recorded(1, {"1": 4}),
+             recorded(2, {"2": 5}, p2p="3"), recorded(3, {"2": 5}, p2p="4")]
+    att = attribute(ranks, MESH)
+    assert att.suspects == [1] and not att.ambiguous
+    assert att.how == "not in any collective while its peers wait for it (flight recorder)"
+    assert att.waits[0] == {"op": "allgather #5 of group 1", "group": "1", "held_up_by": [1]}
+    assert att.waits[3]["held_up_by"] == [1] and att.waits[2]["held_up_by"] == [0]
+
+
+def test_the_flight_recorders_name_the_rank_alone_in_a_collective_of_a_group_no_stack_tells() -> None:
+    # Rank 3 skipped its step's collectives and waits in a barrier of group 5 that no one else entered: its data-
+    # parallel peer waits for it in a gather, stage 0 on a receive from stage 1. Every rank waits on another.
+    ranks = [recorded(0, {"1": 5}, p2p="3"), recorded(1, {"1": 5}, p2p="4"),
+             recorded(2, {"2": 5}, {"2": "allgather"}), recorded(3, {"2": 4, "5": 1}, {"5": "barrier"})]
+    att = attribute(ranks, MESH)
+    assert att.suspects == [3] and not att.ambiguous
+    assert att.how.startswith("waits in barrier, a collective none of its peers entered")
+    assert "#1 of group 5" in att.how
+
+
+def test_the_stacks_are_read_when_a_rank_kept_no_flight_recorder() -> None:
+    ranks = [recorded(0, {"1": 5}, {"1": "allgather"}, stack=GATHER, phase="dp_gather"),
+             rank(1, "forward_backward", ["_spin_in_compute (train/hang_faults.py:70)"], state="R"),
+             recorded(2, {"2": 5}, p2p="3", stack=RECV), recorded(3, {"2": 5}, p2p="4", stack=RECV)]
+    att = attribute(ranks, MESH)
+    assert att.suspects == [1] and "flight recorder" not in att.how
+
+
+def test_gloos_unrecorded_pipeline_receives_are_read_from_the_stacks_beside_the_recorded_collectives() -> None:
+    # The collective hang as gloo's recorders saw it on the bed: stage 0 waits on receives the recorder does not keep
+    # (their stacks say so), rank 2 in gather #67 of the dp group "4", rank 3 alone in barrier #1 of group "9".
+    bed = dict(named=BED_GROUPS)
+    ranks = [recorded(0, {"1": 87}, stack=RECV, **bed), recorded(1, {"2": 69}, stack=RECV, **bed),
+             recorded(2, {"4": 67}, {"4": "all_gather"}, stack=GATHER, phase="dp_gather", **bed),
+             recorded(3, {"4": 66, "9": 1}, {"9": "barrier"}, stack=["barrier (torch/distributed/distributed_c10d.py:1)"],
+                      **bed)]
+    att = attribute(ranks, MESH)
+    assert att.suspects == [3] and att.how.startswith("waits in barrier, a collective none of its peers entered")
+    assert att.waits[0] == {"op": "pipeline p2p", "group": "pp", "held_up_by": [2]}

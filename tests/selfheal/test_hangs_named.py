@@ -6,8 +6,9 @@ none is stopped, so the kernel state that names a SIGSTOPped rank says nothing: 
 node from what the ranks were doing when the hang was called (their stacks, phases and states, read by the node
 agents before anything is stopped). Last, a rank is frozen in the kernel (cgroup freezer: state D, SIGKILL cannot
 end it): its node fails node-health and is left out, and the job finishes on the spare. Between them, a SIGSTOPped
-rank, named by its state T as before. One job for all six (each fault fires once per run): about two and a half
-minutes on 2 cores."""
+rank, named by its state T as before. And last, a save that stalls the job past the hang timeout of a step (a throttled
+store) is timed as a save and opens no incident. One job for all seven (each fault fires once per run): about two and
+a half minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.distributed
 STEPS = 34
+SLOW_SAVE = 32
 # (kind, step, rank, node, what names it, the frame of the rank's own stack that shows it): ranks 0, 1 on n1; 2, 3 on
 # n2 (n3 is the spare).
 HANGS = [("hang-spin", 5, 1, "n1", "not in any collective", "_spin_in_compute"),
@@ -47,7 +49,9 @@ def test_each_kind_of_hang_is_named_by_rank_and_node_and_a_frozen_ranks_node_is_
     schedule = load_schedule(tmp_path / "chaos.yaml")
     spec = JobSpec(job="hangs", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir, nodes=("n1", "n2"),
                    spares=("n3",), overrides=(f"steps={STEPS}", "checkpoint.every_steps=4",
-                                              *schedule.start_overrides(16)),
+                                              # ~3 MiB a rank at 0.25 MiB/s: the final save waits ~11 s for it
+                                              f"checkpoint.throttle_writes_at=[{SLOW_SAVE}]",
+                                              "checkpoint.throttle_mib_per_s=0.25", *schedule.start_overrides(16)),
                    rules=rule_set(hang={"floor": "6s", "k": 3}, lemon_incidents=10, max_restarts=8),
                    grace=timedelta(seconds=20))
     loop = build_job(spec)
@@ -86,6 +90,10 @@ def test_each_kind_of_hang_is_named_by_rank_and_node_and_a_frozen_ranks_node_is_
         if frame is not None:  # the culprit's own frame in its stack; every rank alive (R or S), none stopped
             assert any(frame in line for line in seen[rank]["stack"]), (kind, seen[rank]["stack"])
             assert all(r["state"] in ("R", "S") for r in seen.values()), (kind, seen)
+            # Each rank's flight recorder answered: the process groups it made, with their ranks.
+            assert all(r["collectives"] and r["collectives"]["groups"] for r in seen.values()), (kind, seen)
+    # The collective no peer entered is told by the flight recorders (no stack names the injector's group).
+    assert "(flight recorder: " in incidents[2].evidence["stacks"]["attribution"]["how"]
     # The SIGSTOPped rank: not called a hang before the learned timeout (it is the one mode timed from outside).
     stopped = incidents[-2]
     assert stopped.detected_at - fired["stop"] >= stopped.evidence["timeout_s"] - 1
@@ -97,7 +105,12 @@ def test_each_kind_of_hang_is_named_by_rank_and_node_and_a_frozen_ranks_node_is_
     assert [f["kind"] for f in chaos.fired] == [k for k, *_ in HANGS]
     assert len(list((run_dir / "chaos").iterdir())) == 4, "each played hang fired once: its mark"
     losses: dict[int, float] = {}
+    saving: dict[int, float] = {}
     for line in (run_dir / "ranks" / "0.jsonl").read_text().splitlines():
         rec = json.loads(line)
         losses[rec["step"]] = rec["loss"]
+        saving[rec["step"]] = rec["phases"]["checkpoint"]
     assert sorted(losses) == list(range(STEPS)) and all(math.isfinite(v) for v in losses.values())
+    # The last step waited in its save for the throttled one before it (async saves: one in flight at a time) for
+    # longer than a step's hang timeout, and no incident came of it: it was timed as a save.
+    assert saving[STEPS - 1] > 1.5 * 6, saving

@@ -76,6 +76,11 @@ class CheckpointConfig:
     fail_commit_at: dict[str, list[int]] = field(default_factory=dict)
     """Fault injection: stage of rank 0's commit (manifest, latest, retention, events) -> steps whose save fails
     there with ENOSPC, e.g. {"manifest": [4]}."""
+    throttle_writes_at: list[int] = field(default_factory=list)
+    """Fault injection: saves at these steps are slow, every rank's write taking as long as at throttle_mib_per_s,
+    as on a throttled or overloaded store (nothing fails: the save is only slow)."""
+    throttle_mib_per_s: float = 0.25
+    """The rate of the throttled saves, MiB/s."""
 
     def __post_init__(self) -> None:
         if self.every_steps < 0:
@@ -86,6 +91,9 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint.keep_every must be >= 0, got {self.keep_every}")
         if not self.resume:
             raise ValueError("checkpoint.resume must be none, auto or a checkpoint directory")
+        if not 0 < self.throttle_mib_per_s < float("inf"):
+            raise ValueError(f"checkpoint.throttle_mib_per_s must be a finite number > 0, got "
+                             f"{self.throttle_mib_per_s}")
         unknown = sorted(set(self.fail_commit_at) - set(COMMIT_STAGES))
         if unknown:
             raise ValueError(f"checkpoint.fail_commit_at: unknown stage(s) {', '.join(unknown)}; stages: "
@@ -134,7 +142,9 @@ class Checkpointer:
         path = self.dir / catalog.step_dir_name(steps_done)
         if self.rank == 0 and path.is_dir():
             self._withdraw(path)
-        writer = FailingWriter(path, fail=steps_done in self.cfg.fail_writes_at)
+        slow = steps_done in self.cfg.throttle_writes_at
+        writer = FailingWriter(path, fail=steps_done in self.cfg.fail_writes_at,
+                               mib_per_s=self.cfg.throttle_mib_per_s if slow else 0.0)
         started = time.time()
         kwargs = dict(checkpoint_id=path, storage_writer=writer, process_group=self._group,
                       no_dist=not self._distributed)

@@ -1,11 +1,19 @@
-"""`hang`: a job whose slowest rank has made no step progress for longer than max(floor, k x p99 step time).
+"""`hang`: a job whose slowest rank has made no step progress for longer than its timeout.
 
-The p99 is learned online from the step times the ranks report (checkpoint steps included, so a slow save
-is not a hang); until `min_samples` steps are seen the floor alone applies. Progress is the lowest step of
-the job's ranks: when one rank stops, the others block in the next collective, so the whole job stops.
-Which rank is to blame comes from the supervisor's view when it has one (a rank in the kernel's stopped
-state 'T', or a rank whose CPU time stands still while the others spin), else from the heartbeats (the
-rank whose last record is oldest).
+The timeout is learned per phase. For a training step it is max(floor, k x p99 step time), the p99 learned online
+from the step times the ranks report, less the time a step spent saving a checkpoint (until `min_samples` steps
+are seen the floor alone applies): a hang inside a step is called about k p99 step times after the job's last
+progress. A phase that takes longer than a step has a timeout of its own, max(its floor, k x the p99 of how long it
+took before): a checkpoint save (`checkpoint_save`: a slow store is not a hang), the start of a rank (`startup`,
+`restore`) and, under a launcher, the first step of an attempt (`first_step`: from the moment its ranks are seen
+to their first step, startup and restore included). Which phase each rank is in now comes from the phase file it
+keeps (exporters/phase_now.py), as its node agent read it; how long each such phase took is learned from the
+same reports (a rank seen to leave it), and kept across the job's restarts: a save takes as long after one.
+
+Progress is the lowest step of the job's ranks: when one rank stops, the others block in the next collective, so
+the whole job stops. Which rank is to blame comes from the supervisor's view when it has one (a rank in the
+kernel's stopped state 'T'), else from the heartbeats (the rank whose last record is oldest); the responder then
+reads every rank's stack, state and phase (healer/core/hang_attribution.py).
 
 Under a launcher, a stall while a host of the attempt is silent (no batch from its node agent) is held back for
 `silent_host_hold`: the host is dead or cut off and its peers wait for it in a collective, which host_lost names
@@ -16,7 +24,7 @@ answer and restart on it. Past the hold the hang fires as usual.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
@@ -27,16 +35,74 @@ from healer.core.jobview import Readings
 from healer.core.processes import ProcessState
 
 
+FIRST_STEP = "first_step"
+"""Not a phase a rank names: the time from an attempt's ranks being seen to the end of their first step."""
+DEFAULT_PHASE_FLOORS = {"startup": timedelta(minutes=5), "restore": timedelta(minutes=5),
+                        "checkpoint_save": timedelta(minutes=5), FIRST_STEP: timedelta(minutes=2)}
+"""Before any has been seen to end: loading a large model or writing its checkpoint to a shared store takes
+minutes, and calling it a hang would restart a job that was only slow."""
+
+
 @dataclass(slots=True)
 class _JobProgress:
-    low_step: int
+    low_step: int | None
+    """None: a rank of the attempt has not finished its first step."""
     since: float
     """Healer time at which `low_step` was first seen (the last progress)."""
     attempt: int | None
 
 
+@dataclass(slots=True)
+class _InPhase:
+    phase: str
+    entered: float
+    last_seen: float
+
+
+@dataclass(slots=True)
+class PhaseDurations:
+    """How long each long phase took, per job, from the ranks seen to enter and then leave it (a phase whose rank
+    was stopped or died in it tells nothing and is dropped)."""
+
+    phases: frozenset[str]
+    keep: int = 64
+    done: dict[str, deque[float]] = field(default_factory=dict)
+    _open: dict[int, _InPhase] = field(default_factory=dict)
+
+    def observe(self, states: list[ProcessState]) -> None:
+        seen = set()
+        for st in states:
+            seen.add(st.rank)
+            was = self._open.get(st.rank)
+            same = was is not None and st.phase == was.phase and st.phase_entered is not None \
+                and abs(st.phase_entered - was.entered) < 1.0  # NOTE: re-derived from each report: a little jitter
+            if same:
+                assert was is not None
+                was.last_seen = st.sampled_at
+                continue
+            if was is not None:
+                self.add(was.phase, was.last_seen - was.entered)
+                del self._open[st.rank]
+            if st.phase in self.phases and st.phase_entered is not None:
+                self._open[st.rank] = _InPhase(st.phase, st.phase_entered, st.sampled_at)
+        for rank in [r for r in self._open if r not in seen]:
+            del self._open[rank]
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.done.setdefault(phase, deque(maxlen=self.keep)).append(max(0.0, seconds))
+
+    def p99(self, phase: str) -> float | None:
+        times = self.done.get(phase)
+        return quantile(list(times), 0.99) if times else None
+
+    def restarted(self) -> None:
+        """A new attempt: its ranks are other processes (what the old ones were in has ended unseen)."""
+        self._open.clear()
+
+
 class Hang(Detector):
     name = "hang"
+    reads_processes = True  # it times an attempt's first step, before any rank of it reports one
 
     @dataclass(kw_only=True, slots=True)
     class Config:
@@ -50,8 +116,15 @@ class Hang(Detector):
         """A host is silent when its agent's last batch is older than this."""
         silent_host_hold: timedelta = timedelta(seconds=30)
         """How long a stall is held back while a host of the attempt is silent (above host_lost's `after`)."""
+        phase_floors: dict[str, timedelta] = field(default_factory=dict)
+        """Phase -> its timeout before one has been seen to end (and its least after); merged over
+        DEFAULT_PHASE_FLOORS (startup, restore, checkpoint_save, first_step)."""
 
         def __post_init__(self) -> None:
+            self.phase_floors = {**DEFAULT_PHASE_FLOORS, **self.phase_floors}
+            bad = sorted(name for name, floor in self.phase_floors.items() if floor <= timedelta(0))
+            if bad:
+                raise ValueError(f"phase_floors must be > 0, got {', '.join(bad)}")
             if self.silent_after <= timedelta(0) or self.silent_host_hold < timedelta(0):
                 raise ValueError(f"silent_after must be > 0 and silent_host_hold >= 0, got {self.silent_after}, "
                                  f"{self.silent_host_hold}")
@@ -69,9 +142,11 @@ class Hang(Detector):
         self._history = RankHistory(keep=8)
         self._jobs: dict[str, _JobProgress] = {}
         self._times: dict[str, deque[float]] = {}
+        self._phases: dict[str, PhaseDurations] = {}
+        """Per job, kept across its attempts (pruned only when the job is forgotten)."""
 
     def timeout_s(self, job: str) -> tuple[float, float | None]:
-        """(timeout, learned p99 or None) for `job` as things stand."""
+        """(timeout, learned p99 or None) of a training step of `job` as things stand."""
         floor = self.config.floor.total_seconds()
         times = self._times.get(job)
         if times is None or len(times) < self.config.min_samples:
@@ -79,70 +154,121 @@ class Hang(Detector):
         p99 = quantile(list(times), 0.99)
         return max(floor, self.config.k * p99), p99
 
+    def phase_timeout_s(self, job: str, phase: str) -> tuple[float, float | None]:
+        """(timeout, learned p99 or None) of one of the long phases (phase_floors) of `job`."""
+        floor = self.config.phase_floors[phase].total_seconds()
+        p99 = self._phases[job].p99(phase) if job in self._phases else None
+        return (floor, None) if p99 is None else (max(floor, self.config.k * p99), p99)
+
+    def _timeout(self, job: str, starting: bool, states: list[ProcessState]) -> tuple[float, float | None, str]:
+        """The job's timeout now: that of a step (or of the first step, while the attempt makes it), or that of the
+        longest phase one of its ranks is in, when that is longer."""
+        timeout, p99 = self.phase_timeout_s(job, FIRST_STEP) if starting else self.timeout_s(job)
+        phase = FIRST_STEP if starting else "step"
+        for name in sorted({s.phase for s in states if s.phase in self.config.phase_floors}):
+            t, q = self.phase_timeout_s(job, name)
+            if t > timeout:
+                timeout, p99, phase = t, q, name
+        return timeout, p99, phase
+
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         new = self._history.update(table, now)
         beats: dict[str, list[RankBeat]] = {}
         for beat in table.ranks():
             beats.setdefault(beat.job, []).append(beat)
         # NOTE: a job still in the view keeps its state however long it has been silent (a hang that lasts must not
-        # start its clock again); one the history still knows keeps its learned step times across a restart.
-        known = self._history.job_names() | set(beats)
+        # start its clock again); a new attempt learns its step times afresh (its hosts, even its layout, may have
+        # changed) but keeps how long a save or a first step took.
+        known = self._history.job_names() | set(beats) | set(table.processes.jobs())
         prune(self._jobs, known, self._history.restarted)
         prune(self._times, known, self._history.restarted)
+        prune(self._phases, known)
+        for job in self._history.restarted & set(self._phases):
+            self._phases[job].restarted()
         for series, sample in new:
             if sample.step_seconds is not None:
-                self._times.setdefault(series.job, deque(maxlen=512)).append(sample.step_seconds)
+                # A step that saved a checkpoint spent it in its `checkpoint` phase: that is a save's time, timed
+                # as a phase of its own, not a step's.
+                step_s = max(0.0, sample.step_seconds - sample.phases.get("checkpoint", 0.0))
+                self._times.setdefault(series.job, deque(maxlen=512)).append(step_s)
         firing, healthy = [], set()
         states = table.processes.states()
-        for job, job_beats in beats.items():
+        for job in sorted(set(beats) | set(table.processes.jobs())):
+            job_beats = beats.get(job, [])
             attempt = table.processes.attempt(job)
+            job_states = [st for st in states if st.job == job and st.attempt == attempt]
             if attempt is not None:
+                self._phases.setdefault(job, PhaseDurations(frozenset(self.config.phase_floors))).observe(job_states)
+                if table.processes.is_stopping(job):
+                    continue  # being stopped (its heartbeats are no longer shown): neither hung nor healthy
                 # Under a supervisor only the current attempt's ranks count: the heartbeats of the ranks it
                 # stopped linger in the sidecars (with their old steps) while the job restarts.
-                pids = {st.pid for st in states if st.job == job and st.attempt == attempt}
+                pids = {st.pid for st in job_states}
                 job_beats = [b for b in job_beats if b.entry.pid in pids]
-                if not job_beats:
+                if not job_states:
                     continue
+            elif not job_beats:
+                continue
             steps = [b.step for b in job_beats]
-            if any(s is None for s in steps):
-                continue  # a rank has not finished its first step: starting up, not hanging
+            prog = self._jobs.get(job)
+            stepped = prog is not None and prog.attempt == attempt and prog.low_step is not None
+            # A rank that has not finished its first step (or not yet said hello): the attempt is starting. Under a
+            # launcher that is timed too (its first step has a timeout of its own); without one, nothing tells a
+            # rank starting from one that restarted, and it is left alone. In an attempt that has made steps, the
+            # ranks that report are the ones that count.
+            unsure = any(s is None for s in steps) or not job_beats
+            starting = attempt is not None and not stepped and (unsure or len(job_beats) < len(job_states))
+            if unsure and not starting:
+                continue
             if any(_finishing(b) for b in job_beats):
                 healthy.add(job)  # the final save and the teardown: the job is ending, not hanging
                 continue
-            low = min(s for s in steps if s is not None)
-            prog = self._jobs.get(job)
+            low = None if starting else min(s for s in steps if s is not None)
             if prog is None or low != prog.low_step or attempt != prog.attempt:
+                if prog is not None and prog.low_step is None and low is not None and attempt == prog.attempt:
+                    self._phases[job].add(FIRST_STEP, now - prog.since)
                 self._jobs[job] = prog = _JobProgress(low_step=low, since=now, attempt=attempt)
             stalled = now - prog.since
-            timeout, p99 = self.timeout_s(job)
+            timeout, p99, phase = self._timeout(job, starting, job_states)
             if stalled > timeout:
                 silent = silent_hosts(table, job, now, self.config.silent_after.total_seconds())
                 if silent and min(silent.values()) <= self.config.silent_host_hold.total_seconds():
                     continue  # held: neither firing nor healthy while host_lost makes up its mind
-                firing.append(self._finding(job, job_beats, states, stalled, timeout, p99, low, now))
+                firing.append(self._finding(job, job_beats, job_states, stalled, timeout, p99, phase, low, now))
             else:
                 healthy.add(job)
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
     def _finding(self, job: str, job_beats: list[RankBeat], states: list[ProcessState], stalled: float,
-                 timeout: float, p99: float | None, low: int, now: float) -> Finding:
-        job_states = {s.rank: s for s in states if s.job == job}
+                 timeout: float, p99: float | None, phase: str, low: int | None, now: float) -> Finding:
+        job_states = {s.rank: s for s in states}
         suspects, how = suspect_ranks(job_beats, job_states, now)
-        nodes = sorted({b.node for b in job_beats if b.rank in suspects})
+        node_of = {b.rank: b.node for b in job_beats} | {s.rank: s.node for s in states}
+        nodes = sorted({node_of[r] for r in suspects if r in node_of})
+        where = f"at step {low}" if low is not None else "before the attempt's first step"
+        timed = f"timeout {timeout:.1f} s" + (f", that of {phase}" if phase != "step" else "")
+        beat_of = {b.rank: b for b in job_beats}
         return Finding(
             key=job, job=job, node=nodes[0] if len(nodes) == 1 else None,
-            summary=f"no step progress for {stalled:.0f} s (timeout {timeout:.1f} s) at step {low}; "
+            summary=f"no step progress for {stalled:.0f} s ({timed}) {where}; "
                     f"suspect rank(s) {', '.join(map(str, suspects))} ({how})",
-            evidence={"stalled_s": round(stalled, 3), "timeout_s": round(timeout, 3),
+            evidence={"stalled_s": round(stalled, 3), "timeout_s": round(timeout, 3), "timed_as": phase,
                       "p99_step_s": round(p99, 4) if p99 is not None else None, "k": self.config.k,
                       "floor_s": self.config.floor.total_seconds(), "step": low,
                       "suspect_ranks": suspects, "suspect_nodes": nodes, "suspected_by": how,
-                      "ranks": [{"rank": b.rank, "node": b.node, "step": b.step, "mesh": dict(b.entry.mesh),
-                                 "staleness_s": round(b.staleness(now), 3),
-                                 "proc_state": job_states[b.rank].state if b.rank in job_states else None}
-                                for b in sorted(job_beats, key=lambda b: b.rank)][:64]},
+                      "ranks": [_rank_row(r, beat_of.get(r), job_states.get(r), node_of.get(r), now)
+                                for r in sorted(set(beat_of) | set(job_states))][:64]},
             labels={"suspect_node": nodes[0]} if len(nodes) == 1 else {},
         )
+
+
+def _rank_row(rank: int, beat: RankBeat | None, st: ProcessState | None, node: str | None,
+              now: float) -> dict[str, object]:
+    return {"rank": rank, "node": node, "step": beat.step if beat else None,
+            "mesh": dict(beat.entry.mesh) if beat else {},
+            "staleness_s": round(beat.staleness(now), 3) if beat else None,
+            "proc_state": st.state if st else None, "phase": st.phase if st else None,
+            "in_phase_s": round(now - st.phase_entered, 3) if st and st.phase_entered is not None else None}
 
 
 def _finishing(beat: RankBeat) -> bool:
@@ -153,11 +279,18 @@ def _finishing(beat: RankBeat) -> bool:
 
 
 def suspect_ranks(beats: list[RankBeat], states: dict[int, ProcessState], now: float) -> tuple[list[int], str]:
-    """Which ranks hold the job up, and how that was told: stopped by the kernel, then the lowest step, then
-    the oldest heartbeat record. Every rank when nothing singles one out."""
+    """Which ranks hold the job up, and how that was told: stopped by the kernel, then the ranks not through their
+    first step while others are, then the lowest step, then the oldest heartbeat record. Every rank when nothing
+    singles one out."""
     stopped = sorted(r for r, s in states.items() if s.state in ("T", "t"))
     if stopped:
         return stopped, "process stopped (state T)"
+    ranks = sorted({b.rank for b in beats} | set(states))
+    started = {b.rank for b in beats if b.step is not None}
+    if started and len(started) < len(ranks):
+        return sorted(set(ranks) - started), "not through its first step"
+    if not started:
+        return ranks, "all ranks alike"
     low = min(b.step or 0 for b in beats)
     behind = sorted(b.rank for b in beats if (b.step or 0) == low)
     if len(behind) < len(beats):
