@@ -114,6 +114,8 @@ class Coordinator:
         self.closed = False
         """Set on the way out (`close`): no attempt starts any more, so a restart in flight cannot outlive us."""
         self._lock = threading.RLock()
+        self._leftovers_stopping: set[tuple[str, int]] = set()
+        """(host, attempt) of each older attempt found still running that is being (or was) stopped there."""
 
     def _check(self, token: str) -> None:
         if not hmac.compare_digest(token.encode(), self._token.encode()):
@@ -239,6 +241,12 @@ class Coordinator:
         client = self.agents.get(node)
         if client is None:
             return
+        with self._lock:
+            # NOTE: the agent goes on reporting the attempt until the stop is done: one stop (and one journal line) per
+            # leftover, not one per report (two came 0.16 s apart on a loaded machine).
+            if (node, attempt) in self._leftovers_stopping:
+                return
+            self._leftovers_stopping.add((node, attempt))
 
         def stop() -> None:
             try:
@@ -246,6 +254,8 @@ class Coordinator:
                             "grace_s": 0}, 60)
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("attempt %d still runs on %s and could not be stopped: %s", attempt, node, exc)
+                with self._lock:
+                    self._leftovers_stopping.discard((node, attempt))  # the next report of it tries again
                 return
             self._journal({"event": "leftover-stopped", "attempt": attempt, "node": node, "at": self.clock()})
             log.warning("attempt %d was still running on %s (cut off when it was stopped): stopped now", attempt, node)

@@ -63,11 +63,11 @@ def _read(path: Path) -> list[dict]:  # type: ignore[type-arg]
 
 @pytest.mark.distributed
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize(("sig", "dirname"), [(signal.SIGINT, "2024-06-01"), (signal.SIGTERM, "my run")])
-def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile(
-        tmp_path: Path, sig: int, dirname: str) -> None:
-    """The run directories are the issue's: one named after a date (the job name became a YAML date in every rank,
-    which failed its config) and one with a space (a name the wire refused: the job ran unwatched)."""
+def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile(tmp_path: Path) -> None:
+    """Ctrl-C; SIGTERM takes the same way (test_ctrl_c_and_sigterm_ask_to_stop_and_a_second_one_to_hurry). The run
+    directory has a space in its name (a job name the wire once refused: the job ran unwatched); one named after a date
+    is tests/unit/test_names.py's (it became a YAML date in every rank's config)."""
+    sig, dirname = signal.SIGINT, "my run"
     run_dir = tmp_path / dirname
     first = megaheal_run(run_dir, tmp_path / "first.log")
     try:
