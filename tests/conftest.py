@@ -74,3 +74,11 @@ def run_training(
 
 def rank_records(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
     return {int(p.stem): read_records(p) for p in sorted((run_dir / "ranks").glob("*.jsonl"))}
+
+
+@pytest.fixture(scope="session")
+def straggler_then_crash(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The self-healing run of tests/selfheal/straggler_crash_run.py, once for every module that checks it."""
+    from tests.selfheal.straggler_crash_run import heal
+
+    return heal(tmp_path_factory.mktemp("healed"))

@@ -1,35 +1,30 @@
-"""The healer's pages in a real browser, after a real self-healing run: 2 nodes x 2 ranks healed by the embedded
-healer (the machinery of tests/selfheal/test_e2e.py) through a straggler (rank 2 slowed by a SIGSTOP/SIGCONT duty
-cycle) and a crash (rank 3 SIGKILLed), then a real `megaheal healer` process serving that database, and headless
-Chromium (tests/pages/conftest.py) reading its pages and the run's single-file report. One run for the module
-(about a minute on 2 cores); screenshots under the pytest tmp dir (printed at the end of the session)."""
+"""The healer's pages in a real browser, after a real self-healing run (tests/selfheal/straggler_crash_run.py: 2 nodes x
+2 ranks healed by the embedded healer through a straggler and a crash, shared with test_e2e.py), then a real `megaheal
+healer` process serving a copy of that run's database with a hostile incident added, and headless Chromium
+(tests/pages/conftest.py) reading its pages and the run's single-file report. Screenshots under the pytest tmp dir
+(printed at the end of the session)."""
 
 from __future__ import annotations
 
 import os
-import signal
+import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from healer.runner.build import JobSpec, build_job, shipped_rules
-from healer.runner.chaos import duty_cycle
-from healer.runner.loop import SelfHealingJob
 from healer.runner.report import write_html
 from tests.conftest import REPO
 from tests.healer.services import TOKEN
 from tests.pages.synthetic import HOSTILE, write_incidents
+from tests.selfheal.straggler_crash_run import JOB, HealedRun
 from tests.support import free_port, service_ready, wait_for
 
 pytestmark = pytest.mark.distributed
-JOB, STEPS = "pages-e2e", 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,52 +38,16 @@ class Healed:
     """The run's incidents."""
 
 
-def _heal(root: Path) -> tuple[SelfHealingJob, dict[str, float]]:
-    """The run: rank 2 slowed from step 3 for 15 s; once the straggler incident is open, rank 3 killed."""
-    spec = JobSpec(job=JOB, config=str(REPO / "configs" / "demo.yaml"), run_dir=root / JOB, nodes=("n1", "n2"),
-                   overrides=(f"steps={STEPS}", "checkpoint.every_steps=4"), grace=timedelta(seconds=20),
-                   rules=shipped_rules(straggler={"window": 3, "consecutive": 2}))
-    loop = build_job(spec)
-    fired: dict[str, float] = {}
-
-    def hook(lp: SelfHealingJob) -> None:
-        a = lp.sup.attempt
-        if a is None or a.number != 0:
-            return
-        steps = [b.step for b in lp.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
-        if len(steps) != 4:
-            return
-        if "slowed" not in fired and min(steps) >= 3:
-            pid = next(p for p, r in a.ranks.items() if r.rank == 2)
-            threading.Thread(target=duty_cycle, args=(pid, 0.85, 15.0), daemon=True).start()
-            fired["slowed"] = lp.healer.clock()
-        elif "killed" not in fired and "slowed" in fired and min(steps) >= 12 and any(
-                i.kind == "straggler" for i in lp.incidents()):
-            lp.remediator.signal_rank(3, signal.SIGKILL)
-            fired["killed"] = lp.healer.clock()
-
-    loop.start()
-    try:
-        outcome = loop.run(timedelta(seconds=240), on_tick=hook)
-    finally:
-        loop.close()
-    assert outcome == "finished" and "killed" in fired, (outcome, fired)
-    return loop, fired
-
-
 @pytest.fixture(scope="module")
-def healed(tmp_path_factory: pytest.TempPathFactory) -> Healed:
-    root = tmp_path_factory.mktemp("runs")
-    loop, _ = _heal(root)
-    incidents: dict[str, Any] = {}
-    for i in loop.incidents():  # the first of each kind: the ones the faults made (a loaded machine may add more)
-        incidents.setdefault(i.kind, i)
-    assert {"crash", "straggler"} <= incidents.keys(), [i.to_payload() for i in loop.incidents()]
-    run_dir = root / JOB
+def healed(straggler_then_crash: HealedRun, tmp_path_factory: pytest.TempPathFactory) -> Healed:
+    run = straggler_then_crash
+    # A copy: the hostile incident goes into this module's database, not into the run the other modules check.
+    run_dir = tmp_path_factory.mktemp("runs") / JOB
+    shutil.copytree(run.run_dir, run_dir)
     # A hostile label, written as a heartbeat or an alert could put it into the store.
     _, hostile = write_incidents(f"sqlite:///{run_dir / 'healer.db'}")
     report = write_html(run_dir, run_dir / "report.html")
-    return Healed(run_dir, incidents["crash"], incidents["straggler"], hostile, report, len(loop.incidents()))
+    return Healed(run_dir, run.first("crash"), run.first("straggler"), hostile, report, len(run.incidents))
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import math
 import signal
-import threading
 from collections.abc import Iterator
 from datetime import UTC, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +26,7 @@ from healer.runner.build import shipped_rules as rule_set
 from healer.runner.chaos import break_scratch
 from healer.runner.loop import SelfHealingJob
 from tests.conftest import REPO
+from tests.selfheal.straggler_crash_run import HealedRun
 from tests.healer.services import Alertmanager
 
 from tests.support import free_port, wait_for
@@ -87,34 +88,42 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def check_resumed(loop: SelfHealingJob, fired: dict[str, float], action: str = "restart") -> None:
     (inc,) = loop.incidents()
+    run = HealedRun(run_dir=loop.sup.cfg.run_dir, incidents=[inc], fired={"killed": fired["at"]},
+                    attempts=len(loop.sup.history), restarts_succeeded=loop.sup.history[-1].succeeded)
+    check_resumed_after(run, inc, action)
+
+
+def check_resumed_after(run: HealedRun, inc: Any, action: str = "restart") -> None:
+    """`inc` (the last fault of `run`) stopped the attempt and the job resumed from the newest checkpoint before it."""
     assert inc.state == "resolved" and inc.action == action
-    assert inc.detected_at >= fired["at"] and inc.recovered_at is not None
+    assert inc.detected_at >= run.fired["killed"] and inc.recovered_at is not None
     assert inc.resume_step is not None and inc.resume_step >= 4 and inc.resume_step % 4 == 0
     # Steps count from 0 and a checkpoint of step N holds N steps done: the new attempt goes on with step N.
     assert inc.first_step_after == inc.resume_step
     assert inc.highest_step is not None and inc.lost_steps == inc.highest_step + 1 - inc.resume_step
-    curve = losses(loop.sup.cfg.run_dir)
+    curve = losses(run.run_dir)
     assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
     assert curve[STEPS - 1] < curve[0]  # it kept learning across the restart
-    assert len(loop.sup.history) == 2 and loop.sup.history[1].succeeded
+    assert run.attempts == 2 and run.restarts_succeeded
     # A crash or a hang stops the attempt and diagnoses the suspect node before the decision.
     assert inc.stages == ["detected", "diagnosed", "decided", "restarted", "recovered"]
-    ledger = compute(loop.sup.cfg.run_dir, [i.to_payload() for i in loop.incidents()])
-    assert ledger.attempts == 2 and ledger.steps_done == STEPS and ledger.lost_steps == inc.lost_steps
+    ledger = compute(run.run_dir, [i.to_payload() for i in run.incidents])
+    assert ledger.attempts == 2 and ledger.steps_done == STEPS
+    assert ledger.lost_steps == sum(i.lost_steps or 0 for i in run.incidents)
     assert 0 < ledger.ettr < 1 and ledger.seconds["detection"] > 0 and ledger.seconds["startup"] > 0
     assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s, abs=0.01)
 
 
-@pytest.mark.timeout(240)
-def test_a_killed_rank_is_detected_as_a_crash_and_the_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    loop = make_loop(tmp_path)
-    fired, hook = inject_at(9, rank=3, sig=signal.SIGKILL)
-    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
-    (inc,) = loop.incidents()
-    assert inc.kind == "crash" and inc.suspect_ranks == [3] and inc.suspect_nodes == ["n2"]
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_detected_as_a_crash_and_the_job_resumes_from_its_checkpoint(
+        straggler_then_crash: HealedRun) -> None:
+    run = straggler_then_crash  # rank 3 SIGKILLed at step 12 or later (tests/selfheal/straggler_crash_run.py)
+    inc = run.first("crash")
+    assert inc.suspect_ranks == [3] and inc.suspect_nodes == ["n2"]
     # Read while it is a zombie, or from its agent's failure report when the agent reaped it first.
     assert inc.evidence["signal"] == "SIGKILL" and inc.summary.startswith("rank 3 on n2 killed by SIGKILL")
-    check_resumed(loop, fired)
+    assert inc is run.incidents[-1] or all(i.kind == "straggler" for i in run.incidents if i is not inc)
+    check_resumed_after(run, inc)
 
 
 @pytest.mark.timeout(180)
@@ -215,35 +224,22 @@ def test_without_a_spare_the_job_comes_back_smaller_on_the_healthy_node_from_a_r
     check_resumed(loop, fired, action="exclude-node-and-restart")
 
 
-@pytest.mark.timeout(240)
-def test_a_slowed_rank_is_named_a_straggler_from_its_phase_table_and_on_call_is_notified(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_a_slowed_rank_is_named_a_straggler_from_its_phase_table_and_on_call_is_notified(
+        straggler_then_crash: HealedRun) -> None:
     # Rank 2 spends 85% of each 200 ms stopped from step 3 on: its peers wait for it in the parameter
-    # all-gather and the gradient reduce, so only its own compute grows.
-    from healer.runner.chaos import duty_cycle
-
-    loop = make_loop(tmp_path, rule_set(straggler={"window": 3, "consecutive": 2}))
-    slowed: dict[str, float] = {}
-
-    def hook(lp: SelfHealingJob) -> None:
-        a = lp.sup.attempt
-        steps = [b.step for b in lp.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
-        if not slowed and len(steps) == 4 and min(steps) >= 3:
-            pid = next(p for p, r in a.ranks.items() if r.rank == 2)  # type: ignore[union-attr]
-            threading.Thread(target=duty_cycle, args=(pid, 0.85, 40.0), daemon=True).start()
-            slowed["at"] = lp.healer.clock()
-
-    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
-    (inc,) = loop.incidents()
-    assert inc.kind == "straggler" and inc.suspect_ranks == [2] and inc.suspect_nodes == ["n2"]
+    # all-gather and the gradient reduce, so only its own compute grows (tests/selfheal/straggler_crash_run.py).
+    run = straggler_then_crash
+    inc = run.first("straggler")
+    assert inc.suspect_ranks == [2] and inc.suspect_nodes == ["n2"] and inc.detected_at >= run.fired["slowed"]
     assert inc.evidence["cause"] == "compute" and inc.evidence["windows"] >= 2
     table = {row["rank"]: row for row in inc.evidence["phase_table"]}
     peer = table[0] if table[0]["stage"] == table[2]["stage"] else table[1]
     assert table[2]["compute_s"] > 1.3 * peer["compute_s"]
     assert inc.action == "notify" and inc.state == "resolved" and inc.verdict is None  # a straggler is not diagnosed
     assert inc.stages[:3] == ["detected", "decided", "notified"]
-    assert len(loop.sup.history) == 1, "a straggler alone never restarts the job"
-    curve = losses(loop.sup.cfg.run_dir)
-    assert sorted(curve) == list(range(STEPS)) and curve[STEPS - 1] < curve[0]
+    # A straggler alone never restarts the job: the one restart is the crash's, after it.
+    assert run.attempts == 2 and [i.kind for i in run.incidents if i.action == "restart"] == ["crash"]
 
 
 @pytest.mark.timeout(240)
