@@ -197,7 +197,8 @@ class RankProcess(Struct, frozen=True, kw_only=True, gc=False):
     """When the process started, in seconds after boot: with the pid, its identity (a reused pid is another)."""
     state: Annotated[str, Meta(min_length=1, max_length=1, description="the kernel's one-letter state")]
     cpu_seconds: Finite
-    phase: Annotated[str, Meta(min_length=1, max_length=32, description="a phase name of 1-32 characters")] | None = None
+    phase: Annotated[str, Meta(min_length=1, max_length=32,
+                               description="a phase name of 1-32 characters")] | None = None
     """The phase the rank says it is in now (exporters/phase_now.py); None: between two, or it keeps no such file."""
     phase_step: Count | None = None
     phase_for_s: Annotated[float, Meta(ge=0, le=sys.float_info.max, description="a finite number >= 0")] | None = None

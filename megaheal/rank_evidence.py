@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from exporters import phase_now
-from train import flight_recorder
 from megaheal import procfs
+from train import flight_recorder
 
 DUMP_TIMEOUT_S = 10.0
 RECORDER_WAIT_S = 1.5

@@ -4,8 +4,9 @@
   host, `--max-restarts 0`: restarts are the healer's), in a session of its own;
 - poll: finds the ranks under it (their global rank from their environment, their start time for identity),
   samples their kernel state, CPU time (a SIGSTOPped rank is 'T') and the phase each says it is in now
-  (exporters/phase_now.py: what the healer's hang detector times a save or a restore by), and records every exit: read from the zombie
-  while it is one, else as vanished until the torchrun agent's failure report says how the rank died;
+  (exporters/phase_now.py: what the healer's hang detector times a save or a restore by), and records every exit:
+  read from the zombie while it is one, else as vanished until the torchrun agent's failure report says how the rank
+  died;
 - stop: SIGTERM to every rank (the trainer saves a final checkpoint and exits 0), SIGKILL to what is left after the
   grace, then the torchrun agent and whatever it left. Every signal goes only to a process that is still the one
   found (its pid and start time) and carries the attempt's run id, through a pidfd (healer.launchers.kill), never

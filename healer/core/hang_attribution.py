@@ -164,7 +164,8 @@ def _recorder_attribution(by_rank: dict[int, dict[str, Any]], mesh: dict[int, di
                 held[r] |= {p for p in peers if enqueued[p].get(g, -1) < int(f.get("seq", -1))}
     detail = {r: {"op": ", ".join(f"{f.get('op')} #{f.get('seq')} of group {g}" for g, f in flights[r])
                         or stacked[r].op,
-                  "group": ",".join(sorted({g for g, _ in flights[r]})) or stacked[r].group, "held_up_by": sorted(held[r])}
+                  "group": ",".join(sorted({g for g, _ in flights[r]})) or stacked[r].group,
+                  "held_up_by": sorted(held[r])}
               for r in recs}
     holding = {r for hs in held.values() for r in hs}
     ends = sorted(r for r in holding if not held[r])

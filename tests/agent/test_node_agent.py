@@ -21,8 +21,8 @@ from tests.conftest import CONFIGS, REPO
 from tests.support import wait_for
 
 TOKEN = "agent-test-token-0123456789"
-PHASES = {"startup", "restore", "data_wait", "forward_backward", "dp_gather", "dp_reduce", "grad_norm_clip", "optimizer",
-          "global_scalars", "checkpoint", "checkpoint_save"}
+PHASES = {"startup", "restore", "data_wait", "forward_backward", "dp_gather", "dp_reduce", "grad_norm_clip",
+          "optimizer", "global_scalars", "checkpoint", "checkpoint_save"}
 
 
 @pytest.fixture
@@ -70,8 +70,9 @@ def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_ag
     # The batches carry the host's part of the attempt into the healer's table.
     wait_for("four ranks in the table", lambda: len(table.processes.reported_ranks("j")) == 4, 60, every_s=0.1)
     # And the phase each rank says it is in now (its phase file), with when it entered it, by the healer's clock.
-    in_phase = wait_for("a rank's phase in the table", lambda: [s for s in table.processes.states()
-                                                                if s.phase in PHASES and s.phase_entered], 60, every_s=0.1)
+    in_phase = wait_for("a rank's phase in the table",
+                        lambda: [s for s in table.processes.states() if s.phase in PHASES and s.phase_entered], 60,
+                        every_s=0.1)
     assert all(s.phase_entered <= time.time() + 1 and s.phase_step is not None for s in in_phase)
     pid = client.run({"kind": "signal", "id": "kill-3", "attempt": 0, "rank": 3, "signal": "SIGKILL"}, 10)["pid"]
     wait_for("the crash in the batches", lambda: [e for e in table.processes.exits() if e.rank == 3], 30, every_s=0.1)

@@ -153,8 +153,8 @@ def test_gloos_unrecorded_pipeline_receives_are_read_from_the_stacks_beside_the_
     bed = dict(named=BED_GROUPS)
     ranks = [recorded(0, {"1": 87}, stack=RECV, **bed), recorded(1, {"2": 69}, stack=RECV, **bed),
              recorded(2, {"4": 67}, {"4": "all_gather"}, stack=GATHER, phase="dp_gather", **bed),
-             recorded(3, {"4": 66, "9": 1}, {"9": "barrier"}, stack=["barrier (torch/distributed/distributed_c10d.py:1)"],
-                      **bed)]
+             recorded(3, {"4": 66, "9": 1}, {"9": "barrier"},
+                      stack=["barrier (torch/distributed/distributed_c10d.py:1)"], **bed)]
     att = attribute(ranks, MESH)
     assert att.suspects == [3] and att.how.startswith("waits in barrier, a collective none of its peers entered")
     assert att.waits[0] == {"op": "pipeline p2p", "group": "pp", "held_up_by": [2]}
