@@ -31,7 +31,7 @@ class HealedRun:
     fired: dict[str, float]
     """Healer time at which rank 2 was slowed ("slowed") and rank 3 killed ("killed")."""
     attempts: int
-    restarts_succeeded: bool
+    last_attempt_succeeded: bool
 
     def first(self, kind: str) -> Any:
         """The first incident of `kind`: the one the fault made (a loaded machine may add another straggler)."""
@@ -72,4 +72,4 @@ def heal(root: Path) -> HealedRun:
         loop.close()
     assert outcome == "finished" and "killed" in fired, (outcome, fired, [i.summary for i in incidents])
     return HealedRun(run_dir=root / JOB, incidents=incidents, fired=fired, attempts=len(history),
-                     restarts_succeeded=all(a.succeeded for a in history[1:]))
+                     last_attempt_succeeded=history[-1].succeeded)

@@ -33,6 +33,8 @@ from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.distributed
 STEPS = 24
+LONG = 36
+"""The jobs with a second fault in their second attempt."""
 _built: list[SelfHealingJob] = []
 
 
@@ -86,15 +88,35 @@ def losses(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def check_resumed(loop: SelfHealingJob, fired: dict[str, float], action: str = "restart") -> None:
-    (inc,) = loop.incidents()
-    run = HealedRun(run_dir=loop.sup.cfg.run_dir, incidents=[inc], fired={"killed": fired["at"]},
-                    attempts=len(loop.sup.history), restarts_succeeded=loop.sup.history[-1].succeeded)
-    check_resumed_after(run, inc, action)
+def check_resumed(loop: SelfHealingJob, fired: dict[str, float], action: str = "restart", steps: int = STEPS) -> None:
+    """The job's last incident (a fault fired at fired["at"]) stopped it and it resumed from a checkpoint."""
+    incidents = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    run = HealedRun(run_dir=loop.sup.cfg.run_dir, incidents=incidents, fired={"killed": fired["at"]},
+                    attempts=len(loop.sup.history), last_attempt_succeeded=loop.sup.history[-1].succeeded)
+    check_resumed_after(run, incidents[-1], action, attempts=len(incidents) + 1, steps=steps)
 
 
-def check_resumed_after(run: HealedRun, inc: Any, action: str = "restart") -> None:
-    """`inc` (the last fault of `run`) stopped the attempt and the job resumed from the newest checkpoint before it."""
+def kill_in_attempt(attempt: int, step: int, rank: int, then: Any = None) -> tuple[dict[str, float], Any]:
+    """An on_tick hook that SIGKILLs `rank` once `attempt` has reported `step` (and calls `then(loop)` in that tick)."""
+    fired: dict[str, float] = {}
+
+    def hook(loop: SelfHealingJob) -> None:
+        a = loop.sup.attempt
+        if fired or a is None or a.number != attempt:
+            return
+        steps = [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
+        if steps and len(steps) == len(a.ranks) and min(steps) >= step:
+            loop.remediator.signal_rank(rank, signal.SIGKILL)
+            fired["at"] = loop.healer.clock()
+            if then is not None:
+                then(loop)
+    return fired, hook
+
+
+def check_resumed_after(run: HealedRun, inc: Any, action: str = "restart", attempts: int = 2,
+                        steps: int = STEPS) -> None:
+    """`inc` (the last fault of `run`, which took `attempts` attempts) stopped the attempt and the job resumed from the
+    newest checkpoint before it."""
     assert inc.state == "resolved" and inc.action == action
     assert inc.detected_at >= run.fired["killed"] and inc.recovered_at is not None
     assert inc.resume_step is not None and inc.resume_step >= 4 and inc.resume_step % 4 == 0
@@ -102,13 +124,13 @@ def check_resumed_after(run: HealedRun, inc: Any, action: str = "restart") -> No
     assert inc.first_step_after == inc.resume_step
     assert inc.highest_step is not None and inc.lost_steps == inc.highest_step + 1 - inc.resume_step
     curve = losses(run.run_dir)
-    assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
-    assert curve[STEPS - 1] < curve[0]  # it kept learning across the restart
-    assert run.attempts == 2 and run.restarts_succeeded
+    assert sorted(curve) == list(range(steps)) and all(math.isfinite(v) for v in curve.values())
+    assert curve[steps - 1] < curve[0]  # it kept learning across the restart
+    assert run.attempts == attempts and run.last_attempt_succeeded
     # A crash or a hang stops the attempt and diagnoses the suspect node before the decision.
     assert inc.stages == ["detected", "diagnosed", "decided", "restarted", "recovered"]
     ledger = compute(run.run_dir, [i.to_payload() for i in run.incidents])
-    assert ledger.attempts == 2 and ledger.steps_done == STEPS
+    assert ledger.attempts == attempts and ledger.steps_done == steps
     assert ledger.lost_steps == sum(i.lost_steps or 0 for i in run.incidents)
     assert 0 < ledger.ettr < 1 and ledger.seconds["detection"] > 0 and ledger.seconds["startup"] > 0
     assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_s, abs=0.01)
@@ -149,79 +171,46 @@ def test_a_spent_restart_budget_escalates_stops_instead_of_looping_and_pages_thr
         am.stop()
 
 
-@pytest.mark.timeout(240)
-def test_a_lemon_node_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) -> None:
-    # n2 failed in two earlier jobs: with this crash it reaches the lemon threshold and must not come back.
-    from datetime import datetime
-
-    def history(job: SelfHealingJob) -> None:
-        jobs = JobStore(job.healer.store.engine)
-        now = datetime.now(UTC)
-        jobs.record_node_incidents(["n2"], "old-job-a", "1", "crash", now)
-        jobs.record_node_incidents(["n2"], "old-job-b", "4", "hang", now)
-
-    loop = make_loop(tmp_path, rule_set(lemon_incidents=3), spares=("n3",), before_start=history)
-    fired, hook = inject_at(9, rank=2, sig=signal.SIGKILL)
-    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
-    (inc,) = loop.incidents()
-    assert inc.kind == "crash" and inc.suspect_nodes == ["n2"]
-    assert inc.plan["exclude"] == ["n2"] and inc.plan["nodes"] == ["n1", "n3"]
-    assert inc.plan["decision_basis"]["lemons"] == {"n2": 3}
-    last = loop.sup.history[-1]
-    # Which host each rank ran on, as the hosts' agents found them in /proc and reported them. (Not the heartbeat
-    # table: once the job has ended the agents may already have forgotten its ranks.)
-    assert {r.node for r in last.ranks.values()} == {"n1", "n3"} and len(last.ranks) == 4
-    check_resumed(loop, fired, action="exclude-node-and-restart")
-    # The host history says who left n2 out and why, for the next job on this database.
-    node = JobStore(loop.healer.store.engine).node("n2")
-    assert node is not None and node["excluded_by"] == inc.id and "exclude n2" in node["excluded_reason"]
-
-
-@pytest.mark.timeout(240)
-def test_a_node_that_fails_its_diagnostics_is_left_out_and_a_spare_takes_its_place(tmp_path: Path) -> None:
-    loop = make_loop(tmp_path, spares=("n3",))
-    scratch = LocalAgents.scratch_dir(loop.sup.cfg.run_dir, "n2")
-    fired, kill = inject_at(9, rank=2, sig=signal.SIGKILL)
-
-    def hook(lp: SelfHealingJob) -> None:
-        kill(lp)  # type: ignore[operator]
-        if fired and scratch.is_dir():
-            break_scratch(scratch)  # the same tick the rank dies: its node lost its local disk
-
-    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
-    (inc,) = loop.incidents()
-    assert inc.kind == "crash" and inc.suspect_nodes == ["n2"] and inc.suspect_ranks == [2]
-    assert inc.verdict == "fail" and [d["node"] for d in inc.diagnosis] == ["n2"]
-    assert f"scratch directory {scratch.absolute()} is not a directory" in inc.diagnosis[0]["summary"]
-    assert inc.plan["exclude"] == ["n2"] and inc.plan["nodes"] == ["n1", "n3"]
-    assert inc.plan["decision_basis"]["verdict_bad_nodes"] == ["n2"] and "lemons" not in inc.plan["decision_basis"]
-    assert inc.detected_at <= inc.diagnosed_at <= inc.remediated_at  # type: ignore[operator]
-    assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"}
-    check_resumed(loop, fired, action="exclude-node-and-restart")
-
-
-@pytest.mark.timeout(240)
-def test_without_a_spare_the_job_comes_back_smaller_on_the_healthy_node_from_a_resharded_checkpoint(
+@pytest.mark.timeout(300)
+def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_one_the_job_comes_back_smaller(
         tmp_path: Path) -> None:
-    loop = make_loop(tmp_path)  # n1 and n2, no spare
-    scratch = LocalAgents.scratch_dir(loop.sup.cfg.run_dir, "n2")
-    fired, kill = inject_at(9, rank=3, sig=signal.SIGKILL)
+    # n2 loses its local disk the tick its rank 2 dies: node-health fails it and the spare n3 takes its place. Then n3
+    # does the same, with no spare left: the job comes back on n1 alone, one data-parallel replica, from the dp-2
+    # checkpoint resharded.
+    # NOTE: longer than the others: the second attempt trains ~3 steps a second, and the kill must land well before
+    # its end (the heartbeats that show it past step 10 are a second or two old).
+    loop = make_loop(tmp_path, spares=("n3",), overrides=(f"steps={LONG}",))
+    run_dir = loop.sup.cfg.run_dir
+    _, kill_first = kill_in_attempt(0, 9, rank=2, then=lambda lp: break_scratch(LocalAgents.scratch_dir(run_dir, "n2")))
+    second, kill_second = kill_in_attempt(1, 10, rank=3,
+                                          then=lambda lp: break_scratch(LocalAgents.scratch_dir(run_dir, "n3")))
 
     def hook(lp: SelfHealingJob) -> None:
-        kill(lp)  # type: ignore[operator]
-        if fired and scratch.is_dir():
-            break_scratch(scratch)
+        kill_first(lp)
+        kill_second(lp)
 
-    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
-    (inc,) = loop.incidents()
-    assert inc.verdict == "fail" and inc.plan["exclude"] == ["n2"]
-    assert inc.plan["nodes"] == ["n1"] and inc.plan["dp"] == 1 and "no spare left" in inc.plan["decision_basis"]["reason"]
+    assert loop.run(timedelta(seconds=280), on_tick=hook) == "finished"
+    replaced, smaller = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    assert replaced.kind == "crash" and replaced.suspect_nodes == ["n2"] and replaced.suspect_ranks == [2]
+    assert replaced.verdict == "fail" and [d["node"] for d in replaced.diagnosis] == ["n2"]
+    scratch = LocalAgents.scratch_dir(run_dir, "n2")
+    assert f"scratch directory {scratch.absolute()} is not a directory" in replaced.diagnosis[0]["summary"]
+    assert replaced.plan["exclude"] == ["n2"] and replaced.plan["nodes"] == ["n1", "n3"]
+    assert replaced.plan["decision_basis"]["verdict_bad_nodes"] == ["n2"]
+    assert "lemons" not in replaced.plan["decision_basis"]
+    assert replaced.detected_at <= replaced.diagnosed_at <= replaced.remediated_at  # type: ignore[operator]
+    assert replaced.state == "resolved" and replaced.action == "exclude-node-and-restart"
+    assert {r.node for r in loop.sup.history[1].ranks.values()} == {"n1", "n3"}
+    # The second: no spare left.
+    assert smaller.suspect_nodes == ["n3"] and smaller.verdict == "fail" and smaller.plan["exclude"] == ["n3"]
+    assert smaller.plan["nodes"] == ["n1"] and smaller.plan["dp"] == 1
+    assert "no spare left" in smaller.plan["decision_basis"]["reason"]
     last = loop.sup.history[-1]
     # The same 2 pipeline stages, one data-parallel replica: 2 ranks on n1, resumed from the dp-2 checkpoint.
     assert {r.node for r in last.ranks.values()} == {"n1"} and len(last.ranks) == 2 and loop.remediator.dp == 1
-    records = [json.loads(x) for x in (loop.sup.cfg.run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
-    assert {r["world_size"] for r in records if r["time"] > inc.remediated_at} == {2}
-    check_resumed(loop, fired, action="exclude-node-and-restart")
+    records = [json.loads(x) for x in (run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
+    assert {r["world_size"] for r in records if r["time"] > smaller.remediated_at} == {2}
+    check_resumed(loop, second, action="exclude-node-and-restart", steps=LONG)
 
 
 @pytest.mark.timeout(300)
@@ -272,32 +261,55 @@ def test_a_poisoned_batch_and_then_a_loss_spike_are_each_rolled_back_and_their_b
     assert len(loop.sup.history) == 3
 
 
-@pytest.mark.timeout(240)
-def test_a_gpu_that_falls_off_the_bus_takes_its_node_out_of_the_job_from_the_default_rules(tmp_path: Path) -> None:
-    # n2's sidecar reads a recorded NVML (no GPU here): an Xid 79 event arrives through the real event set, the
-    # sidecar counts it in its heartbeat, and the shipped gpu-fault rule takes the catalogue's remedy.
+@pytest.mark.timeout(300)
+def test_a_gpu_off_the_bus_and_then_a_lemon_node_are_each_left_out_and_a_spare_takes_their_place(tmp_path: Path) -> None:
+    # n2's sidecar reads a recorded NVML (no GPU here): an Xid 79 event arrives through the real event set, the sidecar
+    # counts it in its heartbeat, and the shipped gpu-fault rule takes the catalogue's remedy: n2 out, the spare n3 in.
+    # n1 failed in two earlier jobs: when its rank 0 dies in the next attempt it reaches the lemon threshold and must
+    # not come back: the spare n4 takes its place.
+    from datetime import datetime
+
     from tests.exporters.recorded_nvml import RecordedNvml
 
+    def history(job: SelfHealingJob) -> None:
+        jobs = JobStore(job.healer.store.engine)
+        now = datetime.now(UTC)
+        jobs.record_node_incidents(["n1"], "old-job-a", "1", "crash", now)
+        jobs.record_node_incidents(["n1"], "old-job-b", "4", "hang", now)
+
     gpus = RecordedNvml()
-    loop = make_loop(tmp_path, spares=("n3",), nvml={"n2": gpus})
-    fired: dict[str, float] = {}
+    loop = make_loop(tmp_path, rule_set(lemon_incidents=3), spares=("n3", "n4"), nvml={"n2": gpus},
+                     before_start=history, overrides=(f"steps={LONG}",))
+    xid: dict[str, float] = {}
+    killed, kill = kill_in_attempt(1, 10, rank=0)
 
     def hook(lp: SelfHealingJob) -> None:
         a = lp.sup.attempt
         steps = [b.step for b in lp.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
-        if not fired and a is not None and a.number == 0 and len(steps) == 4 and min(steps) >= 6:
+        if not xid and a is not None and a.number == 0 and len(steps) == 4 and min(steps) >= 6:
             gpus.inject_xid(1, 79)
-            fired["at"] = lp.healer.clock()
+            xid["at"] = lp.healer.clock()
+        kill(lp)
 
-    assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"
-    (inc,) = loop.incidents()
-    assert inc.kind == "gpu_fault" and inc.suspect_nodes == ["n2"] and "Xid 79" in inc.summary
-    assert inc.action == "exclude-node-and-restart" and inc.plan["exclude"] == ["n2"]
-    assert inc.plan["nodes"] == ["n1", "n3"] and inc.plan["decision_basis"]["remedy_from"] == "catalogue"
-    assert inc.stages == ["detected", "decided", "restarted", "recovered"] and inc.state == "resolved"
-    assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"}
-    curve = losses(loop.sup.cfg.run_dir)
-    assert sorted(curve) == list(range(STEPS)) and curve[STEPS - 1] < curve[0]
+    assert loop.run(timedelta(seconds=280), on_tick=hook) == "finished"
+    gpu, lemon = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    assert gpu.kind == "gpu_fault" and gpu.suspect_nodes == ["n2"] and "Xid 79" in gpu.summary
+    assert gpu.detected_at >= xid["at"]
+    assert gpu.action == "exclude-node-and-restart" and gpu.plan["exclude"] == ["n2"]
+    assert gpu.plan["nodes"] == ["n1", "n3"] and gpu.plan["decision_basis"]["remedy_from"] == "catalogue"
+    assert gpu.stages == ["detected", "decided", "restarted", "recovered"] and gpu.state == "resolved"
+    assert {r.node for r in loop.sup.history[1].ranks.values()} == {"n1", "n3"}
+    assert lemon.kind == "crash" and lemon.suspect_nodes == ["n1"]
+    assert lemon.plan["exclude"] == ["n1"] and sorted(lemon.plan["nodes"]) == ["n3", "n4"]
+    assert lemon.plan["decision_basis"]["lemons"] == {"n1": 3}
+    last = loop.sup.history[-1]
+    # Which host each rank ran on, as the hosts' agents found them in /proc and reported them. (Not the heartbeat
+    # table: once the job has ended the agents may already have forgotten its ranks.)
+    assert {r.node for r in last.ranks.values()} == {"n3", "n4"} and len(last.ranks) == 4
+    check_resumed(loop, killed, action="exclude-node-and-restart", steps=LONG)
+    # The host history says who left n1 out and why, for the next job on this database.
+    node = JobStore(loop.healer.store.engine).node("n1")
+    assert node is not None and node["excluded_by"] == lemon.id and "exclude n1" in node["excluded_reason"]
 
 
 @pytest.mark.timeout(240)
