@@ -217,10 +217,11 @@ class NodeAgent:
                 "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path,
                 phase_now.ENV: str(self._phase_dir(order.job, order.attempt))}
             # The flight recorder on (gloo's and NCCL's), unless the order or the host says how large: what a hang's
-            # evidence reads each rank's last collectives from (train/flight_recorder.py). Torch 2.9 renamed the
-            # setting; both names, so that either build reads it.
-            size = env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or str(FR_BUFFER_SIZE)
-            env |= {"TORCH_FR_BUFFER_SIZE": size, "TORCH_NCCL_TRACE_BUFFER_SIZE": size}
+            # evidence reads each rank's last collectives from (train/flight_recorder.py). NOTE: TORCH_FR_BUFFER_SIZE
+            # since torch 2.9; the older TORCH_NCCL_TRACE_BUFFER_SIZE, when that is what the host sets, still counts
+            # (and is deprecated: torch warns on every rank).
+            if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+                env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
                                        env=env, cwd=self.cfg.cwd, log_dir=self._attempt_dir(order),
                                        phase_dir=self._phase_dir(order.job, order.attempt))

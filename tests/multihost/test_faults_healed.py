@@ -36,12 +36,6 @@ def job_of(healthy_bed, tmp_path, monkeypatch) -> Iterator:
         job.stop()
 
 
-def the_incident(job: SlurmJob, kind: str) -> dict:
-    incidents = [i for i in job.incidents() if i["kind"] == kind]
-    assert len(incidents) == 1, [(i["kind"], i["suspect_nodes"], i["summary"]) for i in job.incidents()]
-    return incidents[0]
-
-
 def assert_resumed_from_checkpoint(incident: dict, at_fault: int) -> None:
     """The restart resumed from the newest checkpoint the job had when the fault struck, and trained on."""
     resumed = incident["resume_step"]
@@ -49,55 +43,47 @@ def assert_resumed_from_checkpoint(incident: dict, at_fault: int) -> None:
     assert incident["state"] == "resolved" and incident["first_step_after"] == resumed, incident
 
 
-@pytest.mark.timeout(600)
-def test_a_host_that_dies_is_named_drained_and_replaced_by_the_spare(healthy_bed, job_of) -> None:
-    bed = healthy_bed
-    hosts = [h.name for h in bed.hosts]
-    job = job_of(steps=30)
-    job.wait_step(12, 300)
-    victim = hosts[1]  # a training host; hosts[0] runs the batch script and the healer
-    at_fault = max(job.steps().values())
-    faults.kill_host(bed, victim)
-
-    job.finish(420)
-    incident = the_incident(job, "host_lost")
-    assert incident["suspect_nodes"] == [victim]
-    assert_resumed_from_checkpoint(incident, at_fault)
-    first, second = job.attempt(0), job.attempt(1)
-    assert first["nodes"] == hosts[:3] and second["nodes"] == [hosts[0], hosts[2], hosts[3]], "the spare took its place"
-    assert job.attempts() == [0, 1]
-    state = job.slurm_state(victim)
-    assert "DRAIN" in state.state and f"megaheal: incident {incident['id']}: host_lost" in state.reason, state
-    assert incident["evidence"]["drain"][victim]["drained"] is True
-    job.assert_nothing_left()
-
-
-@pytest.mark.timeout(600)
-def test_a_host_cut_off_for_good_is_named_by_its_silence_and_its_leftover_is_stopped_when_it_returns(
+@pytest.mark.timeout(900)
+def test_a_host_that_dies_is_replaced_by_the_spare_and_one_cut_off_for_good_leaves_the_job_smaller(
         healthy_bed, job_of) -> None:
+    # One job for both (each a job of its own took ~105 s): a host dies, is named, drained and replaced by the spare;
+    # then, with no spare left, another is cut off for good: named by its silence, the job comes back on the two hosts
+    # left (dp 3 -> 2, from the resharded checkpoint), and once the cut host is back its stale attempt is stopped.
     bed = healthy_bed
     hosts = [h.name for h in bed.hosts]
-    job = job_of(steps=30)
+    job = job_of(steps=45)
     job.wait_step(12, 300)
-    victim = hosts[2]
-    at_fault = max(job.steps().values())
-    faults.cut_link(bed, victim)
-    # The job goes on without it: a spare's ranks train past where the cut host stopped.
-    wait_for("attempt 1 training", lambda: any(e["event"] == "ranks" and e.get("attempt") == 1
+    dead = hosts[1]  # a training host; hosts[0] runs the batch script and the healer
+    at_death = max(job.steps().values())
+    faults.kill_host(bed, dead)
+    job.wait_step(at_death + 6, 300)  # the spare's attempt trained past where the dead host stopped
+    cut = hosts[2]
+    at_cut = max(job.steps().values())
+    faults.cut_link(bed, cut)
+    # The job goes on without it, on the two hosts left.
+    wait_for("attempt 2 training", lambda: any(e["event"] == "ranks" and e.get("attempt") == 2
                                                for e in job.journal()), 300, every_s=0.5)
-    assert bed.pids(bed.host(victim)), "the cut-off host still runs its part of attempt 0"
-    faults.restore_link(bed, victim)
+    assert bed.pids(bed.host(cut)), "the cut-off host still runs its part of attempt 1"
+    faults.restore_link(bed, cut)
 
     job.finish(420)
-    incident = the_incident(job, "host_lost")
-    assert incident["suspect_nodes"] == [victim]
-    assert "silent" in incident["summary"], incident["summary"]
-    assert_resumed_from_checkpoint(incident, at_fault)
-    assert job.attempt(1)["nodes"] == [hosts[0], hosts[1], hosts[3]]
-    assert "DRAIN" in job.slurm_state(victim).state
+    lost = sorted((i for i in job.incidents() if i["kind"] == "host_lost"), key=lambda i: i["id"])
+    assert [i["suspect_nodes"] for i in lost] == [[dead], [cut]], [(i["kind"], i["summary"]) for i in job.incidents()]
+    died, cut_off = lost
+    assert_resumed_from_checkpoint(died, at_death)
+    assert_resumed_from_checkpoint(cut_off, at_cut)
+    assert "silent" in cut_off["summary"], cut_off["summary"]
+    assert job.attempts() == [0, 1, 2]
+    assert job.attempt(0)["nodes"] == hosts[:3]
+    assert job.attempt(1)["nodes"] == [hosts[0], hosts[2], hosts[3]], "the spare took the dead host's place"
+    assert job.attempt(2)["nodes"] == [hosts[0], hosts[3]] and job.attempt(2)["dp"] == 2, "no spare left: smaller"
+    state = job.slurm_state(dead)
+    assert "DRAIN" in state.state and f"megaheal: incident {died['id']}: host_lost" in state.reason, state
+    assert died["evidence"]["drain"][dead]["drained"] is True
+    assert "DRAIN" in job.slurm_state(cut).state
     # Once back, the stale attempt on it was stopped by the healer (not left to the end of the allocation).
     stopped = [e for e in job.journal() if e["event"] == "leftover-stopped"]
-    assert [(e["node"], e["attempt"]) for e in stopped] == [(victim, 0)], stopped
+    assert [(e["node"], e["attempt"]) for e in stopped] == [(cut, 1)], stopped
     job.assert_nothing_left()
 
 

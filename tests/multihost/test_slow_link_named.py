@@ -1,11 +1,13 @@
-"""A slow link on the multi-host bed, named inside the healing loop: deploy/slurm/megaheal.sbatch on the bed's 4 hosts
-(3 training, 2 ranks each, and a spare), one training host's link slowed with tbf while the job trains, and then what
-the healer made of it: a collective slowdown whose evidence is network-triage's verdict (run once across the job's
-hosts, beside the training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it."""
+"""deploy/slurm/megaheal.sbatch on the bed's 4 hosts (3 training, 2 ranks each, and a spare): each agent on its host's
+own address, each rank where the journal says, a clean end that leaves nothing behind; and a slow link named inside
+the healing loop: one training host's link slowed with tbf while the job trains, and then what the healer made of it:
+a collective slowdown whose evidence is network-triage's verdict (run once across the job's hosts, beside the
+training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.multihost
 # them at ~0.1-1 GB/s), and it slows the data-parallel reduce of the stage whose ranks cross the host several times
 # over while the job goes on training.
 RATE_BIT_S = 100_000_000
-STEPS = 150  # enough for the detector's baseline, the slowdown's windows and network-triage while training runs
+STEPS = 120  # enough for the detector's baseline, the slowdown's windows and network-triage while training runs
 # (named by about step 80 on a loaded 2-core machine; each step after that is only waited for)
 
 
@@ -44,7 +46,8 @@ def named_by_triage(job: SlurmJob, host: str) -> dict[str, Any] | None:
 
 
 @pytest.mark.timeout(600)
-def test_a_slowed_link_is_named_by_network_triage_in_the_incident_and_nothing_restarts(healthy_bed, job) -> None:
+def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_a_slowed_link_is_named_by_network_triage(
+        healthy_bed, job) -> None:
     bed = healthy_bed
     slow = bed.hosts[2].name  # a training host; hosts[0] runs the batch script and the healer
     job.wait_step(20, 300)
@@ -55,7 +58,7 @@ def test_a_slowed_link_is_named_by_network_triage_in_the_incident_and_nothing_re
                         every_s=1.0)
     named_after_s = time.monotonic() - t0
     faults.restore_speed(bed, slow)  # the rest of the job at full speed
-    job.finish(420)
+    text = job.finish(420)
 
     incident = next(i for i in job.incidents() if i["id"] == incident["id"])
     print(f"\nslowed {slow}: named after {named_after_s:.1f} s by {incident['kind']} incident {incident['id']}; "
@@ -76,4 +79,19 @@ def test_a_slowed_link_is_named_by_network_triage_in_the_incident_and_nothing_re
     # (a straggler on the slowed host may follow while its reduce waits: it names the same host)
     assert incident["id"] in [i["id"] for i in hosts[slow]["incidents"]] and hosts[slow]["slurm"]["state"]
     assert hosts[slow]["network"] == [mine["summary"]]
+    # The batch script's job: 3 hosts, 2 ranks each, and the spare; every agent (the spare's too) on its host's own
+    # address, not loopback; each rank on the host the journal says (its own records name the host it ran on).
+    names = [h.name for h in bed.hosts]
+    assert f"3 host(s) x 2 ranks ({', '.join(names[:3])}; dp 3), spare(s): {names[3]}" in text, text[-3000:]
+    assert job.attempt(0)["nodes"] == names[:3] and job.attempt(0)["dp"] == 3
+    agents = json.loads((job.run_dir / "supervisor" / "agents.json").read_text())
+    assert {n: re.match(r"http://([\d.]+):\d+$", u).group(1) for n, u in agents.items()} == \
+        {h.name: h.address for h in bed.hosts}  # type: ignore[union-attr]
+    placed = job.host_of_rank(0)
+    assert sorted(placed) == list(range(6)) and sorted(placed.values()) == sorted(names[:3] * 2)
+    for rank, node in placed.items():
+        records = [json.loads(line) for line in (job.run_dir / "ranks" / f"{rank}.jsonl").read_text().splitlines()]
+        assert {r["node"] for r in records} == {node} and max(r["step"] for r in records) == STEPS - 1, (rank, node)
+    assert any(e["event"] == "end" and e["exit_codes"] == {n: 0 for n in names[:3]}
+               for e in job.journal() if e.get("attempt") == 0)
     job.assert_nothing_left()
