@@ -25,6 +25,9 @@ from train import flight_recorder
 
 DUMP_TIMEOUT_S = 10.0
 RECORDER_WAIT_S = 1.5
+CANNOT_ANSWER = (None, "T", "t", "Z")
+"""Kernel states of a rank whose flight recorder thread cannot run: gone, stopped, dead. (Not D: a rank in a disk read
+for a moment answers right after; a frozen one costs the wait.)"""
 """How long after the stacks the ranks' flight recorder answers are waited for (their threads poll twice a second)."""
 MAX_FRAMES = 40
 """Frames kept per thread, innermost first (a deep recursion says no more after that)."""
@@ -132,8 +135,12 @@ def collect_all(ranks: dict[int, int | None], phase_dir: Path | None,
     if phase_dir is not None:
         deadline = time.monotonic() + recorder_wait_s
         for ev in found:
-            if ev.state is not None:
-                ev.collectives = _recorder_answer(phase_dir, ev.pid, deadline)
+            if ev.state in CANNOT_ANSWER:
+                # Every thread of a stopped rank is held: its dump thread cannot answer, and waiting for it cost the
+                # SIGSTOP hang 1.5 s of its naming on the bench.
+                flight_recorder.request_path(phase_dir, ev.pid).unlink(missing_ok=True)
+                continue
+            ev.collectives = _recorder_answer(phase_dir, ev.pid, deadline)
     return [ev.to_payload(now) for ev in found], time.monotonic() - t0
 
 

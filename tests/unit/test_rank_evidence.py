@@ -79,6 +79,10 @@ def test_a_spinning_rank_a_rank_blocked_in_a_read_and_a_stopped_one_are_told_apa
     ev = rank_evidence.collect(stopped.pid, 2, None)
     assert ev.state == "T" and ev.stack and ev.stack[0].function == "spin_here", "read without resuming it"
     assert (procfs.stat(stopped.pid) or procfs.stat(1)).state == "T", "still stopped: py-spy did not pause or resume it"
+    # Its flight recorder thread is stopped with it: not waited for (the deadline is 30 s), and not asked any more.
+    (found,), took = rank_evidence.collect_all({stopped.pid: 2}, tmp_path, recorder_wait_s=30)
+    assert found["state"] == "T" and found["collectives"] is None and took < 15
+    assert not (tmp_path / f"{stopped.pid}.fr-request").exists()
 
 
 def test_a_process_that_is_gone_or_a_dump_that_fails_still_gives_what_can_be_read(tmp_path: Path, procs) -> None:
