@@ -49,12 +49,10 @@ class _Rank:
 
 
 def _process(r: _Rank, state: str, cpu_seconds: float, phase: phase_now.PhaseNow | None) -> RankProcess:
-    if phase is None or not phase.phase:
-        return RankProcess(rank=r.rank, local_rank=r.local_rank, pid=r.pid, started=r.started, state=state,
-                           cpu_seconds=cpu_seconds)
+    now = phase if phase is not None and phase.phase else None  # "": between two phases, as good as none
     return RankProcess(rank=r.rank, local_rank=r.local_rank, pid=r.pid, started=r.started, state=state,
-                       cpu_seconds=cpu_seconds, phase=phase.phase, phase_step=phase.step,
-                       phase_for_s=max(0.0, time.time() - phase.since_ns / 1e9))
+                       cpu_seconds=cpu_seconds, phase=now.phase if now else None, phase_step=now.step if now else None,
+                       phase_for_s=max(0.0, time.time() - now.since_ns / 1e9) if now else None)
 
 
 @dataclass(slots=True)

@@ -63,21 +63,6 @@ def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, .
     return job
 
 
-def inject_at(step: int, rank: int, sig: int) -> tuple[dict[str, float], object]:
-    """An on_tick hook that sends `sig` to `rank` once attempt 0 has reported `step`."""
-    fired: dict[str, float] = {}
-
-    def hook(loop: SelfHealingJob) -> None:
-        a = loop.sup.attempt
-        if fired or a is None or a.number != 0:
-            return
-        steps = [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
-        if len(steps) == 4 and min(steps) >= step:
-            loop.remediator.signal_rank(rank, sig)
-            fired["at"] = loop.healer.clock()
-    return fired, hook
-
-
 def losses(run_dir: Path) -> dict[int, float]:
     """Rank 0's loss per step, the last write of each step winning (redone steps overwrite)."""
     out: dict[int, float] = {}
@@ -155,7 +140,7 @@ def test_a_spent_restart_budget_escalates_stops_instead_of_looping_and_pages_thr
     am.start()
     try:
         loop = make_loop(tmp_path, rule_set(max_restarts=0), alertmanager_url=am.url)
-        fired, hook = inject_at(3, rank=0, sig=signal.SIGKILL)
+        fired, hook = kill_in_attempt(0, 3, rank=0)
         assert loop.run(timedelta(seconds=150), on_tick=hook) == "escalated"  # type: ignore[arg-type]
         assert fired  # type: ignore[arg-type]
         (inc,) = loop.incidents()

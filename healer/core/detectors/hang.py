@@ -61,19 +61,21 @@ class _InPhase:
 
 @dataclass(slots=True)
 class PhaseDurations:
-    """How long each long phase took, per job, from the ranks seen to enter and then leave it (a phase whose rank
-    was stopped or died in it tells nothing and is dropped)."""
+    """How long each long phase took, per job, from the rank processes seen to enter and then leave it (a phase whose
+    process was stopped or died in it tells nothing and is dropped). By pid: a new attempt's ranks are other
+    processes, and what the old ones were in ended unseen."""
 
     phases: frozenset[str]
     keep: int = 64
     done: dict[str, deque[float]] = field(default_factory=dict)
     _open: dict[int, _InPhase] = field(default_factory=dict)
+    """pid -> the long phase it is in."""
 
     def observe(self, states: list[ProcessState]) -> None:
         seen = set()
         for st in states:
-            seen.add(st.rank)
-            was = self._open.get(st.rank)
+            seen.add(st.pid)
+            was = self._open.get(st.pid)
             same = was is not None and st.phase == was.phase and st.phase_entered is not None \
                 and abs(st.phase_entered - was.entered) < 1.0  # NOTE: re-derived from each report: a little jitter
             if same:
@@ -82,11 +84,11 @@ class PhaseDurations:
                 continue
             if was is not None:
                 self.add(was.phase, was.last_seen - was.entered)
-                del self._open[st.rank]
+                del self._open[st.pid]
             if st.phase in self.phases and st.phase_entered is not None:
-                self._open[st.rank] = _InPhase(st.phase, st.phase_entered, st.sampled_at)
-        for rank in [r for r in self._open if r not in seen]:
-            del self._open[rank]
+                self._open[st.pid] = _InPhase(st.phase, st.phase_entered, st.sampled_at)
+        for pid in [p for p in self._open if p not in seen]:
+            del self._open[pid]
 
     def add(self, phase: str, seconds: float) -> None:
         self.done.setdefault(phase, deque(maxlen=self.keep)).append(max(0.0, seconds))
@@ -94,10 +96,6 @@ class PhaseDurations:
     def p99(self, phase: str) -> float | None:
         times = self.done.get(phase)
         return quantile(list(times), 0.99) if times else None
-
-    def restarted(self) -> None:
-        """A new attempt: its ranks are other processes (what the old ones were in has ended unseen)."""
-        self._open.clear()
 
 
 class Hang(Detector):
@@ -183,8 +181,6 @@ class Hang(Detector):
         prune(self._jobs, known, self._history.restarted)
         prune(self._times, known, self._history.restarted)
         prune(self._phases, known)
-        for job in self._history.restarted & set(self._phases):
-            self._phases[job].restarted()
         for series, sample in new:
             if sample.step_seconds is not None:
                 # A step that saved a checkpoint spent it in its `checkpoint` phase: that is a save's time, timed
