@@ -298,12 +298,17 @@ class Responder:
         order = RestartOrder(incident_id=incident.id, restart_id=restart_id, nodes=plan.nodes,
                              dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
                              skip_steps=skip)
-        r.restart(order, lambda result: self._restarted(incident.id, remediation_id, restart_id, result))
+        r.restart(order, lambda result: self._restarted(incident.id, remediation_id, restart_id, result,
+                                                        incident.attempt))
 
     def _restarted(self, incident_id: int, remediation_id: int | None, restart_id: int,
-                   result: Started | Failed) -> None:
+                   result: Started | Failed, stopped: int | None = None) -> None:
         if isinstance(result, Started):
-            self.jobs.restart_started(restart_id, result.attempt, result.at, result.from_step, result.resume)
+            # NOTE: read again now that the attempt is stopped: its ranks trained on between the decision and the
+            # stop, and those steps are lost too (the goodput ledger counts them from the same records).
+            highest = self.remediator.highest_step(stopped) if self.remediator and stopped is not None else None
+            self.jobs.restart_started(restart_id, result.attempt, result.at, result.from_step, result.resume,
+                                      highest_step=highest)
             if remediation_id is not None:
                 self.store.finish_remediation(remediation_id, "started")
             self.store.note(incident_id, {"attempt": result.attempt, "resume_step": result.from_step,

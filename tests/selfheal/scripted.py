@@ -31,6 +31,8 @@ class ScriptedRemediator:
     diagnoses: list[Callable[[list[HostVerdict]], None]] = field(default_factory=list)
     """Diagnoses in flight: call one with the verdicts to finish it."""
     fail_restarts: bool = False
+    trained_on: int = 0
+    """Steps the attempt finishes between the restart's decision and its stop (a rank still training)."""
     evidence: dict[int, dict[str, Any]] = field(default_factory=dict)
     """attempt -> what rank_evidence answers (the ranks' stacks, states and phases)."""
 
@@ -65,6 +67,8 @@ class ScriptedRemediator:
         if self.fail_restarts:
             done(Failed("the launcher refused"))
             return
+        if self.attempt in self.highest:
+            self.highest[self.attempt] += self.trained_on
         self.attempt += 1
         self.nodes, self.dp = order.nodes, order.dp
         self.spares = tuple(s for s in self.spares if s not in order.nodes)

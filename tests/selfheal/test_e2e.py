@@ -81,16 +81,24 @@ def check_resumed(loop: SelfHealingJob, fired: dict[str, float], action: str = "
     check_resumed_after(run, incidents[-1], action, attempts=len(incidents) + 1, steps=steps)
 
 
-def kill_in_attempt(attempt: int, step: int, rank: int, then: Any = None) -> tuple[dict[str, float], Any]:
-    """An on_tick hook that SIGKILLs `rank` once `attempt` has reported `step` (and calls `then(loop)` in that tick)."""
+def kill_in_attempt(attempt: int, step: int, rank: int, then: Any = None,
+                    into: int = 3) -> tuple[dict[str, float], Any]:
+    """An on_tick hook that SIGKILLs `rank` once `attempt` has reported `step`, and `into` steps past the step it
+    first reported (and calls `then(loop)` in that tick).
+
+    NOTE: `into` because an attempt after a graceful stop resumes from the stop's own save, which may be at any step
+    (a slow machine trains further during the stop): a kill at its very first step would resume from that save."""
     fired: dict[str, float] = {}
+    first: list[int] = []
 
     def hook(loop: SelfHealingJob) -> None:
         a = loop.sup.attempt
         if fired or a is None or a.number != attempt:
             return
         steps = [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
-        if steps and len(steps) == len(a.ranks) and min(steps) >= step:
+        if steps and not first:
+            first.append(min(steps))
+        if steps and len(steps) == len(a.ranks) and min(steps) >= max(step, first[0] + into):
             loop.remediator.signal_rank(rank, signal.SIGKILL)
             fired["at"] = loop.healer.clock()
             if then is not None:
@@ -104,7 +112,10 @@ def check_resumed_after(run: HealedRun, inc: Any, action: str = "restart", attem
     newest checkpoint before it."""
     assert inc.state == "resolved" and inc.action == action
     assert inc.detected_at >= run.fired["killed"] and inc.recovered_at is not None
-    assert inc.resume_step is not None and inc.resume_step >= 4 and inc.resume_step % 4 == 0
+    # From a periodic save (every 4 steps), or from the save an earlier graceful stop made (at any step).
+    stop_saves = {i.first_step_after for i in run.incidents if i is not inc}
+    assert inc.resume_step is not None and inc.resume_step >= 4
+    assert inc.resume_step % 4 == 0 or inc.resume_step in stop_saves
     # Steps count from 0 and a checkpoint of step N holds N steps done: the new attempt goes on with step N.
     assert inc.first_step_after == inc.resume_step
     assert inc.highest_step is not None and inc.lost_steps == inc.highest_step + 1 - inc.resume_step

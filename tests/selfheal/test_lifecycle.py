@@ -51,7 +51,8 @@ def tick(healer: Healer) -> TickView:
 
 def test_a_crash_goes_through_diagnosis_restart_and_recovery_with_every_stage_stored(tmp_path: Path) -> None:
     healer, hands, clock = setup(tmp_path)
-    hands.highest[0] = 9
+    # Step 9 is the highest when the restart is decided; the attempt finishes step 10 before its stop lands.
+    hands.highest[0], hands.trained_on = 9, 1
     crash(healer, clock)
     tick(healer)
     assert hands.orders[:2] == [("diagnose", (("n2",), "node-health", True)), ("stop", "diagnosis")]
@@ -69,7 +70,7 @@ def test_a_crash_goes_through_diagnosis_restart_and_recovery_with_every_stage_st
     (inc,) = job_timelines(healer.store.engine, JOB)
     assert inc.stages == ["detected", "diagnosed", "decided", "restarted", "recovered"]
     assert (inc.state, inc.action, inc.verdict, inc.attempt) == ("resolved", "restart", "pass", 0)
-    assert (inc.resume_step, inc.first_step_after, inc.highest_step, inc.lost_steps) == (8, 8, 9, 2)
+    assert (inc.resume_step, inc.first_step_after, inc.highest_step, inc.lost_steps) == (8, 8, 10, 3)
     assert inc.summary.startswith("rank 3 on n2 killed by SIGKILL")
     (restart,) = JobStore(healer.store.engine).restarts(JOB)
     assert (restart.outcome, restart.attempt, restart.resumed_step, restart.cause) == ("recovered", 1, 8, "remediation")
