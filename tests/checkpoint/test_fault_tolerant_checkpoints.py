@@ -128,12 +128,15 @@ def test_a_failing_storage_writer_is_reported_and_training_goes_on_with_latest_u
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path) -> None:
-    overrides = [*COMMON, "steps=200", "checkpoint.every_steps=1", "checkpoint.keep_last=50"]
+    # The save of step 4 is throttled to seconds: the kill lands inside it however slow this machine is (an
+    # unthrottled save of this model takes milliseconds, and raced the kill).
+    overrides = [*COMMON, "steps=200", "checkpoint.every_steps=1", "checkpoint.keep_last=50",
+                 "checkpoint.throttle_writes_at=[4]", "checkpoint.throttle_mib_per_s=0.05"]
     ckpt_dir = tmp_path / "checkpoints"
 
     def save_in_flight():
         infos = catalog.list_checkpoints(ckpt_dir)
-        return infos and not infos[0].complete and any(i.complete for i in infos)
+        return infos and infos[0].step == 4 and not infos[0].complete and any(i.complete for i in infos)
 
     job = start_training(tmp_path, "tiny-dp4.yaml", overrides, nproc=4)
     try:
