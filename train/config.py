@@ -39,6 +39,9 @@ class TrainConfig:
     """Peak FLOP/s per device for MFU; unset: the GPU table, or a matmul probe on CPU."""
     dist_timeout_s: float = 600.0
     """Collective timeout of the process groups."""
+    snapshot_every_steps: int = 0
+    """Under a warm worker (train/warm/): keep this rank's state in memory, with a replica on a peer, every this
+    many steps; 0: at the checkpoint steps (checkpoint.every_steps). A warm restart resumes from the newest one."""
     log_every: int = 1
     """Rank 0 prints a table row every this many steps (every rank still records every step)."""
     skip_steps: list[int] = field(default_factory=list)
@@ -65,6 +68,8 @@ class TrainConfig:
         _check_finite(self)
         if self.job is not None:
             check_name(self.job, "job")
+        if self.snapshot_every_steps < 0:
+            raise ValueError(f"snapshot_every_steps must be >= 0, got {self.snapshot_every_steps}")
         for name in ("steps", "global_batch", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -26,7 +26,8 @@ from exporters.phase_now import ENV as PHASE_DIR_ENV
 from exporters.phase_now import PhaseBeacon
 from megaheal.names import derive_name
 from train.checkpoint.manager import Checkpointer
-from train.checkpoint.state import ModelParts, capture, config_hash, load_template, model_hash, restore
+from train.checkpoint.state import (ModelParts, capture, config_hash, layout_hash, load_template, model_hash,
+                                    restore)
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenStream, build_source
 from train.flight_recorder import FlightRecorderDumper
@@ -39,6 +40,8 @@ from train.parallelize import apply_data_parallel, apply_tensor_parallel
 from train.pipeline import build_schedule
 from train.records import StepRecordWriter, StepTable
 from train.timing import PhaseTimer, TimedAllGather, TimedReduceScatter
+from train.warm.replicas import Replicas
+from train.warm.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,10 @@ class RankPlace:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: TrainConfig, run_dir: Path, snapshot: Snapshot | None = None,
+                 replicas: Replicas | None = None) -> None:
+        """`snapshot`: resume from this in-memory state instead of the disk (a warm restart, same layout);
+        `replicas`: keep snapshots in memory, and a peer's, as a warm worker does (train/warm/)."""
         self.cfg = cfg
         self.run_dir = run_dir
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -97,8 +103,10 @@ class Trainer:
                   "model_hash": model_hash(cfg.model),
                   "config_hash": config_hash(cfg)},
         )
+        self.replicas = replicas
+        self.layout = layout_hash(cfg)
         with self.beacon.inside("restore") if self.beacon is not None else nullcontext():
-            self.step_index, start_sample = self._resume()
+            self.step_index, start_sample = self._resume() if snapshot is None else self._resume_from(snapshot)
         self.loader = PrefetchLoader(
             TokenStream(
                 build_source(cfg.data, cfg.model.vocab_size),
@@ -188,6 +196,12 @@ class Trainer:
         self.checkpointer.load(state, path)
         return restore(state, self.parts, self.optimizer, self.lr_scheduler, self.place.rank)
 
+    def _resume_from(self, snapshot: Snapshot) -> tuple[int, int]:
+        """Put an in-memory snapshot of this rank back (no checkpoint file is read)."""
+        state = load_template(self.parts, self.optimizer, self.lr_scheduler, self.place.rank, same_world=True)
+        snapshot.fill(state, self.place.rank, self.layout)
+        return restore(state, self.parts, self.optimizer, self.lr_scheduler, self.place.rank)
+
     def request_stop(self) -> None:
         """Ask for a final checkpoint and a clean exit (async-signal safe: only sets a flag)."""
         self._stop_requested = True
@@ -229,6 +243,7 @@ class Trainer:
             loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
         with timer.phase("checkpoint", host=True):
             self._maybe_save(self.step_index + 1)
+            self._maybe_snapshot(self.step_index + 1)
         phases = timer.collect()
         if self.device.type == "cpu":
             # On CPU the collectives run synchronously inside forward (gather) and backward (reduce): report
@@ -328,6 +343,15 @@ class Trainer:
             if preempted:
                 ckpt.wait()  # the job is about to exit: the save must be committed first
 
+    def _maybe_snapshot(self, steps_done: int) -> None:
+        """Under a warm worker: keep this rank's state in memory, and send a copy to its peer (train/warm/)."""
+        every = self.cfg.snapshot_every_steps or self.checkpointer.cfg.every_steps
+        if self.replicas is None or every <= 0 or steps_done % every:
+            return
+        state = capture(self.parts, self.optimizer, self.lr_scheduler, steps_done, self.loader.position,
+                        self.place.rank)
+        self.replicas.add(Snapshot.take(state, steps_done, self.place.rank, self.layout))
+
     def _record(
         self,
         loss: float,
@@ -370,6 +394,7 @@ class Trainer:
 
     def run(self) -> None:
         """Train for cfg.steps steps."""
+        failed = False
         try:
             while self.step_index < self.cfg.steps and not self.stopping:
                 self.step()
@@ -381,16 +406,19 @@ class Trainer:
         except Exception as exc:
             # Tell the sidecar why this rank is going down, then let the exception end the process.
             self.telemetry.event("exception", type=type(exc).__name__, message=str(exc)[:500], step=self.step_index)
+            failed = True
             raise
         finally:
-            self.close()
+            self.close(abandon=failed)
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Release what the trainer holds; `abandon`: the process group broke (a peer died), so a save in flight
+        is left to fail on its own instead of being waited for (the process lives on: a warm worker)."""
         if self.flight_recorder is not None:
             self.flight_recorder.close()
         if self.beacon is not None:
             self.beacon.close()
-        self.checkpointer.close()
+        self.checkpointer.close(wait=not abandon)
         self.loader.close()
         self.writer.close()
         self.telemetry.close()

@@ -263,9 +263,11 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         return pending.finalized.result()
 
-    def close(self) -> None:
-        self.wait()
-        self._finalizer.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """`wait` False: do not wait for a save in flight (its collectives may wait on a peer that died)."""
+        if wait:
+            self.wait()
+        self._finalizer.shutdown(wait=wait)
         if self._stager is not None:
             self._stager.close()
 

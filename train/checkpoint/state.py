@@ -55,6 +55,12 @@ def model_hash(cfg: ModelConfig) -> str:
     return _digest(asdict(cfg))
 
 
+def layout_hash(cfg: Any) -> str:
+    """Identity of what shapes a rank's state (the model and the parallel layout): an in-memory snapshot goes back
+    only into the same (a rollback's skipped steps or a longer run do not change it)."""
+    return _digest({"model": asdict(cfg.model), "parallel": asdict(cfg.parallel)})
+
+
 def config_hash(cfg: Any) -> str:
     """Identity of the whole training config (layout and schedule included), recorded for audit."""
     return _digest(asdict(cfg))

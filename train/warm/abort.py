@@ -1,0 +1,66 @@
+"""Abort a generation's process group from another thread, so that no rank waits in it for a peer that moved on.
+
+On NCCL that is `_abort_process_group` (it aborts the communicators). Gloo has no such thing: `abort()` and
+`shutdown()` return, but an all-gather blocked on a live peer stays blocked (measured here, torch 2.13: released
+only by the collective timeout, or when the peer's sockets close, which a peer's `destroy_process_group` does not
+do while its modules still hold the group). What does wake it is its own connections ending: the process group's
+TCP sockets are shut down here (shutdown(2) on a duplicate, so gloo still owns and closes the descriptors), and
+every operation on them fails at once with "Connection closed". The group's sockets are the TCP sockets opened
+since the generation began, told apart from the process's others by their inodes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch.distributed as dist
+
+FD_DIR = Path("/proc/self/fd")
+
+
+def _socket_fds() -> dict[int, str]:
+    """fd -> the inode name ('socket:[123]') of every socket this process has open."""
+    out: dict[int, str] = {}
+    for entry in FD_DIR.iterdir():
+        try:
+            target = os.readlink(entry)
+        except OSError:  # closed since the listing
+            continue
+        if target.startswith("socket:"):
+            out[int(entry.name)] = target
+    return out
+
+
+class GenerationSockets:
+    """Taken just before a generation's process group is made; `abort()` ends what that group opened since."""
+
+    def __init__(self) -> None:
+        self.before = set(_socket_fds().values())
+
+    def opened_since(self) -> list[int]:
+        return [fd for fd, inode in _socket_fds().items() if inode not in self.before]
+
+    def abort(self, backend: str) -> int:
+        """Make every collective of the generation fail now; returns how many sockets were shut down."""
+        if backend != "gloo" and dist.is_initialized():
+            dist.distributed_c10d._abort_process_group()
+            return 0
+        closed = 0
+        for fd in self.opened_since():
+            try:
+                dup = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                # NOTE: never gloo's listening socket: its accept thread ends the process when accept fails.
+                if (dup.type == socket.SOCK_STREAM and dup.family in (socket.AF_INET, socket.AF_INET6)
+                        and not dup.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                    dup.shutdown(socket.SHUT_RDWR)
+                    closed += 1
+            except OSError:
+                pass  # not connected, or already closed
+            finally:
+                dup.close()
+        return closed

@@ -1,0 +1,145 @@
+"""A training process that outlives a failed attempt: it trains in one generation after another.
+
+    python -m train.warm.worker --control HOST:PORT --worker ID
+
+It starts once (interpreter, torch, the trainer imported) and then takes plans from its pool's store
+(train/warm/plan.py). In a plan that gives it a rank it joins the generation's process group, resumes (from its own
+snapshot in memory, from a peer's replica when it replaces a rank that died, or from the disk checkpoint when no
+state is held by all) and trains. When a peer dies its collectives fail (gloo: the connection to the dead peer
+closes; those blocked on live peers are released when they tear down their group in turn, or at the generation's
+collective timeout): it abandons the step, leaves the group, reports, and waits for the next plan, keeping its
+snapshots. A worker without a rank is a standby: it waits, already warm, for a plan that gives it one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+import yaml
+
+from train.config import load_config
+from train.trainer import Trainer
+from train.warm.abort import GenerationSockets
+from train.warm.plan import Plan, key
+from train.warm.replicas import Replicas, gather_resume_state, replica_stride
+
+WATCH_EVERY_S = 0.05
+"""How often a rank in a generation looks for the next one (a store round trip on the host's network)."""
+PLAN_WAIT = timedelta(days=365)
+"""How long a standby waits for a plan (its pool stops it when the job ends)."""
+
+
+class Worker:
+    def __init__(self, control: dist.Store, worker: str, watch: dist.Store | None = None) -> None:
+        """`watch`: a second client of the pool's store, for the thread that watches for the next generation (a
+        store client is not shared between threads)."""
+        self.control, self.worker, self.watch = control, worker, watch
+        self.replicas: Replicas | None = None
+        self.trainer: Trainer | None = None
+        self.stop_requested = False
+
+    def serve(self) -> int:
+        """Take plans until one says stop, or this worker's job finished; returns the exit code."""
+        self.control.set(key("hello", self.worker), str(os.getpid()))
+        generation = int(self.control.get(key("gen"))) if self.control.check([key("gen")]) else 0
+        while True:
+            self.control.wait([key("plan", generation)], PLAN_WAIT)
+            plan = Plan.from_json(self.control.get(key("plan", generation)))
+            if plan.stop:
+                return 0
+            if self.worker in plan.assign:
+                outcome = self._train(plan)
+                self.control.set(key("end", generation, self.worker), outcome)
+                if outcome == "ok":
+                    return 0
+            generation += 1
+
+    def _train(self, plan: Plan) -> str:
+        rank, world = plan.assign[self.worker], plan.world
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(plan.local_rank[self.worker]))
+        # NOTE: resume auto: the disk is where a generation without a common snapshot (or the first) starts from.
+        cfg = load_config(plan.config, [*plan.overrides, "checkpoint.resume=auto"])
+        store = dist.PrefixStore(f"gen/{plan.generation}/", self.control)
+        started = time.monotonic()
+        sockets = GenerationSockets()
+        over = threading.Event()
+        if self.watch is not None:
+            threading.Thread(target=self._abort_when_replaced, args=(plan, sockets, over), daemon=True,
+                             name="megaheal-warm-watch").start()
+        try:
+            dist.init_process_group(plan.backend, store=store, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=plan.timeout_s))
+            stride = replica_stride(world, plan.per_host or world)
+            if self.replicas is None or (self.replicas.rank, self.replicas.world) != (rank, world):
+                self.replicas = Replicas(rank, world, stride)  # a fresh rank (or a new layout): nothing it holds counts
+            # NOTE: a group of its own for the replicas under NCCL (host tensors); on gloo the training group serves.
+            self.replicas.group = dist.new_group(backend="gloo") if plan.backend != "gloo" else None
+            snapshot = gather_resume_state(self.replicas, plan.at_most_step) if plan.resume == "memory" else None
+            source = f"memory step {snapshot.step}" if snapshot is not None else "disk"
+            if rank == 0:
+                Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+                (Path(plan.run_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            self.trainer = Trainer(cfg, Path(plan.run_dir), snapshot=snapshot, replicas=self.replicas)
+            self.control.set(key("ready", plan.generation, self.worker),
+                             f"{source} in {time.monotonic() - started:.3f} s")
+            if self.stop_requested:
+                self.trainer.request_stop()
+            self.trainer.run()
+            return "ok"
+        except Exception as exc:  # a peer died (or this rank failed): leave the group, keep what is held
+            return f"failed: {type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            over.set()
+            # NOTE: the group's sockets close only once nothing holds it (the trainer's modules, pipeline stages and
+            # flight recorder do): a peer blocked in a collective with this rank, not with the dead one, is
+            # released by that close (gloo's abort does not wake it), so drop the trainer before the group.
+            self.trainer = None
+            gc.collect()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            gc.collect()
+
+    def _abort_when_replaced(self, plan: Plan, sockets: GenerationSockets, over: threading.Event) -> None:
+        """The pool planned the next generation while this one runs here (a peer died): abort this one, so that a
+        collective waiting on a live peer that already left does not wait for its timeout."""
+        assert self.watch is not None
+        following = key("plan", plan.generation + 1)
+        # NOTE: a poll, not store.wait with a timeout: each timed-out wait logs a warning from c10d.
+        while not over.wait(WATCH_EVERY_S):
+            if self.watch.check([following]):
+                closed = sockets.abort(plan.backend)
+                print(f"warm worker {self.worker}: generation {plan.generation + 1} planned; generation "
+                      f"{plan.generation} aborted here ({closed} socket(s) shut down)", flush=True)
+                return
+
+    def request_stop(self) -> None:
+        """SIGTERM: a final checkpoint and a clean exit, as under torchrun (async-signal safe: flags only)."""
+        self.stop_requested = True
+        if self.trainer is not None:
+            self.trainer.request_stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.warm.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--control", required=True, metavar="HOST:PORT", help="the pool's store")
+    parser.add_argument("--worker", required=True, help="this worker's id in the pool")
+    args = parser.parse_args(argv)
+    host, _, port = args.control.rpartition(":")
+    control = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+    watch = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+    worker = Worker(control, args.worker, watch)
+    signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop())
+    return worker.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
