@@ -21,7 +21,16 @@ from healer.launchers.coordinator import Coordinator
 from megaheal import procfs
 from tests.conftest import REPO
 
-SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]
+
+
+def _started(argv: list[str], **kw: object) -> subprocess.Popen[str]:
+    """`argv` started and past its exec. NOTE: Popen returns once the exec is past its point of no return, before
+    the kernel has set up the new program's argument and environment pages: until then /proc/PID/environ reads
+    empty, and a run-id check fails (it did once in CI, under load)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    return proc
 UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
 
 
@@ -50,7 +59,7 @@ def test_it_never_signals_a_ranks_pid_once_another_process_has_it(tmp_path: Path
 
 def test_it_refuses_a_process_whose_start_time_is_not_the_one_recorded(tmp_path: Path) -> None:
     # A stand-in for the process that got a dead rank's pid: it even carries the attempt's run id.
-    other = subprocess.Popen(SLEEP, env=dict(os.environ, RANK="1", TORCHELASTIC_RUN_ID="j-1"))
+    other = _started(SLEEP, env=dict(os.environ, RANK="1", TORCHELASTIC_RUN_ID="j-1"))
     try:
         started = procfs.start_time(other.pid)
         assert started is not None
