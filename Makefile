@@ -1,5 +1,6 @@
 # make demo: create .venv on first use, then run the self-healing demo job under its chaos schedule; it ends by
 # printing the path of the run's HTML report (RUN_DIR/report.html: its incidents, heat maps, goodput waterfall).
+# The demo runs warm (--warm): a crashed rank or a rollback restarts from memory, a hang or a bad host cold.
 # make test: same set-up, then the whole test suite (the multi-host tier on a 4-host namespace bed when root).
 # make test-multihost: only that tier (root: it brings its own bed up and down).
 VENV   ?= .venv
@@ -16,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal run --config configs/demo.yaml --chaos configs/chaos-demo.yaml
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal run --config configs/demo.yaml --chaos configs/chaos-demo.yaml --warm
 
 # The real services tests run against (Prometheus, Alertmanager, PostgreSQL), from Debian when missing.
 system-deps:

@@ -1,20 +1,27 @@
-"""Recovery benchmark: megaheal's healer (embedded, as `megaheal run` runs it) against plain
-`torchrun --max-restarts 3` on the same job
-(configs/demo.yaml, 4 ranks, checkpoints every 5 steps), written as JSON.
+"""Recovery benchmark: megaheal's healer (embedded, as `megaheal run` runs it), restarting warm and cold, against
+plain `torchrun --max-restarts 3` on the same job (configs/demo.yaml, 4 ranks, checkpoints every 5 steps), written
+as JSON.
 
-Run:  .venv/bin/python bench/recovery.py [--faults crash,hang] [--ettr-minutes 10] [--out bench/results/recovery.json]
+Run:  .venv/bin/python bench/recovery.py [--faults crash,hang] [--modes warm,cold] [--ettr-minutes 10]
+                                         [--crash-every 150] [--out bench/results/recovery.json]
 
 For each fault (crash: SIGKILL of rank 3; hang: SIGSTOP of rank 1; hang-spin, hang-data, hang-collective,
 hang-syscall: rank 1 hangs by itself in step 10 as train/hang_faults.py plays it), injected once the job has done 10
 steps:
 - detection latency: fault -> the incident (megaheal) / the agent's restart of its workers (torchrun);
-- MTTR: fault -> the first step record of the resumed job;
+- MTTR: fault -> the first step record of the resumed job, and where it went: detection, diagnosis (cold: the job
+  stopped, node-health; warm: node-health-live beside the survivors), the restart order, then startup to the first
+  step (cold: new processes, imports, rendezvous, the checkpoint from disk; warm: a new group and the state from
+  the ranks' memory, `state_s`, then the step);
 - for hangs, naming: the rank the incident names, how, and fault -> named (detection plus the look at every rank's
   stack, state and phase through the node agents).
-torchrun cannot see a hang before the process group's timeout (600 s here), so its hang run is cut off at
-`--hang-cap` seconds and reported as not detected. With --ettr-minutes M (0: skip), it also runs megaheal
-for M minutes with a crash every 2 minutes and reports the goodput ledger's ETTR.
-Targets (2-core CPU, 4 ranks): crash detected <= 2 s, hang <= 2 x p99 step + 5 s, MTTR <= 20 s, ETTR >= 80%.
+A crash runs once per restart mode (--modes: warm, the job's ranks are workers that outlive an attempt with a standby
+per host; cold, every restart new processes); a hang restarts cold in either, so it runs once. torchrun cannot see a
+hang before the process group's timeout (600 s here), so its hang run is cut off at `--hang-cap` seconds and
+reported as not detected. With --ettr-minutes M (0: skip), it also runs megaheal for M minutes per mode with a
+crash every --crash-every seconds and reports the goodput ledger's ETTR.
+Targets (2-core CPU, 4 ranks): crash detected <= 2 s, hang <= 2 x p99 step + 5 s, crash MTTR <= 3 s, ETTR >= 95%
+(10 minutes, a crash every 2.5 minutes).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -36,6 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from healer.core.goodput import compute
+from healer.jsonl import read_jsonl
+from healer.launchers.warm_control import WarmSettings
 from healer.runner.build import JobSpec, build_job
 from healer.runner.loop import SelfHealingJob
 from megaheal import procfs
@@ -60,10 +70,12 @@ def hang_started(run_dir: Path) -> float | None:
 
 # ---- megaheal ----------------------------------------------------------------------------------------------
 
-def megaheal_job(run_dir: Path, steps: int, max_restarts: int = 5, extra: tuple[str, ...] = ()) -> SelfHealingJob:
+def megaheal_job(run_dir: Path, steps: int, max_restarts: int = 5, extra: tuple[str, ...] = (),
+                 warm: bool = False) -> SelfHealingJob:
     spec = JobSpec(job="bench", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir,
                    overrides=(f"steps={steps}", "checkpoint.every_steps=5", *extra),
-                   rules=rule_set(max_restarts=max_restarts, hang={"floor": "5s"}))
+                   rules=rule_set(max_restarts=max_restarts, hang={"floor": "5s"}),
+                   warm=WarmSettings(standbys=1) if warm else None)
     job = build_job(spec)
     job.start()
     return job
@@ -76,10 +88,20 @@ def current_steps(job: SelfHealingJob) -> list[int]:
     return [b.step for b in job.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
 
 
-def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
-    run_dir = workdir / f"megaheal-{fault}"
+def warm_state_s(run_dir: Path, attempt: int | None) -> float | None:
+    """The slowest rank's time to form its group and take its state in warm attempt `attempt` (the coordinator's
+    journal, "warm-ready": each worker's "memory step N in S s")."""
+    for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl"):
+        if e.get("event") == "warm-ready" and e.get("attempt") == attempt:
+            times = [float(m.group(1)) for v in e["resumed"].values() if (m := re.search(r"in ([0-9.]+) s$", v))]
+            return max(times) if times else None
+    return None
+
+
+def megaheal_fault(fault: str, workdir: Path, warm: bool = False) -> dict[str, object]:
+    run_dir = workdir / f"megaheal-{fault}-{'warm' if warm else 'cold'}"
     played = fault in HANG_KINDS
-    job = megaheal_job(run_dir, 30, extra=(hang_override(fault),) if played else ())
+    job = megaheal_job(run_dir, 30, extra=(hang_override(fault),) if played else (), warm=warm)
     fired: dict[str, float] = {}
 
     def hook(j: SelfHealingJob) -> None:
@@ -101,9 +123,15 @@ def megaheal_fault(fault: str, workdir: Path) -> dict[str, object]:
     def since(t0: float | None, t1: float | None) -> float | None:
         return round(t1 - t0, 3) if t0 is not None and t1 is not None else None
 
-    # Where the MTTR went: detection, then stopping the attempt and diagnosing the suspect node (node-health),
-    # then starting the next attempt, then its startup (imports, rendezvous, checkpoint load) to the first step.
+    # Where the MTTR went: detection, then diagnosing the suspect node (cold: the attempt stopped, node-health; warm:
+    # node-health-live beside the survivors), then starting the next attempt (warm: waiting for the standby and
+    # publishing the plan), then its startup to the first step (cold: imports, rendezvous, checkpoint load; warm:
+    # a new group and the state from the peers' memory, `state_s`, then the step itself).
+    attempt_after = inc.attempt + 1 if inc and inc.attempt is not None else None
     return {"outcome": outcome, "kind": inc.kind if inc else None, "summary": inc.summary if inc else None,
+            "restart_mode": inc.restart_mode if inc else None, "restart_why": inc.restart_why if inc else None,
+            "resumed_from": inc.resumed_from if inc else None,
+            "state_s": warm_state_s(run_dir, attempt_after) if inc and inc.restart_mode == "warm" else None,
             "detection_s": since(fired.get("at"), inc.detected_at) if inc else None,
             "mttr_s": since(fired.get("at"), inc.recovered_at) if inc else None,
             "stop_and_diagnosis_s": since(inc.detected_at, inc.decided_at) if inc else None,
@@ -195,14 +223,14 @@ def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, ob
 
 # ---- ETTR ----------------------------------------------------------------------------------------------------
 
-def ettr_run(workdir: Path, minutes: float) -> dict[str, object]:
-    run_dir = workdir / "megaheal-ettr"
-    job = megaheal_job(run_dir, 100000, max_restarts=100)
+def ettr_run(workdir: Path, minutes: float, every_s: float, warm: bool) -> dict[str, object]:
+    run_dir = workdir / f"megaheal-ettr-{'warm' if warm else 'cold'}"
+    job = megaheal_job(run_dir, 100000, max_restarts=100, warm=warm)
     start = time.time()
     faults: list[float] = []
 
     def hook(j: SelfHealingJob) -> None:
-        if time.time() - start >= 120 * (len(faults) + 1) and len(current_steps(j)) == 4:
+        if time.time() - start >= every_s * (len(faults) + 1) and len(current_steps(j)) == 4:
             j.remediator.signal_rank(3, signal.SIGKILL)
             faults.append(time.time())
 
@@ -210,8 +238,12 @@ def ettr_run(workdir: Path, minutes: float) -> dict[str, object]:
     incidents = [i.to_payload() for i in job.incidents()]
     job.close()
     ledger = compute(run_dir, incidents)
-    return {"minutes": minutes, "faults": len(faults), "incidents": len(incidents), "ettr": ledger.ettr,
-            "seconds": ledger.seconds, "steps_done": ledger.steps_done, "lost_steps": ledger.lost_steps}
+    modes = [i.get("restart_mode") for i in incidents]
+    mttr = sorted(round(i["recovered_at"] - i["detected_at"], 3) for i in incidents if i.get("recovered_at"))
+    return {"minutes": minutes, "crash_every_s": every_s, "faults": len(faults), "incidents": len(incidents),
+            "restarts": {m: modes.count(m) for m in ("warm", "cold")}, "detect_to_recovered_s": mttr,
+            "ettr": ledger.ettr, "seconds": ledger.seconds, "steps_done": ledger.steps_done,
+            "lost_steps": ledger.lost_steps}
 
 
 def main() -> int:
@@ -219,20 +251,28 @@ def main() -> int:
     parser.add_argument("--faults", default="crash,hang," + ",".join(HANG_KINDS))
     parser.add_argument("--hang-cap", type=float, default=90.0)
     parser.add_argument("--ettr-minutes", type=float, default=10.0)
+    parser.add_argument("--crash-every", type=float, default=150.0, help="ETTR run: seconds between crashes")
+    parser.add_argument("--modes", default="warm,cold", help="megaheal's restart modes to run a crash and ETTR in")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "recovery.json"))
     args = parser.parse_args()
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                                   "targets": {"crash_detection_s": 2, "hang_detection": "2 x p99 step + 5 s",
-                                              "mttr_s": 20, "ettr": 0.8}}
+                                              "crash_mttr_s": 3, "ettr": 0.95}}
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= {"warm", "cold"}:
+        parser.error(f"--modes: warm and/or cold, got {args.modes!r}")
     tmp = tempfile.mkdtemp(prefix="mh-recovery-")
     try:
         for fault in [f for f in args.faults.split(",") if f]:
-            results[fault] = {"megaheal": megaheal_fault(fault, Path(tmp)),
-                              "torchrun_max_restarts_3": torchrun_fault(fault, Path(tmp), args.hang_cap)}
+            # A hang restarts cold in a warm job too (its processes cannot be trusted): one megaheal run for it.
+            runs = {f"megaheal_{m}": megaheal_fault(fault, Path(tmp), warm=m == "warm")
+                    for m in (modes if fault == "crash" else ["cold"])}
+            results[fault] = runs | {"torchrun_max_restarts_3": torchrun_fault(fault, Path(tmp), args.hang_cap)}
             print(fault, json.dumps(results[fault]), flush=True)
         if args.ettr_minutes > 0:
-            results["ettr"] = ettr_run(Path(tmp), args.ettr_minutes)
+            results["ettr"] = {m: ettr_run(Path(tmp), args.ettr_minutes, args.crash_every, warm=m == "warm")
+                               for m in modes}
             print("ettr", json.dumps(results["ettr"]), flush=True)
     finally:
         if args.keep:

@@ -192,6 +192,8 @@ def run(
     launcher: Annotated[str, typer.Option("--launcher", help="local: the hosts are agents on this machine; slurm: the hosts of the Slurm allocation this runs in (sbatch, salloc), an agent per host via srun")] = "local",
     spares: Annotated[int, typer.Option("--spares", help="slurm: keep the allocation's last N hosts as spares")] = 1,
     drain: Annotated[Optional[bool], typer.Option("--drain/--no-drain", help="drain in the scheduler a host left out because it failed diagnosis or is a lemon [default: on under slurm]")] = None,
+    warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, so a crashed rank or a rollback restarts from memory in seconds (a hang, a GPU fault or a host change still restarts cold); cold: every restart starts new processes from the newest checkpoint; warm runs with the local launcher only, and a take-over (--resume) of a warm run restarts it cold")] = False,
+    standbys: Annotated[int, typer.Option("--standbys", help="warm: idle workers each host keeps ready to take a crashed rank's place")] = 1,
 ) -> None:
     """Run a self-healing training job: node agents, launcher, detectors, remediation, live view, report."""
     from datetime import timedelta
@@ -206,7 +208,8 @@ def run(
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
                        resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
-                       launcher=launcher, spares=spares, drain=drain)
+                       launcher=launcher, spares=spares, drain=drain,
+                       standbys=standbys if warm else None)
     except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -30,6 +30,7 @@ from exporters.heartbeat import HeartbeatForwarder
 from exporters.schema import HeartbeatBatch
 from exporters.sidecar import AUTO, Sidecar
 from healer.agent.host import HostAttempt, run_id
+from healer.agent.warm_host import WarmHostAttempt, WarmWorkers
 from healer.agent.orders import (
     AdoptOrder,
     EvidenceOrder,
@@ -41,6 +42,7 @@ from healer.agent.orders import (
     SignalOrder,
     StartOrder,
     StopOrder,
+    WorkersOrder,
 )
 from megaheal import procfs, rank_evidence
 
@@ -90,7 +92,9 @@ class NodeAgent:
         self.sidecar = Sidecar(Sidecar.Config(node=cfg.node, socket_path=cfg.socket_path,
                                               metrics_addr=cfg.metrics_addr), nvml=nvml)
         self.orders = OrderBook(self._execute)
-        self.attempt: HostAttempt | None = None
+        self.attempt: HostAttempt | WarmHostAttempt | None = None
+        self.warm: WarmWorkers | None = None
+        """The job's warm workers on this host, when its attempts run warm (they outlive each attempt)."""
         self._lock = threading.RLock()
         self.url = ""
         # NOTE: every batch carries the whole of the current attempt (its exits included): the newest one says all,
@@ -195,6 +199,10 @@ class NodeAgent:
             return {"shutdown": True}
         if isinstance(order, EvidenceOrder):
             return self._evidence(order)
+        if isinstance(order, WorkersOrder):
+            with self._lock:
+                assign = self.attempt.assign if isinstance(self.attempt, WarmHostAttempt) else {}
+                return {"node": self.cfg.node, "workers": self.warm.describe(assign) if self.warm else []}
         if isinstance(order, SignalOrder):
             with self._lock:
                 if self.attempt is None or self.attempt.attempt != order.attempt:
@@ -204,6 +212,8 @@ class NodeAgent:
         return self._runbook(order)
 
     def _start(self, order: StartOrder) -> dict[str, Any]:
+        if order.warm is not None:
+            return self._start_warm(order)
         with self._lock:
             if self.attempt is not None and not self.attempt.ended:
                 if self.attempt.attempt == order.attempt:
@@ -211,27 +221,65 @@ class NodeAgent:
                 raise RuntimeError(f"attempt {self.attempt.attempt} still runs on {self.cfg.node}; stop it first")
             self._endpoint = order.rdzv_endpoint or f"{self._rdzv_host()}:{_free_port()}"
             argv = torchrun_argv(order, self._endpoint, self.cfg.python, self._attempt_dir(order) / "ranks")
-            env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
-                "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
-                "MEGAHEAL_NODE": self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
-                "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path,
-                phase_now.ENV: str(self._phase_dir(order.job, order.attempt))}
-            # The flight recorder on (gloo's and NCCL's), unless the order or the host says how large: what a hang's
-            # evidence reads each rank's last collectives from (train/flight_recorder.py). NOTE: TORCH_FR_BUFFER_SIZE
-            # since torch 2.9; the older TORCH_NCCL_TRACE_BUFFER_SIZE, when that is what the host sets, still counts
-            # (and is deprecated: torch warns on every rank).
-            if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
-                env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
+            env = self._rank_env(order, self._phase_dir(order.job, order.attempt))
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
                                        env=env, cwd=self.cfg.cwd, log_dir=self._attempt_dir(order),
                                        phase_dir=self._phase_dir(order.job, order.attempt))
             self.attempt.start()
             return self._started(order.attempt)
 
+    def _rank_env(self, order: StartOrder, phase_dir: Path) -> dict[str, str]:
+        """The environment of the ranks of a start order on this host."""
+        env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
+            "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
+            "MEGAHEAL_NODE": self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
+            "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path, phase_now.ENV: str(phase_dir)}
+        # The flight recorder on (gloo's and NCCL's), unless the order or the host says how large: what a hang's
+        # evidence reads each rank's last collectives from (train/flight_recorder.py). NOTE: TORCH_FR_BUFFER_SIZE
+        # since torch 2.9; the older TORCH_NCCL_TRACE_BUFFER_SIZE, when that is what the host sets, still counts
+        # (and is deprecated: torch warns on every rank).
+        if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+            env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
+        return env
+
+    def _start_warm(self, order: StartOrder) -> dict[str, Any]:
+        """A generation of the job's warm pool here: a new pool when `formed_in` names another (a cold formation; what
+        an older pool left here is stopped first), else the running pool's workers take their new ranks (a warm
+        restart: this replaces the record of the attempt before, whose ranks live on in this one)."""
+        spec = order.warm
+        assert spec is not None
+        with self._lock:
+            current = self.attempt
+            if current is not None and current.attempt == order.attempt and not current.ended:
+                return self._started(order.attempt)
+            same_pool = self.warm is not None and self.warm.formed_in == spec.formed_in and \
+                self.warm.control == spec.control
+        if not same_pool:
+            if current is not None and not current.ended:
+                raise RuntimeError(f"attempt {current.attempt} still runs on {self.cfg.node}; stop it first")
+            if self.warm is not None:
+                self.warm.stop(0.0, threading.Event())  # an old pool's standbys: never part of a new one
+            phase_dir = self._phase_dir(order.job, spec.formed_in)
+            self.warm = WarmWorkers(job=order.job, node=self.cfg.node, formed_in=spec.formed_in, control=spec.control,
+                                    python=self.cfg.python, cwd=self.cfg.cwd, env=self._rank_env(order, phase_dir),
+                                    log_dir=self._attempt_dir(order) / "warm", standbys=spec.standbys)
+        assert self.warm is not None
+        attempt = WarmHostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, pool=self.warm,
+                                  assign=dict(spec.assign), local_rank=dict(spec.local_rank),
+                                  phase_dir=self._phase_dir(order.job, spec.formed_in))
+        with self._lock:
+            if isinstance(current, WarmHostAttempt):
+                current.superseded = True
+            attempt.start()
+            self.attempt = attempt
+            return self._started(order.attempt)
+
     def _started(self, attempt: int) -> dict[str, Any]:
         """The answer to a start: the rendezvous endpoint, and the torchrun agent's pid and start time (what a healer
-        that takes over checks before it signals it)."""
-        assert self.attempt is not None and self.attempt.process is not None
+        that takes over checks before it signals it); a warm generation has no torchrun agent (None)."""
+        assert self.attempt is not None
+        if self.attempt.process is None:
+            return {"attempt": attempt, "rdzv_endpoint": None, "pid": None, "started": None}
         pid = self.attempt.process.pid
         return {"attempt": attempt, "rdzv_endpoint": self._endpoint, "pid": pid, "started": procfs.start_time(pid)}
 
@@ -270,7 +318,8 @@ class NodeAgent:
                 raise LookupError(f"attempt {order.attempt} is not running on {self.cfg.node}")
             report = attempt.report()
         ranks = {r.pid: r.rank for r in report.ranks}
-        found, took = rank_evidence.collect_all(ranks, self._phase_dir(report.job, report.attempt), order.timeout_s)
+        found, took = rank_evidence.collect_all(ranks, attempt.phase_dir or self._phase_dir(report.job, report.attempt),
+                                                order.timeout_s)
         return {"node": self.cfg.node, "ranks": found, "took_s": round(took, 3)}
 
     def _rdzv_host(self) -> str:

@@ -8,6 +8,7 @@ was lost) returns the first one's state instead of starting a second attempt.
     {"kind": "runbook", "id": ..., "runbook": "node-health", "timeout_s": 90}
     {"kind": "adopt", "id": ..., "job": ..., "attempt": 7, "node_rank": 1}
     {"kind": "evidence", "id": ..., "attempt": 7, "timeout_s": 10}
+    {"kind": "workers", "id": ...}
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ Override = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*=[^\x00]{0,4096
 Endpoint = Annotated[str, Meta(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}:[0-9]{1,5}$", description="HOST:PORT")]
 RunbookName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$", description="a shipped runbook's name")]
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT")
+WorkerId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", description="a warm worker's id")]
+
+
+class WarmStart(Struct, frozen=True, kw_only=True):
+    """This host's part of one generation of a warm pool (healer/agent/warm_host.py)."""
+
+    control: Endpoint
+    """The pool's store, where the coordinator writes each generation's plan."""
+    formed_in: Count
+    """The attempt that formed the pool (its workers' run id); a start with another one forms a new pool here."""
+    assign: dict[WorkerId, Count] = {}
+    """This host's workers that hold a rank in this generation -> global rank (those not running yet are started)."""
+    local_rank: dict[WorkerId, Count] = {}
+    standbys: Annotated[int, Meta(ge=0, le=64)] = 1
+    """Idle workers this host keeps ready to take a rank."""
 
 
 class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start"):
@@ -50,6 +66,15 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     overrides: list[Override] = []
     env: dict[EnvKey, EnvValue] = {}
     shutdown_timeout_s: Annotated[int, Meta(ge=0, le=300)] = 1
+    warm: WarmStart | None = None
+    """Start a generation of warm workers instead of a torchrun agent."""
+
+
+class WorkersOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="workers"):
+    """Say which warm workers run on this host, and which rank each holds now (the coordinator's view before a warm
+    restart: survivors keep their ranks, a standby takes a dead one's)."""
+
+    id: OrderId
 
 
 class StopOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="stop"):
@@ -107,7 +132,7 @@ class ShutdownOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="sh
 
 
 Order = (StartOrder | StopOrder | SignalOrder | RunbookOrder | ReportOrder | ShutdownOrder | AdoptOrder
-         | EvidenceOrder)
+         | EvidenceOrder | WorkersOrder)
 decode_order = msgspec.json.Decoder(Order).decode
 
 

@@ -66,19 +66,27 @@ class FaultKind:
     cause, like a straggler without a failed diagnosis)."""
     evicts_suspects: bool = False
     """The suspect hosts leave the job even without a failed diagnosis (the fault is the host's by definition)."""
+    warm: str = ""
+    """Why a restart for this kind may be warm (the surviving processes and what they hold are trusted: a job that
+    runs warm then restarts without stopping them, healer/launchers/warm_control.py); empty: it restarts cold."""
     description: str = ""
 
 
 CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("crash", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
+              warm="a rank's process died and the others are intact: they keep their state, a standby takes its rank",
               description="a rank or agent ended with a failure (signal, OOM, NCCL/gloo error, exception)"),
     FaultKind("hang", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
               description="no step progress past the learned timeout"),
     FaultKind("gpu_fault", "critical", Remedy.EXCLUDE_AND_RESTART, lemon=True, evicts_suspects=True,
               description="a critical Xid, an uncorrectable ECC error, a failed or pending row remap, or a recovery "
                           "action asked for by the driver"),
-    FaultKind("nonfinite", "critical", Remedy.ROLLBACK, description="NaN or Inf in the loss or the gradient norm"),
-    FaultKind("loss_spike", "warning", Remedy.ROLLBACK, description="a loss far above its recent level"),
+    FaultKind("nonfinite", "critical", Remedy.ROLLBACK,
+              warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
+              description="NaN or Inf in the loss or the gradient norm"),
+    FaultKind("loss_spike", "warning", Remedy.ROLLBACK,
+              warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
+              description="a loss far above its recent level"),
     FaultKind("straggler", "warning", Remedy.NOTIFY, description="one rank holds the job up"),
     FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
               description="every rank slower in the collectives while compute stays flat"),

@@ -108,10 +108,13 @@ class JobStore:
                 resume="auto" if resume_step is None else f"step {resume_step}").returning(Restart.id)).scalar_one())
 
     def restart_started(self, restart_id: int, attempt: int, started_at: datetime, from_step: int | None,
-                        resume: str | None, highest_step: int | None = None) -> None:
-        """The restart's attempt started; `highest_step`: the stopped attempt's, read once its ranks were gone
-        (None keeps the one read at the decision)."""
-        extra = {} if highest_step is None else {"highest_step": highest_step}
+                        resume: str | None, highest_step: int | None = None, mode: str = "cold",
+                        mode_why: str = "") -> None:
+        """The restart's attempt started, warm or cold (`mode`, and why); `highest_step`: the stopped attempt's, read
+        once its ranks were gone (None keeps the one read at the decision)."""
+        extra: dict[str, Any] = {"mode": mode, "mode_why": mode_why[:4000] or None}
+        if highest_step is not None:
+            extra["highest_step"] = highest_step
         with self.engine.begin() as conn:
             conn.execute(update(Restart).where(Restart.id == restart_id).values(
                 attempt=attempt, started_at=started_at, from_step=from_step, resume=resume, **extra))

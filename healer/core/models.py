@@ -208,6 +208,11 @@ class Restart(Base):
     """Steps whose batches every later attempt passes over (a rollback's, accumulated)."""
     highest_step: Mapped[int | None]
     """The highest step the failed attempt finished (the work this restart puts at risk)."""
+    mode: Mapped[str | None] = mapped_column(Label(20))
+    """warm (the surviving ranks kept their processes and state) or cold (new processes, state from the disk);
+    None until the restart started."""
+    mode_why: Mapped[str | None] = mapped_column(Prose)
+    """Why that mode: the policy's reason, or why a warm restart it asked for could not be made."""
 
 
 class GoodputInterval(Base):

@@ -18,7 +18,7 @@ restart budget (at most `max_restarts` in `window`, each after an exponential ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -101,6 +101,8 @@ class JobFacts:
     """When the job was restarted by a remediation (take-overs do not count)."""
     node_incidents: dict[str, int] = field(default_factory=dict)
     """Per host, incidents naming it within the lemon window, across jobs (this one included)."""
+    warm_unavailable: str | None = "the job does not run warm"
+    """Why no restart of the job can be warm now; None: one can (its attempts run as warm generations)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +119,13 @@ class Plan:
     skip_steps: tuple[int, ...] = ()
     not_before: datetime | None = None
     """Backoff: the restart is due then; decide again at that time (`remedy` is what it would be)."""
+    warm: bool = False
+    """Restart warm: the surviving ranks keep their processes and state (basis["restart"] says why either way)."""
 
     def to_payload(self) -> dict[str, Any]:
         return {"remedy": self.remedy.value, "decision_basis": self.basis, "exclude": list(self.exclude),
                 "nodes": list(self.nodes), "dp": self.dp, "resume_step": self.resume_step,
-                "skip_steps": list(self.skip_steps),
+                "skip_steps": list(self.skip_steps), "warm": self.warm,
                 "not_before": self.not_before.isoformat() if self.not_before else None}
 
 
@@ -199,6 +203,26 @@ def _rollback(kind: FaultKind, bad_step: int | None, job: JobFacts, limits: Limi
         nodes=job.nodes, dp=job.dp, resume_step=resume, skip_steps=skip)
 
 
+def warm_reason(kind: FaultKind, job: JobFacts) -> str | None:
+    """Why an incident of `kind` may restart the job warm; None when it cannot (see restart_mode)."""
+    return kind.warm if kind.warm and job.warm_unavailable is None else None
+
+
+def restart_mode(p: Plan, kind: FaultKind, job: JobFacts) -> Plan:
+    """`p` with its restart made warm where that is safe, and why it is warm or cold in its basis: warm only for a
+    kind whose surviving processes are trusted (a crash of a rank, a bad batch), on the same hosts and layout, in a
+    job whose attempts run warm and whose current attempt is not itself a warm restart that never trained."""
+    if not p.remedy.restarts:
+        return p
+    why = warm_reason(kind, job)
+    if why is None:
+        cold = job.warm_unavailable if kind.warm else f"{kind.name}: the ranks' processes cannot be trusted after it"
+        return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": cold}})
+    if p.exclude or tuple(p.nodes) != tuple(job.nodes) or (p.dp is not None and p.dp != job.dp):
+        return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": "the hosts or the layout change"}})
+    return replace(p, warm=True, basis=p.basis | {"restart": {"mode": "warm", "why": why}})
+
+
 def gate(p: Plan, job: JobFacts, budget: RestartBudget, now: datetime) -> Plan:
     """Apply the restart budget and the backoff to a plan that restarts."""
     if not p.remedy.restarts:
@@ -216,8 +240,6 @@ def gate(p: Plan, job: JobFacts, budget: RestartBudget, now: datetime) -> Plan:
         spent["backoff_s"] = backoff.total_seconds()
         due = recent[-1] + backoff
         if now < due:
-            return Plan(p.remedy, p.basis | spent | {"backoff": f"next restart due at {due.isoformat()}"},
-                        exclude=p.exclude, nodes=p.nodes, dp=p.dp, resume_step=p.resume_step,
-                        skip_steps=p.skip_steps, not_before=due)
-    return Plan(p.remedy, p.basis | spent, exclude=p.exclude, nodes=p.nodes, dp=p.dp, resume_step=p.resume_step,
-                skip_steps=p.skip_steps)
+            return replace(p, basis=p.basis | spent | {"backoff": f"next restart due at {due.isoformat()}"},
+                           not_before=due)
+    return replace(p, basis=p.basis | spent)

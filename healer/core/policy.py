@@ -24,12 +24,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from healer.core.catalogue import FaultKind, Remedy
-from healer.core.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose
+from healer.core.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, restart_mode, warm_reason
 from healer.core.rules import Rule
 from healer.core.states import IncidentState
 
 S = IncidentState
 BUSY_RETRY = timedelta(seconds=1)
+LIVE_RUNBOOK = "node-health-live"
+"""The diagnosis before a warm restart (runbooks/library/node-health-live.yaml): the suspect host's checks that
+leave its running processes alone."""
 """How soon an incident that waits for another one's remediation is looked at again."""
 
 
@@ -114,7 +117,7 @@ def decide(f: IncidentFacts) -> Decision:
         deadline = f.state_since + rule.diagnosis_deadline
         if f.now >= deadline:
             return Decision(Action.ESCALATE, S.ESCALATED, basis | {
-                "reason": f"no verdict from {rule.runbook} within the diagnosis deadline",
+                "reason": "no verdict from the diagnosis within its deadline",
                 "deadline_s": rule.diagnosis_deadline.total_seconds()}, stop_job=f.kind.stops_job and f.job is not None)
         return Decision(Action.WAIT, None, basis | {"reason": "diagnosing"}, deadline)
     deadline = f.state_since + rule.recovery_deadline
@@ -135,9 +138,17 @@ def _open(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         return Decision(Action.RESOLVE, S.RESOLVED, basis | {
             "reason": f"superseded: the job was restarted (attempt {job.attempt}) after the attempt this fault "
                       f"happened in ({f.attempt})"})
-    if rule.runbook and f.diagnosis_available:
+    warm = warm_reason(f.kind, job.facts) if job is not None else None
+    if rule.runbook and f.diagnosis_available and warm is None:
         return Decision(Action.DIAGNOSE, S.DIAGNOSING, basis | {"reason": f"run runbook {rule.runbook}"},
                         f.now + rule.diagnosis_deadline)
+    if rule.runbook and f.diagnosis_available:
+        # NOTE: the rule's runbook wants the host idle, and stopping the job would end the warm pool the restart
+        # needs: only the checks that leave the survivors running (a failure makes the restart cold, without the host).
+        return Decision(Action.DIAGNOSE, S.DIAGNOSING, basis | {
+            "runbook": LIVE_RUNBOOK, "live": True,
+            "reason": f"run runbook {LIVE_RUNBOOK} (not {rule.runbook}: a warm restart keeps the survivors running)"},
+            f.now + rule.diagnosis_deadline)
     if rule.runbook:
         basis["diagnosis"] = "skipped: this healer does not run runbooks"
     return _remedy(f, rule, basis)
@@ -151,8 +162,9 @@ def _remedy(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         remedy = Remedy.ESCALATE if remedy is Remedy.ESCALATE else Remedy.NOTIFY
         basis = basis | {"launcher": "none: notify only"}
     job_facts = f.job.facts if f.job is not None else JobFacts(nodes=())
-    plan = choose(f.kind, remedy, f.suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget, f.now,
-                  basis | ({"verdict": f.verdict.status.value} if f.verdict else {}))
+    plan = restart_mode(choose(f.kind, remedy, f.suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget,
+                               f.now, basis | ({"verdict": f.verdict.status.value} if f.verdict else {})),
+                        f.kind, job_facts)
     if plan.not_before is not None:
         return Decision(Action.WAIT, None, plan.basis | {"reason": plan.basis.get("backoff", "backoff")},
                         plan.not_before, plan)

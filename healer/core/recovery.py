@@ -84,7 +84,9 @@ def _diagnose_again(responder: Responder, incident_id: int, rule: Rule | None, n
         responder.store.set_next_action(incident_id, now)  # the verdict survived (or there is none to wait for)
         return
     incident = responder.store.row(incident_id)
-    responder._diagnose(incident, rule.runbook, responder.facts(incident, rule, now))
+    facts = responder.facts(incident, rule, now)
+    # NOTE: after a take-over no warm pool runs (the new healer stops what it finds): the rule's runbook, job stopped.
+    responder._diagnose(incident, rule.runbook, facts, stop_first=facts.kind.stops_job)
 
 
 def _restart_again(responder: Responder, incident_id: int, adopted: int | None) -> None:

@@ -69,6 +69,8 @@ class JobState:
     """The current attempt finished every step."""
     busy: bool = False
     """An order is still being carried out."""
+    warm_unavailable: str | None = "the job does not run warm"
+    """Why the next restart cannot be warm; None: it can."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,10 @@ class RestartOrder:
     """Resume from this checkpoint step; None: the newest good checkpoint."""
     skip_steps: tuple[int, ...] = ()
     """Steps whose batches this and every later attempt pass over (added to those of earlier rollbacks)."""
+    warm: bool = False
+    """Restart warm where the launcher can (else cold, saying why)."""
+    mode_why: str = ""
+    """The policy's reason for the mode (healer.core.plans.restart_mode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,9 @@ class Started:
     """What its ranks were told: auto or a checkpoint path."""
     nodes: tuple[str, ...]
     dp: int
+    mode: str = "cold"
+    """warm (the survivors kept their processes and state) or cold (every rank a new process, state from disk)."""
+    mode_why: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,9 @@ class Responder:
                     decision.basis.get("reason"))
         self._changed(incident.id, "transition", state.value, decision.to_state.value)
         if decision.action is Action.DIAGNOSE and rule is not None and rule.runbook:
-            self._diagnose(incident, rule.runbook, facts)
+            live = bool(decision.basis.get("live"))
+            self._diagnose(incident, decision.basis["runbook"] if live else rule.runbook, facts,
+                           stop_first=facts.kind.stops_job and not live)
         elif decision.action is Action.REMEDIATE:
             self._remediate(incident, decision, facts)
         elif decision.action is Action.ESCALATE:
@@ -136,6 +138,7 @@ class Responder:
         st = r.state()
         budget = self.ruleset.budget(rule)
         facts = JobFacts(nodes=st.nodes, spares=st.spares, dp=st.dp, valid_dp=st.valid_dp,
+                         warm_unavailable=st.warm_unavailable,
                          checkpoint_steps=r.checkpoint_steps(), restarts=self.jobs.restart_times(r.job, now - budget.window),
                          node_incidents=self.jobs.node_incident_counts(now - self.ruleset.limits.lemon_window))
         return JobNow(facts=facts, attempt=st.attempt, busy_with=self._busy_with(r.job, incident.id))
@@ -219,7 +222,9 @@ class Responder:
 
     # ---- carrying decisions out --------------------------------------------------------------------------
 
-    def _diagnose(self, incident: Incident, runbook: str, facts: IncidentFacts) -> None:
+    def _diagnose(self, incident: Incident, runbook: str, facts: IncidentFacts, stop_first: bool) -> None:
+        """`stop_first`: stop the job before the runbook runs (one that wants the hosts idle, for a fault that ended
+        the job anyway)."""
         job = facts.job
         nodes = [n for n in facts.suspects if job is None or n in job.facts.nodes]
         # A runbook given as a file path is stored by its name (the column is short; the result holds the rest).
@@ -233,7 +238,7 @@ class Responder:
             return
         run_id = self.store.start_runbook_run(incident.id, name, nodes)
         if self.remediator is not None and job is not None:
-            self.remediator.diagnose(nodes, runbook, facts.kind.stops_job,
+            self.remediator.diagnose(nodes, runbook, stop_first,
                                      lambda verdicts: self._diagnosed(incident.id, run_id, name, verdicts))
             return
         assert self.diagnoser is not None
@@ -297,7 +302,8 @@ class Responder:
                                            resume_step=plan.resume_step, highest_step=highest)
         order = RestartOrder(incident_id=incident.id, restart_id=restart_id, nodes=plan.nodes,
                              dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
-                             skip_steps=skip)
+                             skip_steps=skip, warm=plan.warm,
+                             mode_why=str((plan.basis.get("restart") or {}).get("why", "")))
         r.restart(order, lambda result: self._restarted(incident.id, remediation_id, restart_id, result,
                                                         incident.attempt))
 
@@ -308,11 +314,12 @@ class Responder:
             # stop, and those steps are lost too (the goodput ledger counts them from the same records).
             highest = self.remediator.highest_step(stopped) if self.remediator and stopped is not None else None
             self.jobs.restart_started(restart_id, result.attempt, result.at, result.from_step, result.resume,
-                                      highest_step=highest)
+                                      highest_step=highest, mode=result.mode, mode_why=result.mode_why)
             if remediation_id is not None:
                 self.store.finish_remediation(remediation_id, "started")
             self.store.note(incident_id, {"attempt": result.attempt, "resume_step": result.from_step,
-                                          "resume": result.resume, "nodes": list(result.nodes), "dp": result.dp},
+                                          "resume": result.resume, "nodes": list(result.nodes), "dp": result.dp,
+                                          "mode": result.mode, "mode_why": result.mode_why},
                             kind="restarted")
             return
         self.jobs.restart_ended(restart_id, "failed")

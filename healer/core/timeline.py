@@ -51,6 +51,13 @@ class IncidentTimeline:
     remediated_at: float | None = None
     """When the restart's new attempt was started."""
     resume_step: int | None = None
+    restart_mode: str | None = None
+    """warm (the survivors kept their processes, the state came from memory) or cold (new processes, the state from
+    the disk); None: no restart was started for it."""
+    restart_why: str | None = None
+    """Why that mode (healer.core.plans.restart_mode, or why a warm restart fell back cold)."""
+    resumed_from: str | None = None
+    """Where the restart's ranks took their state: memory, or the disk (auto, or a checkpoint's path)."""
     recovered_at: float | None = None
     first_step_after: int | None = None
     highest_step: int | None = None
@@ -103,6 +110,8 @@ def _timeline(i: Incident, runs: list[RunbookRun], restarts: list[Restart]) -> I
     started = [r for r in restarts if r.started_at is not None]
     if started and t.resume_step is None:
         t.resume_step = started[-1].from_step
+    if started:
+        t.restart_mode, t.restart_why, t.resumed_from = started[-1].mode, started[-1].mode_why, started[-1].resume
     return t
 
 

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from healer.agent.host import run_id
+from healer.agent.warm_host import pool_run_id
 from healer.core.processes import ProcessView
 from healer.jsonl import append_jsonl, read_jsonl
 from healer.launchers import journal, kill
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+from healer.launchers.warm_control import Generation, WarmControl, WarmSettings, WarmUnavailable
 from megaheal.names import check_name
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,10 @@ class AgentAttempt:
     lost: set[str] = field(default_factory=set)
     """Hosts whose agent could not be reached when the attempt was stopped."""
     stopping: bool = False
+    warm: Generation | None = None
+    """The generation of the job's warm pool this attempt is (None: a torchrun attempt)."""
+    superseded: bool = False
+    """A warm restart took its place: its survivors train on in the next attempt."""
 
     @property
     def done(self) -> bool:
@@ -90,6 +96,9 @@ class Coordinator:
         hosts_are_local: bool = False
         """Every host's processes are this machine's (local agents): at a take-over, what a host whose agent is gone
         left running is found from the journal and killed here, checked like every signal (healer.launchers.kill)."""
+        warm: WarmSettings | None = None
+        """Run the attempts as generations of warm workers that outlive them (healer/launchers/warm_control.py), so a
+        restart can be warm; None: a torchrun agent per host and attempt."""
 
         def __post_init__(self) -> None:
             check_name(self.job, "job")
@@ -116,6 +125,8 @@ class Coordinator:
         self._lock = threading.RLock()
         self._leftovers_stopping: set[tuple[str, int]] = set()
         """(host, attempt) of each older attempt found still running that is being (or was) stopped there."""
+        self.warm = (WarmControl(cfg.warm, config=cfg.config, run_dir=str(Path(cfg.run_dir).absolute()),
+                                 nproc_per_node=cfg.nproc_per_node) if cfg.warm is not None else None)
 
     def _check(self, token: str) -> None:
         if not hmac.compare_digest(token.encode(), self._token.encode()):
@@ -143,7 +154,10 @@ class Coordinator:
             self.history.append(self.attempt)
             self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": self.attempt.started_at,
                            "nodes": list(nodes), "dp": dp, "resume": resume,
-                           "agent_urls": {n: self.agents[n].url for n in nodes}})
+                           "agent_urls": {n: self.agents[n].url for n in nodes},
+                           **({"warm": {"formation": True, "formed_in": number}} if self.warm is not None else {})})
+        if self.warm is not None:
+            return self._form_warm(token, number, nodes, resume, overrides)
         failures: list[Exception] = []
 
         def launch(node_rank: int, endpoint: str | None) -> str:
@@ -173,6 +187,109 @@ class Coordinator:
             raise RuntimeError(f"attempt {number} could not start: {exc}") from exc
         log.info("attempt %d of %s started on %s (resume %s)", number, self.cfg.job, ", ".join(nodes), resume)
         return self.attempt
+
+    def _form_warm(self, token: str, number: int, nodes: tuple[str, ...], resume: str | None,
+                   overrides: tuple[str, ...]) -> AgentAttempt:
+        """Attempt `number` as a new warm pool: every host starts its workers, and once all are up the generation's
+        plan starts them (from the disk, as `resume` says)."""
+        assert self.warm is not None and self.attempt is not None
+        gen = self.warm.form(number, nodes, "formation")
+        self.attempt.warm = gen
+        try:
+            self._order_warm(number, nodes, gen, resume, overrides)
+            self.warm.wait_up(list(gen.assign))
+        except (AgentUnreachable, OrderFailed, RuntimeError) as exc:
+            log.error("attempt %d of %s could not start: %s", number, self.cfg.job, exc)
+            self.stop(token, timedelta(0))
+            raise RuntimeError(f"attempt {number} could not start: {exc}") from exc
+        self.warm.publish(gen, overrides=overrides, disk_resume=resume)
+        log.info("attempt %d of %s started warm-capable on %s (a new pool; resume %s)", number, self.cfg.job,
+                 ", ".join(nodes), resume)
+        return self.attempt
+
+    def _order_warm(self, number: int, nodes: tuple[str, ...], gen: Generation, resume: str | None,
+                    overrides: tuple[str, ...]) -> None:
+        """Each host's start order of a warm generation, all at once; the first failure is raised."""
+        assert self.warm is not None
+        parts = self.warm.start_orders(gen, nodes)
+        failures: list[Exception] = []
+
+        def order(node_rank: int) -> None:
+            node = nodes[node_rank]
+            body = self.start_order(number, nodes, node_rank, None, resume, overrides) | {"warm": parts[node]}
+            try:
+                self.agents[node].run(body, START_TIMEOUT_S)
+            except (AgentUnreachable, OrderFailed) as exc:
+                failures.append(exc)
+
+        _on_each(list(range(len(nodes))), order)
+        if failures:
+            raise failures[0]
+
+    def restart_warm(self, token: str, nodes: tuple[str, ...], dp: int | None, extra: tuple[str, ...] = (),
+                     at_most_step: int | None = None, why: str = "") -> AgentAttempt:
+        """The next attempt from the running one without stopping it: its live ranks keep their processes and
+        state, a standby takes each rank that is gone, and all resume from the newest snapshot they hold in memory
+        (at or before `at_most_step`: a rollback). WarmUnavailable, with nothing changed, when it cannot be made
+        (no warm pool, no standby for a lost rank, a host that does not answer, another host set)."""
+        self._check(token)
+        if self.warm is None:
+            raise WarmUnavailable("the job does not run warm")
+        with self._lock:
+            if self.closed:
+                raise RuntimeError(f"the coordinator of {self.cfg.job} is shutting down: no new attempt")
+            old = self.attempt
+            if old is None or old.warm is None or old.stopping:
+                raise WarmUnavailable("the current attempt is not a warm generation that runs")
+            number = old.number + 1
+        workers: dict[str, list[dict[str, Any]]] = {}
+
+        def ask(node: str) -> None:
+            try:
+                answer = self._quick(node).run({"kind": "workers", "id": self._order_id("workers", number, node)}, 5)
+                workers[node] = answer["workers"]
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("warm restart: the workers of %s: %s", node, exc)
+
+        _on_each(list(nodes), ask)
+        gen = self.warm.replace(number, nodes, workers, why)
+        try:
+            self.warm.wait_up(list(gen.replaced.values()), self.warm.settings.standby_wait_s)
+        except RuntimeError as exc:
+            raise WarmUnavailable(str(exc)) from exc
+        overrides = self.overrides(dp, extra)
+        # NOTE: the plan first: every survivor leaves the old generation as soon as it reads it (a collective with the
+        # dead rank would hold it up to the collective timeout), while the agents are told below.
+        self.warm.publish(gen, overrides=overrides, disk_resume="auto", at_most_step=at_most_step)
+        now = self.clock()
+        with self._lock:
+            old.superseded, old.ended = True, set(old.nodes)
+            self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=now, dp=dp, resume="memory",
+                                        warm=gen)
+            self.history.append(self.attempt)
+            self._journal({"event": "end", "attempt": old.number, "at": now, "exit_codes": {}, "stopped": False,
+                           "superseded": True})
+            self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": now, "nodes": list(nodes),
+                           "dp": dp, "resume": "memory",
+                           "warm": {"replaced": gen.replaced, "why": why, "formed_in": self.warm.formed_in},
+                           "agent_urls": {n: self.agents[n].url for n in nodes}})
+        try:
+            self._order_warm(number, nodes, gen, "auto", overrides)
+        except (AgentUnreachable, OrderFailed) as exc:
+            # The generation was planned: a host that did not take its order is lost to it (a crash incident follows,
+            # and the restart after it is cold).
+            log.error("warm restart %d of %s: a host did not take its order: %s", number, self.cfg.job, exc)
+        # NOTE: after the agents took their orders: a report of the old attempt that comes after this is a leftover
+        # to stop, and a stop of the old attempt must find the new one there (then it does nothing).
+        self.view.started(self.cfg.job, number, tuple(nodes), now)
+        log.warning("attempt %d of %s: warm restart (%s; ranks replaced: %s)", number, self.cfg.job, why,
+                    {r: w for r, w in gen.replaced.items()} or "none")
+        return self.attempt
+
+    def warm_ready(self, attempt: AgentAttempt, resumed: dict[str, str]) -> None:
+        """Journal where each rank of a warm generation took its state from, and how long its group and state took
+        (the workers' own words: "memory step 12 in 0.310 s"; bench/recovery.py reads them)."""
+        self._journal({"event": "warm-ready", "attempt": attempt.number, "at": self.clock(), "resumed": resumed})
 
     def overrides(self, dp: int | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
         """The `--set` items of an attempt: the job's name first (the ranks report under it), the run's, the dp degree
@@ -207,6 +324,8 @@ class Coordinator:
                     if a.done:
                         self._journal({"event": "end", "attempt": a.number, "at": self.clock(),
                                        "exit_codes": a.exit_codes, "stopped": a.stopping})
+                        if a.succeeded and self.warm is not None:
+                            self.warm.end(a.number)  # the job is done: the standbys leave
             for node, old in self.view.leftovers(self.cfg.job).items():
                 self._stop_leftover(node, old)
             if len(a.ranks) > found:
@@ -310,6 +429,8 @@ class Coordinator:
                 a.ended |= set(missing)
             self._journal({"event": "end", "attempt": a.number, "at": self.clock(), "exit_codes": a.exit_codes,
                            "stopped": True, "lost": missing})
+        if self.warm is not None:
+            self.warm.forget()  # every host stopped its whole pool: the next attempt forms a new one
 
     def _hurry(self, a: AgentAttempt) -> None:
         """A stop with no grace to every host still stopping: it cuts short the stop in progress there."""
@@ -409,7 +530,10 @@ class Coordinator:
         if start is None or any(e["event"] == "end" for e in mine):
             return False, ()
         nodes = tuple(start["nodes"])
-        if self._runs_everywhere(last, nodes):
+        # NOTE: a warm generation cannot be adopted: its pool's store lived in the healer that died, so no next
+        # generation could be planned for it. It is stopped, and the job resumes cold.
+        warm = start.get("warm") if isinstance(start.get("warm"), dict) else None
+        if warm is None and self._runs_everywhere(last, nodes):
             with self._lock:
                 self.attempt = AgentAttempt(number=last, nodes=nodes, started_at=float(start["at"]),
                                             dp=start.get("dp"), resume=start.get("resume"))
@@ -434,7 +558,10 @@ class Coordinator:
         if unreached and self.cfg.hosts_are_local:
             # NOTE: an agent that died with the healer leaves its torchrun and ranks running (their own session):
             # the journal names them, and each is killed only if it is still that process of that attempt.
-            targets = journal.targets(mine, run_id(self.cfg.job, last))
+            # The workers of a warm pool carry the run id of the attempt that formed it.
+            rid = pool_run_id(self.cfg.job, int(warm["formed_in"])) if warm and "formed_in" in warm \
+                else run_id(self.cfg.job, last)
+            targets = journal.targets(mine, rid)
             for t in targets:
                 kill.send(t, signal.SIGKILL)
             kill.wait_gone(targets, timeout_s=30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
 from healer.launchers.journal import last_start
+from healer.launchers.warm_control import WarmUnavailable
 from megaheal.names import check_name
 from runbooks.verdict import Status
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
@@ -38,6 +40,11 @@ class Across(Protocol):
 
     def stop(self) -> None:
         """End the run in flight, if any."""
+
+
+WARM_READY_WAIT_S = 60.0
+"""How long a warm restart waits for every rank to say where it resumed from (a restart that fails meanwhile ends
+the wait: its attempt is done, and the crash that follows restarts cold)."""
 
 
 class LocalRemediator:
@@ -142,7 +149,24 @@ class LocalRemediator:
                         attempt=a.number if a is not None else None,
                         attempt_started_at=datetime.fromtimestamp(a.started_at, UTC) if a is not None else None,
                         running=a is not None and not a.done and not a.stopping,
-                        succeeded=a is not None and a.succeeded, busy=self.busy)
+                        succeeded=a is not None and a.succeeded, busy=self.busy,
+                        warm_unavailable=self._warm_unavailable())
+
+    def _warm_unavailable(self) -> str | None:
+        """Why the next restart cannot be warm, or None (healer.core.plans.restart_mode)."""
+        a, warm = self.sup.attempt, self.sup.warm
+        if warm is None:
+            return "the job does not run warm"
+        if a is None or a.warm is None or a.stopping or a.done:
+            return "no warm generation runs"
+        try:
+            ready = len(warm.resumed_from(a.warm)) == len(a.warm.assign)
+        except (RuntimeError, OSError) as exc:
+            return f"the warm pool's store does not answer: {exc}"
+        if not ready:
+            return (f"attempt {a.number} has not resumed on every rank yet: what its processes hold is not trusted "
+                    "(a crash during a restart restarts cold)")
+        return None
 
     @property
     def busy(self) -> bool:
@@ -218,6 +242,42 @@ class LocalRemediator:
         self._submit(run)
 
     def _restart(self, order: RestartOrder) -> Started:
+        cold_why = order.mode_why or "cold by the policy"
+        if order.warm:
+            try:
+                return self._restart_warm(order)
+            except WarmUnavailable as exc:
+                cold_why = f"a warm restart was not possible: {exc}"
+                log.warning("incident %d: %s; restarting cold", order.incident_id, cold_why)
+        return self._restart_cold(order, cold_why)
+
+    def _restart_warm(self, order: RestartOrder) -> Started:
+        """The next attempt from the running one's processes (Coordinator.restart_warm); it waits, a bounded time,
+        for every rank to say which step it resumed from."""
+        skip = self.skip_steps | set(order.skip_steps)
+        skip_override = (f"skip_steps=[{','.join(map(str, sorted(skip)))}]",) if skip else ()
+        attempt = self.sup.restart_warm(self.token, self.nodes, self.dp, extra=skip_override,
+                                        at_most_step=order.resume_step, why=order.mode_why)
+        self.skip_steps = skip
+        assert attempt.warm is not None and self.sup.warm is not None
+        deadline = time.monotonic() + WARM_READY_WAIT_S
+        resumed: dict[str, str] = {}
+        while time.monotonic() < deadline and not attempt.done:
+            resumed = self.sup.warm.resumed_from(attempt.warm)
+            if len(resumed) == len(attempt.warm.assign):
+                break
+            time.sleep(0.02)
+        self.sup.warm_ready(attempt, resumed)
+        steps = {int(m.group(1)) for v in resumed.values() if (m := re.match(r"memory step (\d+)", v))}
+        from_disk = any(v.startswith("disk") for v in resumed.values())
+        resume = ("memory" if not from_disk else "disk (no state in memory held by every rank)")
+        return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC),
+                       from_step=min(steps) if steps and not from_disk else None, resume=resume, nodes=self.nodes,
+                       dp=self.dp, mode="warm",
+                       mode_why=order.mode_why + (f"; standbys took rank(s) {sorted(attempt.warm.replaced)}"
+                                                  if attempt.warm.replaced else ""))
+
+    def _restart_cold(self, order: RestartOrder, why: str) -> Started:
         self.sup.stop(self.token, self.cfg.fault_grace)
         run_dir = self.sup.cfg.run_dir
         if order.resume_step is not None:
@@ -241,7 +301,7 @@ class LocalRemediator:
                 # start worked or not, the host stays proven bad.
                 self.drainer.left_out(order.incident_id, left_out)
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC), from_step=from_step,
-                       resume=resume, nodes=self.nodes, dp=self.dp)
+                       resume=resume, nodes=self.nodes, dp=self.dp, mode="cold", mode_why=why)
 
     def _skip_override(self) -> tuple[str, ...]:
         return (f"skip_steps=[{','.join(map(str, sorted(self.skip_steps)))}]",) if self.skip_steps else ()

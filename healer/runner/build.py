@@ -21,6 +21,7 @@ from healer.core.rules import DetectorCondition, RuleSet, load_rule_set
 from healer.core.store import IncidentStore
 from healer.launchers.allocation import Allocation
 from healer.launchers.coordinator import Coordinator
+from healer.launchers.warm_control import WarmSettings
 from healer.launchers.drain import Drainer
 from healer.launchers.fleet import AgentFleet
 from healer.launchers.job_diagnosis import JobDiagnosis, local_env
@@ -70,6 +71,9 @@ class JobSpec:
     slurm_agents.py); None: local agents on this machine."""
     drain: bool = False
     """Drain in the scheduler the hosts a restart leaves out because they failed diagnosis or are lemons."""
+    warm: WarmSettings | None = None
+    """Run the attempts as generations of warm workers, so a crash of a rank or a rollback restarts warm (the
+    survivors keep their processes and state, a standby takes a lost rank); None: a torchrun agent per attempt."""
 
 
 def valid_dp(cfg: TrainConfig) -> tuple[int, ...]:
@@ -148,7 +152,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                              extra_env=rank_env)
     coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
                                                  nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
-                                                 grace=spec.grace, hosts_are_local=agents.hosts_are_local),
+                                                 grace=spec.grace, hosts_are_local=agents.hosts_are_local,
+                                                 warm=spec.warm),
                               table.processes, token, env=rank_env)
     # Runbooks across the job's hosts run from here: inside the allocation (srun finds the job in our environment)
     # or, with local agents, over local ranks only.

@@ -70,10 +70,12 @@ def render(ledger: Ledger) -> None:
         bad = (inc.get("plan") or {}).get("decision_basis", {}).get("verdict_bad_nodes") or []
         if verdict and bad:
             verdict = f"{verdict} ({', '.join(bad)})"
+        action = inc.get("action") or "-"
+        if inc.get("restart_mode"):
+            action = f"{action} ({inc['restart_mode']})"
         table.add_row(str(inc["id"]), inc["kind"], suspect or "-", _s(inc.get("detected_in_s")),
                       _s(inc.get("diagnosed_in_s")), _s(inc.get("recovered_in_s")),
-                      str(inc.get("lost_steps") if inc.get("lost_steps") is not None else "-"),
-                      inc.get("action") or "-", verdict or "-", inc.get("state", "-"), str(inc.get("summary", ""))[:90])
+                      str(inc.get("lost_steps") if inc.get("lost_steps") is not None else "-"), action, verdict or "-", inc.get("state", "-"), str(inc.get("summary", ""))[:90])
     console.print(table)
     split = Table(title=f"goodput: wall {ledger.wall_s:.1f} s, {ledger.steps_done} steps, {ledger.attempts} attempt(s)")
     split.add_column("where the time went")
@@ -84,6 +86,16 @@ def render(ledger: Ledger) -> None:
         split.add_row(name, f"{value:.1f}", f"{100 * value / ledger.wall_s:.1f}%" if ledger.wall_s else "-")
     console.print(split)
     console.print(f"ETTR (productive / wall): [bold]{100 * ledger.ettr:.1f}%[/bold]")
+    modes = restart_modes(ledger.incidents)
+    if any(modes.values()):
+        console.print("restarts: " + ", ".join(f"{n} {mode}" for mode, n in modes.items()) + "; "
+                      + "; ".join(f"#{i['id']} {i['restart_mode']}: {i['restart_why']}"
+                                  for i in ledger.incidents if i.get("restart_mode")))
+
+
+def restart_modes(incidents: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of the incidents' restarts were warm and how many cold."""
+    return {mode: sum(i.get("restart_mode") == mode for i in incidents) for mode in ("warm", "cold")}
 
 
 def render_hosts(hosts: list[dict[str, Any]]) -> None:
@@ -109,7 +121,9 @@ def render_hosts(hosts: list[dict[str, Any]]) -> None:
 def report(run_dir: Path, incidents: list[dict[str, Any]], quiet: bool = False) -> Ledger:
     ledger = compute(run_dir, incidents)
     hosts = host_table(run_dir, incidents)
-    (run_dir / "report.json").write_text(json.dumps(ledger.to_payload() | {"hosts": hosts}, indent=2, default=str))
+    (run_dir / "report.json").write_text(json.dumps(ledger.to_payload() | {"hosts": hosts,
+                                                                            "restarts": restart_modes(incidents)},
+                                                    indent=2, default=str))
     if not quiet:
         render(ledger)
         if hosts:

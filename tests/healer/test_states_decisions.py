@@ -60,7 +60,7 @@ def test_an_open_incident_with_a_runbook_is_diagnosed_until_its_deadline() -> No
     assert (waiting.action, waiting.next_action_at) == (Action.WAIT, T0 + timedelta(minutes=5))
     late = decide(_facts(S.DIAGNOSING, rule, now=T0 + timedelta(minutes=5)))
     assert (late.action, late.to_state) == (Action.ESCALATE, S.ESCALATED)
-    assert "diagnosis deadline" in late.basis["reason"]
+    assert "no verdict from the diagnosis within its deadline" in late.basis["reason"]
 
 
 def test_a_verdict_moves_diagnosis_on_to_the_rules_remediation() -> None:
@@ -124,3 +124,22 @@ def test_facts_are_frozen() -> None:
     with pytest.raises(AttributeError):
         facts.state = S.RESOLVED  # type: ignore[misc]
     assert replace(facts, state=S.DIAGNOSING).state is S.DIAGNOSING
+
+
+def test_a_crash_in_a_job_that_runs_warm_is_diagnosed_live_and_restarts_warm_unless_its_host_fails() -> None:
+    job = JobNow(facts=JobFacts(nodes=("n1", "n2"), spares=("n3",), dp=2, checkpoint_steps=(4,),
+                                warm_unavailable=None), attempt=1, busy_with=None)
+    rule = _rule(runbook="node-health")
+    d = decide(_facts(S.OPEN, rule, kind="crash", job=job, attempt=1, diagnosis_available=True))
+    assert (d.action, d.to_state) == (Action.DIAGNOSE, S.DIAGNOSING)
+    assert d.basis["runbook"] == "node-health-live" and d.basis["live"] is True
+    passed = decide(_facts(S.DIAGNOSING, rule, kind="crash", job=job, attempt=1, verdict=Verdict("pass")))
+    assert (passed.action, passed.to_state) == (Action.REMEDIATE, S.REMEDIATING)
+    assert passed.plan is not None and passed.plan.warm and passed.plan.basis["restart"]["mode"] == "warm"
+    failed = decide(_facts(S.DIAGNOSING, rule, kind="crash", job=job, attempt=1,
+                           verdict=Verdict("fail", bad_nodes=("n2",))))
+    assert failed.plan is not None and failed.plan.exclude == ("n2",) and not failed.plan.warm
+    assert failed.plan.basis["restart"] == {"mode": "cold", "why": "the hosts or the layout change"}
+    # The same crash in a job that does not run warm is diagnosed with the rule's runbook, the job stopped.
+    cold = decide(_facts(S.OPEN, rule, kind="crash", job=_job(), attempt=1, diagnosis_available=True))
+    assert cold.action is Action.DIAGNOSE and cold.basis["runbook"] == "node-health" and "live" not in cold.basis

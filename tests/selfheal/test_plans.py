@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from healer.core.catalogue import CATALOGUE, FaultKind, Remedy, fault
-from healer.core.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose
+from healer.core.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, gate, restart_mode
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 
@@ -127,3 +127,34 @@ def test_only_faults_that_stop_the_job_or_poison_its_weights_are_critical(kind: 
     critical = entry.stops_job or entry.name in ("gpu_fault", "nonfinite", "heartbeat_stale", "node_down",
                                                  "telemetry_absent")
     assert (entry.severity == "critical") == critical
+
+
+def test_a_crash_or_a_bad_batch_restarts_warm_in_a_job_that_runs_warm_and_a_hang_restarts_cold() -> None:
+    warm_job = facts(warm_unavailable=None)
+    crash = restart_mode(plan("crash", suspects=("n2",), verdict=Verdict("pass"), job=warm_job), fault("crash"),
+                         warm_job)
+    assert crash.warm and crash.basis["restart"]["mode"] == "warm"
+    assert "a standby takes its rank" in crash.basis["restart"]["why"] and crash.to_payload()["warm"] is True
+    rollback = restart_mode(plan("nonfinite", first_bad_step=9, job=warm_job), fault("nonfinite"), warm_job)
+    assert rollback.warm and rollback.resume_step == 8 and "a bad batch" in rollback.basis["restart"]["why"]
+    hang = restart_mode(plan("hang", job=warm_job), fault("hang"), warm_job)
+    assert not hang.warm and hang.basis["restart"] == {
+        "mode": "cold", "why": "hang: the ranks' processes cannot be trusted after it"}
+
+
+def test_a_warm_kind_restarts_cold_when_the_job_cannot_or_the_hosts_change() -> None:
+    cold_job = facts(warm_unavailable="the warm restart of attempt 3 has not trained yet")
+    p = restart_mode(plan("crash", job=cold_job), fault("crash"), cold_job)
+    assert not p.warm and p.basis["restart"]["why"] == "the warm restart of attempt 3 has not trained yet"
+    warm_job = facts(warm_unavailable=None)
+    excluded = restart_mode(plan("crash", verdict=Verdict("fail", bad_nodes=("n2",)), job=warm_job), fault("crash"),
+                            warm_job)
+    assert excluded.exclude == ("n2",) and not excluded.warm
+    assert excluded.basis["restart"]["why"] == "the hosts or the layout change"
+    # What does not restart has no restart mode; the backoff keeps the mode it was decided with.
+    notify = restart_mode(plan("straggler", job=warm_job), fault("straggler"), warm_job)
+    assert "restart" not in notify.basis and not notify.warm
+    budget = RestartBudget(max_restarts=3, window=timedelta(minutes=10), backoff=timedelta(seconds=10))
+    backed_off = gate(crash_plan := restart_mode(plan("crash", job=warm_job), fault("crash"), warm_job),
+                      facts(warm_unavailable=None, restarts=(NOW - timedelta(seconds=1),)), budget, NOW)
+    assert backed_off.not_before is not None and backed_off.warm and crash_plan.warm

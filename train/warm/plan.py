@@ -36,6 +36,9 @@ class Plan:
     """Ranks per host, for where replicas live (0: all on one host)."""
     resume: str = "memory"
     """memory: from the newest snapshot every rank has (the disk when none); disk: from the newest checkpoint."""
+    disk_resume: str | None = "auto"
+    """What a rank resumes from when it resumes from the disk: auto (the newest good checkpoint), a checkpoint's
+    path (a rollback that found no snapshot old enough in memory), or None (what the config says)."""
     at_most_step: int | None = None
     """Resume from a state at or before this step (a rollback past a bad step)."""
     stop: bool = False

@@ -1,6 +1,6 @@
 """A training process that outlives a failed attempt: it trains in one generation after another.
 
-    python -m train.warm.worker --control HOST:PORT --worker ID
+    python -m train.warm.worker --control HOST:PORT --worker ID [--from-generation G]
 
 It starts once (interpreter, torch, the trainer imported) and then takes plans from its pool's store
 (train/warm/plan.py). In a plan that gives it a rank it joins the generation's process group, resumes (from its own
@@ -34,8 +34,9 @@ from train.warm.replicas import Replicas, gather_resume_state, replica_stride
 
 WATCH_EVERY_S = 0.05
 """How often a rank in a generation looks for the next one (a store round trip on the host's network)."""
-PLAN_WAIT = timedelta(days=365)
-"""How long a standby waits for a plan (its pool stops it when the job ends)."""
+PLAN_POLL_S = 0.05
+"""How often a worker without a generation looks for its next plan. NOTE: a poll, not a blocking store.wait: a
+signal's Python handler runs only between bytecodes, and a SIGTERM must end a waiting worker at once."""
 
 
 class Worker:
@@ -47,12 +48,19 @@ class Worker:
         self.trainer: Trainer | None = None
         self.stop_requested = False
 
-    def serve(self) -> int:
-        """Take plans until one says stop, or this worker's job finished; returns the exit code."""
+    def serve(self, from_generation: int | None = None) -> int:
+        """Take plans (from generation `from_generation`, or the newest one written) until one says stop, this
+        worker's job finished, or it is told to stop between two generations (SIGTERM); returns the exit code."""
         self.control.set(key("hello", self.worker), str(os.getpid()))
-        generation = int(self.control.get(key("gen"))) if self.control.check([key("gen")]) else 0
+        if from_generation is not None:
+            generation = from_generation
+        else:
+            generation = int(self.control.get(key("gen"))) if self.control.check([key("gen")]) else 0
         while True:
-            self.control.wait([key("plan", generation)], PLAN_WAIT)
+            while not self.control.check([key("plan", generation)]):
+                if self.stop_requested:
+                    return 0
+                time.sleep(PLAN_POLL_S)
             plan = Plan.from_json(self.control.get(key("plan", generation)))
             if plan.stop:
                 return 0
@@ -66,8 +74,9 @@ class Worker:
     def _train(self, plan: Plan) -> str:
         rank, world = plan.assign[self.worker], plan.world
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(plan.local_rank[self.worker]))
-        # NOTE: resume auto: the disk is where a generation without a common snapshot (or the first) starts from.
-        cfg = load_config(plan.config, [*plan.overrides, "checkpoint.resume=auto"])
+        # NOTE: the disk is where a generation without a common snapshot (or the first) starts from.
+        disk = [f"checkpoint.resume={plan.disk_resume}"] if plan.disk_resume else []
+        cfg = load_config(plan.config, [*plan.overrides, *disk])
         store = dist.PrefixStore(f"gen/{plan.generation}/", self.control)
         started = time.monotonic()
         sockets = GenerationSockets()
@@ -132,13 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.warm.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--control", required=True, metavar="HOST:PORT", help="the pool's store")
     parser.add_argument("--worker", required=True, help="this worker's id in the pool")
+    parser.add_argument("--from-generation", type=int, default=None,
+                        help="the first generation whose plan it reads (default: the newest written)")
     args = parser.parse_args(argv)
     host, _, port = args.control.rpartition(":")
     control = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
     watch = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
     worker = Worker(control, args.worker, watch)
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop())
-    return worker.serve()
+    return worker.serve(args.from_generation)
 
 
 if __name__ == "__main__":

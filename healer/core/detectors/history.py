@@ -88,11 +88,21 @@ class RankHistory:
     def update(self, table: Readings, now: float) -> list[tuple[RankSeries, Sample]]:
         new: list[tuple[RankSeries, Sample]] = []
         self._new_attempts(table)
+        since: dict[str, float] = {}
         for beat in table.ranks():
             heard_at = beat.received_at - beat.last_seen_age_s
             # NOTE: a sidecar goes on listing a dead rank for minutes, and the table keeps its last beat for an hour:
             # a rank silent past forget_after_s is not brought back by its stale beat.
             if beat.step is None or now - heard_at > self.forget_after_s:
+                continue
+            if beat.job not in since:
+                since[beat.job] = table.processes.placement(beat.job)[1]
+            step_at = beat.entry.step_time if beat.entry.step_time is not None else heard_at
+            if step_at < since[beat.job]:
+                # A step from before the job's current attempt started: after a warm restart the same processes
+                # (same pids, same ranks) are listed with their last step of the generation before until they
+                # report a new one, and a NaN of that one is not this one's. NOTE: the step's own time (the rank's
+                # host clock), not when the sidecar last heard the rank: other records (events) come in between.
                 continue
             key = (beat.job, beat.rank)
             s = self.series.get(key)

@@ -1,0 +1,254 @@
+"""The host's warm workers (train/warm/worker.py) and its part of one generation, as the node agent runs them.
+
+A job started warm keeps its rank processes across attempts: every attempt is a generation of one pool of workers
+whose plans the healer's coordinator writes to the pool's store (train/warm/plan.py). On each host the node agent
+
+- starts the workers a start order names (a cold formation: all of them; a warm restart: none, the survivors and a
+  standby take the ranks) and keeps `standbys` idle workers ready beside them: interpreter up, torch and the trainer
+  imported, waiting for a plan that gives them a rank. New standbys are started only once this host's ranks of the
+  generation are ready (started earlier, their imports take the cores the restart needs);
+- watches the workers that hold a rank in the current generation as HostAttempt watches torchrun's ranks (state,
+  phase, exits: they are its children, so every exit status is read), with the same interface to the agent;
+- stops them all when the healer stops the attempt: a stop means a cold restart comes next, and nothing of this
+  pool is kept then (SIGTERM: a rank saves and leaves, a standby leaves at once; SIGKILL after the grace).
+
+Workers carry the pool's run id (TORCHELASTIC_RUN_ID, `<job>-warm<attempt that formed the pool>`) and their start
+time: every signal is checked against both (healer.launchers.kill), like a torchrun rank's.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from exporters import phase_now
+from exporters.schema import AttemptReport, RankExit
+from healer.agent.host import _process, _Rank, _send, _tail
+from healer.launchers import kill
+from megaheal import procfs
+from train.warm.plan import key
+
+log = logging.getLogger(__name__)
+
+
+def pool_run_id(job: str, formed_in: int) -> str:
+    """The run id of the warm pool formed in attempt `formed_in` of `job`: every worker of it carries it."""
+    return f"{job}-warm{formed_in}"
+
+
+def worker_id(node: str, formed_in: int, role: str) -> str:
+    """A worker's id, unique in the job: its host, the attempt that formed its pool and `role` (r<local rank> for
+    a rank of the formation, s<n> for the n-th standby)."""
+    return f"{node}.{role}.a{formed_in}"
+
+
+@dataclass(slots=True)
+class _Worker:
+    id: str
+    proc: subprocess.Popen[bytes]
+    started: float
+    log: Path
+
+    def target(self, run_id: str) -> kill.Target:
+        return kill.Target(self.proc.pid, self.started, run_id)
+
+
+class WarmWorkers:
+    """One job's warm workers on this host, formed in one attempt and kept across the generations after it."""
+
+    def __init__(self, *, job: str, node: str, formed_in: int, control: str, python: str, cwd: Path, env: dict[str, str],
+                 log_dir: Path, standbys: int) -> None:
+        self.job, self.node, self.formed_in, self.control = job, node, formed_in, control
+        self.python, self.cwd, self.log_dir, self.standbys = python, cwd, log_dir, standbys
+        self.run_id = pool_run_id(job, formed_in)
+        self.env = {**env, kill.RUN_ID_ENV: self.run_id}
+        self.workers: dict[str, _Worker] = {}
+        self._spares_named = 0
+        self._store: dist.TCPStore | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> dist.TCPStore:
+        """A client of the pool's store (for `ready` keys), connected on first use."""
+        if self._store is None:
+            host, _, port = self.control.rpartition(":")
+            self._store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+        return self._store
+
+    def spawn(self, worker: str, from_generation: int) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"{worker}.log"
+        with open(path, "ab") as out:
+            proc = subprocess.Popen(
+                [self.python, "-m", "train.warm.worker", "--control", self.control, "--worker", worker,
+                 "--from-generation", str(from_generation)],
+                cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        started = procfs.start_time(proc.pid)
+        # NOTE: our child, not yet reaped: its start time can always be read here.
+        self.workers[worker] = _Worker(worker, proc, started if started is not None else 0.0, path)
+
+    def alive(self, worker: str) -> bool:
+        w = self.workers.get(worker)
+        return w is not None and w.proc.poll() is None
+
+    def idle(self, assigned: set[str]) -> list[str]:
+        return [w for w in self.workers if w not in assigned and self.alive(w)]
+
+    def refill(self, assigned: set[str], from_generation: int) -> int:
+        """Start standbys until `standbys` idle workers live here; how many were started."""
+        started = 0
+        with self._lock:
+            while len(self.idle(assigned)) < self.standbys:
+                self._spares_named += 1
+                self.spawn(worker_id(self.node, self.formed_in, f"s{self._spares_named}"), from_generation)
+                started += 1
+        return started
+
+    def describe(self, assign: dict[str, int]) -> list[dict[str, Any]]:
+        """Every worker here: its id, pid, whether it runs, whether it said hello (is up) and its rank now."""
+        out = []
+        for w in self.workers.values():
+            up = w.proc.poll() is None
+            out.append({"id": w.id, "pid": w.proc.pid, "alive": up, "rank": assign.get(w.id),
+                        "exit_code": w.proc.returncode})
+        return out
+
+    def stop(self, grace_s: float, hurry: threading.Event) -> None:
+        """SIGTERM every worker (a rank saves and leaves; a waiting one leaves at once), SIGKILL what is left after
+        `grace_s` or once `hurry` is set; returns once all are gone."""
+        targets = [w.target(self.run_id) for w in self.workers.values() if w.proc.poll() is None]
+        _send(targets, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not hurry.is_set() and \
+                any(w.proc.poll() is None for w in self.workers.values()):
+            time.sleep(0.05)
+        left = [w.target(self.run_id) for w in self.workers.values() if w.proc.poll() is None]
+        _send(left, signal.SIGKILL)
+        for w in self.workers.values():
+            try:
+                w.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                log.warning("warm worker %s (pid %d) did not exit after SIGKILL", w.id, w.proc.pid)
+
+
+@dataclass(slots=True)
+class WarmHostAttempt:
+    """This host's ranks of one generation of a warm pool (HostAttempt's interface, for the node agent)."""
+
+    job: str
+    attempt: int
+    node_rank: int
+    pool: WarmWorkers
+    assign: dict[str, int]
+    """This host's workers that hold a rank in this generation -> global rank."""
+    local_rank: dict[str, int]
+    phase_dir: Path | None = None
+    clock: Callable[[], float] = time.time
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    states: dict[int, tuple[str, float, phase_now.PhaseNow | None]] = field(default_factory=dict)
+    exits: dict[int | None, RankExit] = field(default_factory=dict)
+    stopping: bool = False
+    hurry: threading.Event = field(default_factory=threading.Event)
+    exit_code: int | None = None
+    ready: bool = False
+    """Every rank of this host built its trainer in this generation (then the standbys are refilled)."""
+    superseded: bool = False
+    """A later generation took this one's place (its ranks live on there)."""
+
+    @property
+    def run_id(self) -> str:
+        return self.pool.run_id
+
+    @property
+    def ended(self) -> bool:
+        return self.exit_code is not None
+
+    @property
+    def process(self) -> None:
+        """No torchrun agent: the workers are the node agent's own children."""
+        return None
+
+    def start(self) -> None:
+        """Start the assigned workers that do not run yet (a cold formation); a spare host gets its standbys now."""
+        for w in self.assign:
+            if w not in self.pool.workers:
+                self.pool.spawn(w, self.attempt)
+        for w in self.assign:
+            if not self.pool.alive(w):
+                raise RuntimeError(f"warm worker {w} does not run on this host")
+            proc = self.pool.workers[w]
+            self.ranks[proc.proc.pid] = _Rank(self.assign[w], self.local_rank.get(w, 0), proc.proc.pid,
+                                              proc.started)
+        if not self.assign:
+            self.ready = True
+            self.pool.refill(set(), self.attempt)
+
+    def poll(self) -> None:
+        if self.ended or self.superseded:
+            return
+        now = self.clock()
+        for w, rank in self.assign.items():
+            worker = self.pool.workers[w]
+            r = self.ranks[worker.proc.pid]
+            if rank in self.exits:
+                continue
+            code = worker.proc.poll()
+            if code is None:
+                st = procfs.stat(worker.proc.pid)
+                if st is not None and st.state not in procfs.NOT_ALIVE:
+                    phase = phase_now.read(phase_now.path_for(self.phase_dir, r.pid)) if self.phase_dir else None
+                    self.states[rank] = (st.state, st.cpu_seconds, phase)
+                continue
+            self.states.pop(rank, None)
+            self.exits[rank] = RankExit(rank=rank, pid=r.pid, at=now, exit_code=code if code >= 0 else None,
+                                        signal=-code if code < 0 else None, expected=self.stopping,
+                                        log_tail=[line[:2000] for line in _tail(worker.log, 50)])
+        if len(self.exits) == len(self.assign) and self.assign:
+            self.exit_code = 0 if all(e.exit_code == 0 for e in self.exits.values()) else 1
+            self.states.clear()
+        if not self.ready and self.assign and not self.exits:
+            try:
+                self.ready = all(self.pool.store.check([key("ready", self.attempt, w)]) for w in self.assign)
+            except (RuntimeError, OSError) as exc:  # the pool's store gone (its healer died): nothing is refilled
+                log.warning("warm pool of %s: its store does not answer: %s", self.job, exc)
+                return
+            if self.ready and (n := self.pool.refill(set(self.assign), self.attempt + 1)):
+                log.info("attempt %d of %s ready here: %d standby(s) started", self.attempt, self.job, n)
+
+    def rank_log_tail(self, local_rank: int, lines: int = 50) -> list[str]:
+        w = next((w for w, lr in self.local_rank.items() if lr == local_rank and w in self.assign), None)
+        return _tail(self.pool.workers[w].log, lines) if w is not None else []
+
+    def report(self) -> AttemptReport:
+        return AttemptReport(
+            job=self.job, attempt=self.attempt, node_rank=self.node_rank, ended=self.ended, exit_code=self.exit_code,
+            stopping=self.stopping, exits=list(self.exits.values()),
+            ranks=[_process(r, *self.states[r.rank]) for r in self.ranks.values() if r.rank in self.states])
+
+    def live_ranks(self) -> list[kill.Target]:
+        return [t for r in self.ranks.values() if kill.is_current(t := r.target(self.run_id))]
+
+    def signal(self, rank: int, sig: int) -> int:
+        r = next((r for r in self.ranks.values() if r.rank == rank), None)
+        if r is None or not kill.send(r.target(self.run_id), sig):
+            raise LookupError(f"rank {rank} is not running on this host in attempt {self.attempt}")
+        return r.pid
+
+    def stop(self, grace_s: float) -> None:
+        """The whole pool on this host: what follows a stop is a cold start with new workers."""
+        self.stopping = True
+        self.pool.stop(grace_s, self.hurry)
+        self.poll()
+        if not self.ended:
+            self.exit_code = 1 if self.assign else 0

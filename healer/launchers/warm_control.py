@@ -1,0 +1,192 @@
+"""The coordinator's side of a warm pool: the store its workers take plans from, and the plans.
+
+A job started warm (`Coordinator.Config.warm`) runs its attempts as generations of one pool of workers that outlive
+them (train/warm/worker.py, started and watched by each host's agent: healer/agent/warm_host.py). This module holds
+the pool's store and decides who holds which rank:
+
+- a formation (the first attempt, and every cold restart): new workers, `r<local rank>` on each host, ranks in
+  host order as torchrun numbers them; the generation resumes from the disk (the newest good checkpoint, or the one
+  a rollback names);
+- a warm restart: the survivors keep their ranks and processes; each rank whose worker is gone is taken by an idle
+  worker (a standby) of its own host if there is one, else of any host of the job; the generation resumes from the
+  newest snapshot every rank holds in memory (at or before `at_most_step` for a rollback). With no standby for a
+  lost rank, or a host of the generation gone, no warm restart is possible: WarmUnavailable says why, and the
+  restart is made cold.
+
+NOTE: torch's TCPStore listens on every interface whatever address it is given (measured: `*:PORT`), as the store of
+torchrun's rendezvous does; the workers are told `advertise` (loopback by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from healer.agent.warm_host import worker_id
+from train.warm.plan import Plan, key
+
+log = logging.getLogger(__name__)
+
+
+class WarmUnavailable(RuntimeError):
+    """No warm restart can be made now; the message says why (the restart is then made cold)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class WarmSettings:
+    standbys: int = 1
+    """Idle workers each host keeps ready to take a rank."""
+    advertise: str = "127.0.0.1"
+    """The address the workers reach the pool's store at (on a cluster: the healer host's)."""
+    hello_timeout_s: float = 120.0
+    """How long a formation waits for its new workers to be up (interpreter, torch and the trainer imported)."""
+    standby_wait_s: float = 20.0
+    """How long a warm restart waits for a standby that is still starting (past it, the restart is cold)."""
+    collective_timeout_s: float = 60.0
+    """The generations' collective timeout (a rank blocked on a live peer is released by the next plan sooner)."""
+
+    def __post_init__(self) -> None:
+        if self.standbys < 0 or self.hello_timeout_s <= 0 or self.collective_timeout_s <= 0:
+            raise ValueError("standbys must be >= 0, hello_timeout_s and collective_timeout_s > 0")
+
+
+@dataclass(slots=True)
+class Generation:
+    number: int
+    assign: dict[str, int]
+    """worker -> global rank."""
+    node_of: dict[str, str]
+    """worker -> its host."""
+    kind: str
+    """formation (new workers, from the disk) or warm (survivors and standbys, from memory)."""
+    why: str
+    replaced: dict[int, str] = field(default_factory=dict)
+    """rank -> the standby that took it (warm)."""
+
+
+class WarmControl:
+    def __init__(self, settings: WarmSettings, *, config: str, run_dir: str, nproc_per_node: int) -> None:
+        self.settings, self.config, self.run_dir, self.nproc = settings, config, run_dir, nproc_per_node
+        self._store: dist.TCPStore | None = None
+        self.formed_in: int | None = None
+        """The attempt that formed the running pool (None: no pool runs)."""
+        self.current: Generation | None = None
+
+    @property
+    def store(self) -> dist.TCPStore:
+        if self._store is None:
+            self._store = dist.TCPStore(self.settings.advertise, 0, is_master=True, wait_for_workers=False,
+                                        timeout=timedelta(seconds=30))
+        return self._store
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.settings.advertise}:{self.store.port}"
+
+    # ---- what each host is told -----------------------------------------------------------------------
+
+    def form(self, number: int, nodes: tuple[str, ...], why: str) -> Generation:
+        """A new pool for attempt `number` on `nodes`: every rank a new worker."""
+        assign, node_of = {}, {}
+        for node_rank, node in enumerate(nodes):
+            for local in range(self.nproc):
+                w = worker_id(node, number, f"r{local}")
+                assign[w], node_of[w] = node_rank * self.nproc + local, node
+        self.formed_in = number
+        return Generation(number, assign, node_of, "formation", why)
+
+    def replace(self, number: int, nodes: tuple[str, ...], workers: dict[str, list[dict[str, Any]]],
+                why: str) -> Generation:
+        """Attempt `number` warm from the running generation: `workers` is each host's answer to a `workers` order
+        (every worker there: id, alive, rank now). WarmUnavailable when it cannot be done."""
+        last = self.current
+        if last is None or self.formed_in is None:
+            raise WarmUnavailable("no warm pool runs")
+        if set(nodes) != set(last.node_of.values()):
+            raise WarmUnavailable(f"the hosts change ({', '.join(sorted(set(last.node_of.values())))} -> "
+                                  f"{', '.join(nodes)}): a new layout starts cold")
+        alive = {w["id"]: node for node, ws in workers.items() for w in ws if w.get("alive")}
+        missing = sorted(set(nodes) - set(workers))
+        if missing:
+            raise WarmUnavailable(f"the agent of {', '.join(missing)} did not answer")
+        assign = {w: r for w, r in last.assign.items() if w in alive}
+        node_of = {w: last.node_of[w] for w in assign}
+        lost = {r: last.node_of[w] for w, r in last.assign.items() if w not in alive}
+        # Standbys that are up first; then those still importing (one started when the last restart was ready may
+        # be seconds from up: waiting for it costs less than a cold start).
+        idle = sorted((w for w in alive if w not in last.assign), key=lambda w: not self._up(w))
+        replaced: dict[int, str] = {}
+        for rank, node in sorted(lost.items()):
+            # A standby of the lost rank's own host first: its local rank, and its share of the host's devices, stay.
+            pick = next((w for w in idle if alive[w] == node), None) or (idle[0] if idle else None)
+            if pick is None:
+                raise WarmUnavailable(f"no standby runs for rank {rank} (lost on {node})")
+            idle.remove(pick)
+            assign[pick], node_of[pick], replaced[rank] = rank, alive[pick], pick
+        return Generation(number, assign, node_of, "warm", why, replaced)
+
+    def _up(self, worker: str) -> bool:
+        """The worker said hello: its imports are done and it reads plans."""
+        return bool(self.store.check([key("hello", worker)]))
+
+    def start_orders(self, gen: Generation, nodes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        """Each host's `warm` part of its start order."""
+        assert self.formed_in is not None
+        out = {}
+        for node in nodes:
+            mine = {w: r for w, r in gen.assign.items() if gen.node_of[w] == node}
+            out[node] = {"control": self.endpoint, "formed_in": self.formed_in, "assign": mine,
+                         "local_rank": {w: r % self.nproc for w, r in mine.items()},
+                         "standbys": self.settings.standbys}
+        return out
+
+    # ---- the plan -------------------------------------------------------------------------------------
+
+    def wait_up(self, workers: list[str], timeout_s: float | None = None) -> None:
+        """Until every worker said hello; RuntimeError past `timeout_s` (default: hello_timeout_s)."""
+        limit = self.settings.hello_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        for w in workers:
+            while not self._up(w):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"warm worker {w} not up after {limit:.0f} s")
+                time.sleep(0.05)
+
+    def publish(self, gen: Generation, *, overrides: tuple[str, ...], disk_resume: str | None,
+                at_most_step: int | None = None) -> None:
+        """Generation `gen.number`'s plan: its ranks start (a warm one also ends the generation before it in every
+        survivor, which watches for it)."""
+        world = len(gen.assign)
+        plan = Plan(generation=gen.number, world=world, assign=gen.assign,
+                    local_rank={w: r % self.nproc for w, r in gen.assign.items()}, config=self.config,
+                    run_dir=self.run_dir, overrides=list(overrides), per_host=self.nproc,
+                    resume="memory" if gen.kind == "warm" else "disk", disk_resume=disk_resume,
+                    at_most_step=at_most_step, timeout_s=self.settings.collective_timeout_s)
+        self.store.set(key("plan", gen.number), plan.to_json())
+        self.store.set(key("gen"), str(gen.number))
+        self.current = gen
+
+    def resumed_from(self, gen: Generation) -> dict[str, str]:
+        """worker -> where it resumed from, for those that are ready (train/warm/worker.py writes it)."""
+        out = {}
+        for w in gen.assign:
+            if self.store.check([key("ready", gen.number, w)]):
+                out[w] = self.store.get(key("ready", gen.number, w)).decode()
+        return out
+
+    def forget(self) -> None:
+        """The pool was stopped on every host (a cold restart follows, with a new one)."""
+        self.formed_in, self.current = None, None
+
+    def end(self, after: int) -> None:
+        """No generation follows `after`: every worker still waiting (the standbys) leaves."""
+        if self._store is None:
+            return
+        self.store.set(key("plan", after + 1), Plan(generation=after + 1, world=0, assign={}, local_rank={},
+                                                    config=self.config, run_dir=self.run_dir, stop=True).to_json())
+        self.forget()

@@ -1,0 +1,117 @@
+"""End to end, warm: the embedded healer with local agents (2 hosts x 2 ranks, the demo's pipeline x data layout),
+its attempts run as generations of warm workers (healer/launchers/warm_control.py). A SIGKILLed rank (its host
+checked first without stopping anything: node-health-live) and a poisoned batch each restart warm: the surviving
+ranks keep their processes, a standby takes the dead rank, every rank resumes from a state held in memory (no
+checkpoint is loaded), the policy records warm and why; then a hang restarts cold (new processes, from the disk)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from healer.core.jobstore import JobStore
+from healer.core.models import RunbookRun
+from healer.launchers.warm_control import WarmSettings
+from healer.runner.build import JobSpec, build_job
+from healer.runner.build import shipped_rules as rule_set
+from healer.runner.loop import SelfHealingJob
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.distributed
+STEPS = 28
+_built: list[SelfHealingJob] = []
+
+
+@pytest.fixture(autouse=True)
+def _closed() -> Iterator[None]:
+    yield
+    while _built:
+        _built.pop().close()
+
+
+def warm_loop(tmp_path: Path, overrides: tuple[str, ...] = ()) -> SelfHealingJob:
+    spec = JobSpec(job="warm", config=str(REPO / "configs" / "demo.yaml"), run_dir=tmp_path / "run",
+                   nodes=("n1", "n2"), overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
+                   rules=rule_set(skip_steps=2), grace=timedelta(seconds=20), warm=WarmSettings(standbys=1))
+    job = build_job(spec)
+    _built.append(job)
+    job.start()
+    return job
+
+
+def rank_pids(loop: SelfHealingJob, attempt: int) -> dict[int, int]:
+    a = next(a for a in loop.sup.history if a.number == attempt)
+    return {r.rank: r.pid for r in a.ranks.values()}
+
+
+def signal_at(plan: list[tuple[int, int, int, signal.Signals]]) -> tuple[dict[int, Any], Any]:
+    """An on_tick hook: for each (attempt, step, rank, signal), the signal to that rank once every rank of that
+    attempt reported that step (the ranks' pids then are kept, by attempt)."""
+    fired: dict[int, Any] = {}
+
+    def hook(loop: SelfHealingJob) -> None:
+        a = loop.sup.attempt
+        todo = [p for p in plan if a is not None and p[0] == a.number and p[0] not in fired]
+        if not todo or a is None or len(a.ranks) < 4:
+            return
+        attempt, step, rank, sig = todo[0]
+        steps = [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
+        if len(steps) == 4 and min(steps) >= step:
+            fired[attempt] = {"pids": rank_pids(loop, attempt), "pid": loop.remediator.signal_rank(rank, sig)}
+    return fired, hook
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_and_a_poisoned_batch_each_restart_warm_with_the_survivors_processes_and_no_checkpoint_read(
+        tmp_path: Path) -> None:
+    # Rank 3 is SIGKILLed at step 6 of the first attempt; the batch of samples 224..239 (step 14) sets every weight
+    # to NaN, so step 15's loss is NaN in the second; rank 1 is SIGSTOPped at step 19 of the third.
+    loop = warm_loop(tmp_path, ("inject_nan_at_sample=224",))
+    fired, hook = signal_at([(0, 6, 3, signal.SIGKILL), (2, 19, 1, signal.SIGSTOP)])
+    assert loop.run(timedelta(seconds=400), on_tick=hook) == "finished"
+    crash, nan, hang = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    assert crash.kind == "crash" and crash.state == "resolved" and crash.suspect_ranks == [3]
+    # Its host was diagnosed without stopping the survivors (node-health-live), and passed.
+    assert crash.stages == ["detected", "diagnosed", "decided", "restarted", "recovered"], crash.stages
+    with Session(loop.healer.store.engine) as session:
+        runs = session.execute(select(RunbookRun.incident_id, RunbookRun.runbook, RunbookRun.nodes)).all()
+    assert crash.verdict == "pass" and (crash.id, "node-health-live", ["n2"]) in [tuple(r) for r in runs], runs
+    restarts = JobStore(loop.healer.store.engine).restarts("warm")
+    assert [r.mode for r in restarts] == ["warm", "warm", "cold"], [(r.mode, r.mode_why) for r in restarts]
+    assert "a rank's process died" in restarts[0].mode_why and "standbys took rank(s) [3]" in restarts[0].mode_why
+    # The survivors kept their processes; rank 3 is a standby that was up before the crash.
+    before, after = fired[0]["pids"], rank_pids(loop, 1)
+    assert {r: after[r] for r in (0, 1, 2)} == {r: before[r] for r in (0, 1, 2)} and after[3] != fired[0]["pid"]
+    # From memory: the newest snapshot every rank held (every 4 steps), no checkpoint loaded.
+    assert restarts[0].resume == "memory" and restarts[0].from_step is not None and restarts[0].from_step % 4 == 0
+    assert crash.first_step_after == restarts[0].from_step
+    # The rollback: warm, from the snapshot of step 12 held in memory, the batches of steps 13 and 14 skipped.
+    assert nan.kind == "nonfinite" and nan.action == "rollback-and-skip" and nan.state == "resolved"
+    assert nan.plan["resume_step"] == 12 and nan.plan["skip_steps"] == [14, 15]
+    assert restarts[1].from_step == 12 and nan.first_step_after == 12
+    assert rank_pids(loop, 2) == after, "a rollback keeps every process"
+    # A hang: cold, every rank a new process, from the newest checkpoint on disk (the only load of the run).
+    assert hang.kind == "hang" and hang.state == "resolved" and restarts[2].resume == "auto"
+    assert "hang: the ranks' processes cannot be trusted" in restarts[2].mode_why
+    assert not set(rank_pids(loop, 3).values()) & set(rank_pids(loop, 2).values())
+    logs = [line for p in (tmp_path / "run" / "nodes").rglob("*.log")
+            for line in p.read_text(errors="replace").splitlines() if line.startswith("resume: ")]
+    # The first attempt found nothing on disk; the cold restart loaded once (a save the hang cut short is deleted).
+    assert sum("no usable checkpoint" in line for line in logs) == 1, logs
+    assert sum(line.startswith("resume: loading") for line in logs) == 1, logs
+    curve: dict[int, float] = {}
+    for line in (tmp_path / "run" / "ranks" / "0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "step" in rec and "loss" in rec:
+            curve[rec["step"]] = rec["loss"]
+    assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
+    assert len(loop.sup.history) == 4 and loop.sup.history[-1].succeeded

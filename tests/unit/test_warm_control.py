@@ -1,0 +1,84 @@
+"""Who holds which rank in a warm pool (healer.launchers.warm_control.WarmControl): a formation numbers the ranks
+as torchrun does; a warm restart keeps every survivor's rank and gives a dead one's to a standby of its own host
+first; where that cannot be done it says why (the restart is then cold); each host's start order decodes."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from healer.agent.orders import StartOrder, WorkersOrder, decode_order
+from healer.launchers.warm_control import WarmControl, WarmSettings, WarmUnavailable
+
+NODES = ("n1", "n2")
+
+
+@pytest.fixture
+def control() -> WarmControl:
+    c = WarmControl(WarmSettings(standbys=1), config="configs/demo.yaml", run_dir="/tmp/run", nproc_per_node=2)
+    gen = c.form(0, NODES, "first start")
+    c.publish(gen, overrides=(), disk_resume="auto")
+    return c
+
+
+def answer(dead: tuple[str, ...] = (), standbys: dict[str, str] | None = None) -> dict[str, list[dict[str, object]]]:
+    """Each host's answer to a workers order: the formation's workers (alive unless named) and its standbys."""
+    out: dict[str, list[dict[str, object]]] = {n: [] for n in NODES}
+    for node in NODES:
+        for local in range(2):
+            w = f"{node}.r{local}.a0"
+            out[node].append({"id": w, "alive": w not in dead})
+    for w, node in (standbys or {}).items():
+        out[node].append({"id": w, "alive": True})
+    return out
+
+
+def test_a_formation_numbers_ranks_in_host_order_with_local_ranks(control: WarmControl) -> None:
+    gen = control.current
+    assert gen is not None and gen.kind == "formation"
+    assert gen.assign == {"n1.r0.a0": 0, "n1.r1.a0": 1, "n2.r0.a0": 2, "n2.r1.a0": 3}
+
+
+def test_a_warm_restart_keeps_the_survivors_and_gives_the_lost_rank_to_a_standby_of_its_host(
+        control: WarmControl) -> None:
+    gen = control.replace(1, NODES, answer(dead=("n2.r1.a0",), standbys={"n1.s1.a0": "n1", "n2.s1.a0": "n2"}),
+                          "crash")
+    assert gen.kind == "warm" and gen.replaced == {3: "n2.s1.a0"}
+    assert gen.assign == {"n1.r0.a0": 0, "n1.r1.a0": 1, "n2.r0.a0": 2, "n2.s1.a0": 3}
+    # Without one on its host, a standby of another host of the job takes it.
+    other = control.replace(1, NODES, answer(dead=("n2.r1.a0",), standbys={"n1.s1.a0": "n1"}), "crash")
+    assert other.replaced == {3: "n1.s1.a0"} and other.node_of["n1.s1.a0"] == "n1"
+
+
+def test_a_warm_restart_that_cannot_be_made_says_why(control: WarmControl) -> None:
+    with pytest.raises(WarmUnavailable, match=r"no standby runs for rank 3 \(lost on n2\)"):
+        control.replace(1, NODES, answer(dead=("n2.r1.a0",)), "crash")
+    with pytest.raises(WarmUnavailable, match="the hosts change"):
+        control.replace(1, ("n1", "n3"), answer(), "crash")
+    silent = answer()
+    del silent["n2"]
+    with pytest.raises(WarmUnavailable, match="the agent of n2 did not answer"):
+        control.replace(1, NODES, silent, "crash")
+    control.forget()
+    with pytest.raises(WarmUnavailable, match="no warm pool runs"):
+        control.replace(1, NODES, answer(), "crash")
+
+
+def test_each_hosts_start_order_decodes_and_a_malformed_worker_id_is_refused(control: WarmControl) -> None:
+    gen = control.replace(1, NODES, answer(dead=("n1.r0.a0",), standbys={"n1.s1.a0": "n1"}), "crash")
+    warm = control.start_orders(gen, NODES)["n1"]
+    order = decode_order(json.dumps({
+        "kind": "start", "id": "o1", "job": "j", "attempt": 1, "nnodes": 2, "node_rank": 0, "nproc_per_node": 2,
+        "config": "c.yaml", "run_dir": "/tmp/run", "warm": warm}).encode())
+    assert isinstance(order, StartOrder) and order.warm is not None
+    assert order.warm.assign == {"n1.s1.a0": 0, "n1.r1.a0": 1} and order.warm.local_rank == {"n1.s1.a0": 0,
+                                                                                              "n1.r1.a0": 1}
+    assert order.warm.formed_in == 0 and order.warm.control == control.endpoint
+    assert isinstance(decode_order(b'{"kind": "workers", "id": "o2"}'), WorkersOrder)
+    with pytest.raises(msgspec.ValidationError, match=r"warm.assign"):
+        decode_order(json.dumps({
+            "kind": "start", "id": "o3", "job": "j", "attempt": 1, "nnodes": 1, "node_rank": 0, "nproc_per_node": 1,
+            "config": "c", "run_dir": "r", "warm": {"control": "127.0.0.1:1", "formed_in": 0,
+                                                   "assign": {"$(reboot)": 0}}}).encode())
