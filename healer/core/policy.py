@@ -30,10 +30,10 @@ from healer.core.states import IncidentState
 
 S = IncidentState
 BUSY_RETRY = timedelta(seconds=1)
+"""How soon an incident that waits for another one's remediation is looked at again."""
 LIVE_RUNBOOK = "node-health-live"
 """The diagnosis before a warm restart (runbooks/library/node-health-live.yaml): the suspect host's checks that
 leave its running processes alone."""
-"""How soon an incident that waits for another one's remediation is looked at again."""
 
 
 class Action(str, enum.Enum):

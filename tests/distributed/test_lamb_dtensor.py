@@ -6,6 +6,7 @@ sharded result would drift from the single-process one, which this test would ca
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 
@@ -36,39 +37,47 @@ def _worker(rank: int, port: int) -> None:
         "gloo", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=60)
     )
     try:
-        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-        # Same seed on both ranks, so every rank builds the same full tensors.
-        gen = torch.Generator().manual_seed(7)
-        initial = [torch.randn(shape, generator=gen) for shape in SHAPES]
-        initial.append(torch.zeros(4, 4))
-        grads = [[torch.randn(t.shape, generator=gen) for t in initial] for _ in range(STEPS)]
-
-        full_params = [nn.Parameter(t.clone()) for t in initial]
-        sharded_params = [
-            nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial
-        ]
-        full_opt = LAMB(full_params, **HYPER)
-        sharded_opt = LAMB(sharded_params, **HYPER)
-        for step_grads in grads:
-            for full, sharded, g in zip(full_params, sharded_params, step_grads):
-                full.grad = g.clone()
-                sharded.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
-            full_opt.step()
-            sharded_opt.step()
-
-        for full, sharded in zip(full_params, sharded_params):
-            assert isinstance(sharded.data, DTensor)
-            torch.testing.assert_close(sharded.full_tensor(), full.detach(), atol=1e-6, rtol=1e-6)
-            state = sharded_opt.state[sharded]
-            assert isinstance(state["exp_avg"], DTensor)
-            torch.testing.assert_close(
-                state["exp_avg_sq"].full_tensor(),
-                full_opt.state[full]["exp_avg_sq"],
-                atol=1e-6,
-                rtol=1e-6,
-            )
+        _compare_sharded_with_full()
     finally:
         dist.destroy_process_group()
+        # NOTE: the mesh and the DTensors hold the gloo group in reference cycles; left to the interpreter's last
+        # collection, its worker thread frees a finished all-gather while the interpreter is finalizing, cannot take
+        # the GIL and aborts the process (SIGABRT, 1 run in ~6 here). Collected now, the group's threads end first.
+        gc.collect()
+
+
+def _compare_sharded_with_full() -> None:
+    mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+    # Same seed on both ranks, so every rank builds the same full tensors.
+    gen = torch.Generator().manual_seed(7)
+    initial = [torch.randn(shape, generator=gen) for shape in SHAPES]
+    initial.append(torch.zeros(4, 4))
+    grads = [[torch.randn(t.shape, generator=gen) for t in initial] for _ in range(STEPS)]
+
+    full_params = [nn.Parameter(t.clone()) for t in initial]
+    sharded_params = [
+        nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial
+    ]
+    full_opt = LAMB(full_params, **HYPER)
+    sharded_opt = LAMB(sharded_params, **HYPER)
+    for step_grads in grads:
+        for full, sharded, g in zip(full_params, sharded_params, step_grads):
+            full.grad = g.clone()
+            sharded.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+        full_opt.step()
+        sharded_opt.step()
+
+    for full, sharded in zip(full_params, sharded_params):
+        assert isinstance(sharded.data, DTensor)
+        torch.testing.assert_close(sharded.full_tensor(), full.detach(), atol=1e-6, rtol=1e-6)
+        state = sharded_opt.state[sharded]
+        assert isinstance(state["exp_avg"], DTensor)
+        torch.testing.assert_close(
+            state["exp_avg_sq"].full_tensor(),
+            full_opt.state[full]["exp_avg_sq"],
+            atol=1e-6,
+            rtol=1e-6,
+        )
 
 
 @pytest.mark.distributed

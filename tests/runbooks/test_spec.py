@@ -82,7 +82,15 @@ def test_registering_a_check_twice_is_an_error() -> None:
 def test_every_shipped_runbook_loads_with_typed_params() -> None:
     names = shipped_runbooks()
     assert names == sorted(
-        ["collectives-quick", "network-triage", "gpu-triage", "hang-triage", "straggler-triage", "node-health"]
+        [
+            "collectives-quick",
+            "network-triage",
+            "gpu-triage",
+            "hang-triage",
+            "straggler-triage",
+            "node-health",
+            "node-health-live",
+        ]
     )
     for name in names:
         rb = load_runbook(name)

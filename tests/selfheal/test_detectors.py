@@ -690,6 +690,31 @@ def test_a_stall_with_every_host_reporting_is_a_hang_at_its_timeout() -> None:
     assert fired_after == 6
 
 
+def test_the_stall_after_a_rank_died_is_the_crash_s_not_a_hang_while_the_crash_waits_for_how_it_died() -> None:
+    # As in CI under load: torchrun reaped the SIGKILLed rank 3 first (its status unknown), and stopping its host's
+    # other rank took longer than the hang's floor. The crash waits for torchrun's report; no hang opens meanwhile.
+    s = stream()
+    _placed(s)
+    _running(s)
+    hang, crash = Hang(Hang.Config(floor=timedelta(seconds=5))), Crash(Crash.Config())
+    for _ in range(5):
+        s.advance()
+        hang.evaluate(s.table, s.clock.now)
+    died_at = s.clock.now
+    s.table.processes.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[
+        RankExit(rank=3, pid=1003, at=died_at, vanished=True)]), died_at)
+    for _ in range(20):  # 20 s of every host reporting, no rank stepping, the crash still waiting
+        s.clock.now += 1.0
+        s.send()
+        assert not hang.evaluate(s.table, s.clock.now).firing
+        assert not crash.evaluate(s.table, s.clock.now).firing
+    s.table.processes.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[
+        RankExit(rank=3, pid=1003, at=died_at, signal=signal.SIGKILL)], ended=True, exit_code=1), s.clock.now)
+    (f,) = crash.evaluate(s.table, s.clock.now).firing
+    assert f.summary.startswith("rank 3 on n2 killed by SIGKILL")
+    assert not hang.evaluate(s.table, s.clock.now).firing
+
+
 def test_a_crash_that_says_what_it_is_fires_at_once_even_with_a_silent_host() -> None:
     s = stream()
     _placed(s)

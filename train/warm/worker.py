@@ -14,7 +14,6 @@ snapshots. A worker without a rank is a standby: it waits, already warm, for a p
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import signal
 import sys
@@ -27,6 +26,7 @@ import torch.distributed as dist
 import yaml
 
 from train.config import load_config
+from train.entry import leave_process_group
 from train.trainer import Trainer
 from train.warm.abort import GenerationSockets
 from train.warm.plan import Plan, key
@@ -112,10 +112,7 @@ class Worker:
             # flight recorder do): a peer blocked in a collective with this rank, not with the dead one, is
             # released by that close (gloo's abort does not wake it), so drop the trainer before the group.
             self.trainer = None
-            gc.collect()
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            gc.collect()
+            leave_process_group()
 
     def _abort_when_replaced(self, plan: Plan, sockets: GenerationSockets, over: threading.Event) -> None:
         """The pool planned the next generation while this one runs here (a peer died): abort this one, so that a

@@ -18,7 +18,8 @@ reads every rank's stack, state and phase (healer/core/hang_attribution.py).
 Under a launcher, a stall while a host of the attempt is silent (no batch from its node agent) is held back for
 `silent_host_hold`: the host is dead or cut off and its peers wait for it in a collective, which host_lost names
 (and remedies by leaving the host out) once its silence lasts; a hang would instead diagnose a host that cannot
-answer and restart on it. Past the hold the hang fires as usual.
+answer and restart on it. Past the hold the hang fires as usual. A stall of an attempt one of whose ranks died
+is never a hang: the crash detector owns it (it may wait for the report of how the rank died).
 """
 
 from __future__ import annotations
@@ -189,6 +190,9 @@ class Hang(Detector):
                 self._times.setdefault(series.job, deque(maxlen=512)).append(step_s)
         firing, healthy = [], set()
         states = table.processes.states()
+        # NOTE: a rank of the attempt that died is a crash, however long the crash detector waits to learn how it
+        # died (torchrun's report can take its stop grace): its peers' stall is the crash's, not a second fault.
+        died = {(e.job, e.attempt) for e in table.processes.exits() if e.failed}
         for job in sorted(set(beats) | set(table.processes.jobs())):
             job_beats = beats.get(job, [])
             attempt = table.processes.attempt(job)
@@ -227,6 +231,8 @@ class Hang(Detector):
             stalled = now - prog.since
             timeout, p99, phase = self._timeout(job, starting, job_states)
             if stalled > timeout:
+                if (job, attempt) in died:
+                    continue  # held: the crash detector names the rank that died
                 silent = silent_hosts(table, job, now, self.config.silent_after.total_seconds())
                 if silent and min(silent.values()) <= self.config.silent_host_hold.total_seconds():
                     continue  # held: neither firing nor healthy while host_lost makes up its mind
