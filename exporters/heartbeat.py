@@ -97,6 +97,7 @@ class HeartbeatForwarder:
         self.failures = 0
         self.dropped = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="megaheal-heartbeat", daemon=True)
 
     def retarget(self, healer_url: str) -> None:
@@ -112,10 +113,20 @@ class HeartbeatForwarder:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=self._timeout_s + 1)
 
+    def nudge(self) -> None:
+        """Send the next batch now, not at the end of the interval: something the healer acts on happened (a rank
+        died). Nudges before that batch is built are one batch; the next interval counts from it."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        while True:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - NOTE: a batch that cannot be built is skipped, never the thread's end

@@ -78,6 +78,9 @@ def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_ag
     wait_for("the crash in the batches", lambda: [e for e in table.processes.exits() if e.rank == 3], 30, every_s=0.1)
     (crashed,) = [e for e in table.processes.exits() if e.rank == 3]
     assert crashed.pid == pid and (crashed.signal == signal.SIGKILL or crashed.vanished)
+    # torchrun stops the other ranks and exits by itself, its failure report saying how rank 3 died (a stop before
+    # that would SIGKILL torchrun too, and a rank it reaped first would stay "vanished").
+    wait_for("torchrun to end the attempt", lambda: client.state()["attempt"]["ended"], 60, every_s=0.1)
     assert client.run({"kind": "stop", "id": "stop-0", "attempt": 0, "grace_s": 1}, 60)["stopped"] == 0
     state = client.state()["attempt"]
     assert state["ended"] and state["ranks"] == []

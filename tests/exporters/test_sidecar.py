@@ -143,6 +143,28 @@ def test_a_healer_that_is_down_costs_a_counter_and_a_bounded_buffer(healer) -> N
     assert (forwarder.sent, forwarder.buffered, forwarder.dropped) == (3, 0, 3)
 
 
+def test_a_nudge_sends_the_next_batch_at_once_instead_of_at_the_end_of_the_interval() -> None:
+    posted: list[int] = []
+    arrived = threading.Event()
+
+    def post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+        posted.append(json.loads(body)["seq"])
+        arrived.set()
+        return 202
+
+    forwarder = HeartbeatForwarder("http://127.0.0.1:9", lambda seq, sent_at: HeartbeatBatch(
+        schema=HEARTBEAT_SCHEMA, node="n", seq=seq, sent_at=sent_at, ranks=[]), interval_s=60.0, post=post)
+    forwarder.start()
+    try:
+        assert not arrived.wait(0.3), "nothing before the interval ends"
+        forwarder.nudge()
+        assert arrived.wait(5.0), "the nudged batch went out"
+        assert posted == [0]
+    finally:
+        forwarder.stop()
+    assert not forwarder._thread.is_alive(), "stop ends the thread without waiting out the interval"
+
+
 def test_a_live_sidecars_socket_is_never_taken_over_but_a_stale_one_is(tmp_path) -> None:
     path = tmp_path / "s.sock"
     first = make_sidecar(tmp_path)
