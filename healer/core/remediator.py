@@ -87,6 +87,8 @@ class RestartOrder:
     """Restart warm where the launcher can (else cold, saying why)."""
     mode_why: str = ""
     """The policy's reason for the mode (healer.core.plans.restart_mode)."""
+    released: tuple[str, ...] = ()
+    """Healthy hosts of the job this restart leaves idle: spares again, never drained (healer.core.plans.Plan)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +160,10 @@ class Remediator(Protocol):
     def highest_step(self, attempt: int) -> int | None:
         """The highest step the attempt finished, or None."""
 
-    def first_bad_step(self, kind: str, attempt: int, detector_config: Any) -> int | None:
+    def first_bad_step(self, kind: str, attempt: int, detector_config: Any, seen: int | None = None) -> int | None:
         """For nonfinite and loss_spike: the first bad step among every step the attempt recorded (heartbeats only
-        sample steps, and a rollback one step late skips the wrong batches); None if it cannot tell."""
+        sample steps, and a rollback one step late skips the wrong batches), of the fault the detector saw at step
+        `seen`; None if it cannot tell."""
 
     def rank_evidence(self, attempt: int) -> dict[str, Any] | None:
         """What every rank of `attempt` is doing, looked at from its host without touching it (kernel state, phase,

@@ -176,8 +176,8 @@ class Responder:
         if r is None or incident.job != r.job or incident.attempt is None:
             return incident
         params = rule.condition.params if rule is not None and isinstance(rule.condition, DetectorCondition) else None
-        first = r.first_bad_step(incident.kind, incident.attempt, params)
         seen = incident.evidence.get("first_step")
+        first = r.first_bad_step(incident.kind, incident.attempt, params, seen if isinstance(seen, int) else None)
         if first is None or (isinstance(seen, int) and first >= seen):
             return incident
         self.store.update_evidence(incident.id, {"first_step": first, "first_step_from": "ranks/0.jsonl"})
@@ -302,7 +302,7 @@ class Responder:
                                            resume_step=plan.resume_step, highest_step=highest)
         order = RestartOrder(incident_id=incident.id, restart_id=restart_id, nodes=plan.nodes,
                              dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
-                             skip_steps=skip, warm=plan.warm,
+                             skip_steps=skip, warm=plan.warm, released=plan.released,
                              mode_why=str((plan.basis.get("restart") or {}).get("why", "")))
         r.restart(order, lambda result: self._restarted(incident.id, remediation_id, restart_id, result,
                                                         incident.attempt))

@@ -54,13 +54,20 @@ def first_nonfinite_step(run_dir: Path, since: float) -> int | None:
     return None
 
 
-def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config) -> int | None:
+def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config, seen: int | None = None) -> int | None:
     """The first step after `since` whose loss is a spike by the loss_spike detector's own test, over every
-    step rank 0 recorded (the detector itself sees only the steps the heartbeats sampled)."""
+    step rank 0 recorded (the detector itself sees only the steps the heartbeats sampled).
+
+    With `seen`, the step the detector saw spike: only a spiking step of the `config.window` steps up to it (the
+    heartbeats skip a few steps at most). NOTE: an earlier blip that calmed down again is no part of this spike: a
+    long run has them (the demo's loss blipped 138 steps before one), and a rollback past it found no checkpoint
+    old enough and escalated."""
+    lowest = None if seen is None else seen - config.window
     window: list[float] = []
     for rec in rank0_steps(run_dir, since):
         loss = rec["loss"]
-        if len(window) >= config.min_samples and robust_z(loss, window, config.min_mad)[0] > config.threshold:
+        if len(window) >= config.min_samples and robust_z(loss, window, config.min_mad)[0] > config.threshold \
+                and (lowest is None or int(rec["step"]) >= lowest):
             return int(rec["step"])
         window = (window + [loss])[-config.window:]
     return None

@@ -182,14 +182,14 @@ class LocalRemediator:
     def highest_step(self, attempt: int) -> int | None:
         return rank_records.highest_step(self.sup.cfg.run_dir, attempt)
 
-    def first_bad_step(self, kind: str, attempt: int, detector_config: Any) -> int | None:
+    def first_bad_step(self, kind: str, attempt: int, detector_config: Any, seen: int | None = None) -> int | None:
         window = rank_records.attempt_window(self.sup.cfg.run_dir, attempt)
         if window is None:
             return None
         if kind == "nonfinite":
             return rank_records.first_nonfinite_step(self.sup.cfg.run_dir, window[0])
         if kind == "loss_spike":
-            return rank_records.first_spike_step(self.sup.cfg.run_dir, window[0], detector_config)
+            return rank_records.first_spike_step(self.sup.cfg.run_dir, window[0], detector_config, seen)
         return None
 
     def rank_evidence(self, attempt: int) -> dict[str, Any] | None:
@@ -288,8 +288,9 @@ class LocalRemediator:
             # What --resume auto will pick: the same choice the ranks make.
             choice = choose_resume(run_dir / "checkpoints")
             resume, from_step = "auto", choice.checkpoint.step if choice.checkpoint is not None else 0
-        self.spares = tuple(s for s in self.spares if s not in order.nodes)
-        left_out = set(self.nodes) - set(order.nodes)
+        self.spares = tuple(s for s in self.spares if s not in order.nodes) + \
+            tuple(n for n in order.released if n not in self.spares)
+        left_out = set(self.nodes) - set(order.nodes) - set(order.released)
         self.excluded |= left_out
         self.nodes, self.dp = tuple(order.nodes), order.dp
         self.skip_steps |= set(order.skip_steps)

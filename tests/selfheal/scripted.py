@@ -85,7 +85,7 @@ class ScriptedRemediator:
     def highest_step(self, attempt: int) -> int | None:
         return self.highest.get(attempt)
 
-    def first_bad_step(self, kind: str, attempt: int, detector_config: Any) -> int | None:
+    def first_bad_step(self, kind: str, attempt: int, detector_config: Any, seen: int | None = None) -> int | None:
         return None
 
     def rank_evidence(self, attempt: int) -> dict[str, Any] | None:

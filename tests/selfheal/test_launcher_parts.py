@@ -103,6 +103,25 @@ def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sam
     assert first_spike_step(tmp_path, since=0.0, config=calm) is None
 
 
+def test_the_first_spiking_step_is_the_one_of_the_spike_the_detector_saw_not_an_earlier_blip(tmp_path: Path) -> None:
+    import json
+
+    from healer.core.detectors.loss_spike import LossSpike
+    from healer.launchers.rank_records import first_spike_step
+
+    # A long run: a blip at step 12 that calmed down, 60 calm steps, then the spike the detector saw at step 75
+    # (it began at 74, between two heartbeats). A rollback past step 12 would find no checkpoint that old.
+    losses = [3.0 + 0.01 * (s % 3) for s in range(80)]
+    losses[12] = 9.0
+    losses[74:78] = [9.0, 9.5, 9.2, 9.1]
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "0.jsonl").write_text("".join(
+        json.dumps({"step": s, "time": 100.0 + s, "loss": v, "grad_norm": 1.0}) + "\n" for s, v in enumerate(losses)))
+    config = LossSpike.Config()
+    assert first_spike_step(tmp_path, since=0.0, config=config) == 12
+    assert first_spike_step(tmp_path, since=0.0, config=config, seen=75) == 74
+
+
 def test_an_attempts_first_and_highest_step_are_read_from_rank_0s_records_within_its_window(tmp_path: Path) -> None:
     import json
 
