@@ -12,7 +12,9 @@ when the kind would only notify: a host proven bad is not kept in a job the heal
     notify, escalate           as they say
 
 Leaving hosts out takes spares first; with too few, the job comes back smaller: its data-parallel degree shrinks
-with the hosts, if the training layout accepts the new degree and `min_nodes` remain. Every restart spends the
+with the hosts, if the training layout accepts the new degree and `min_nodes` remain. A data-parallel replica may
+span several hosts (pipeline stages, or tensor groups wider than a host): the job then shrinks by whole replicas,
+and the healthy hosts a partial replica would leave are released, idle, as spares. Every restart spends the
 restart budget (at most `max_restarts` in `window`, each after an exponential backoff); a spent budget escalates.
 """
 
@@ -121,10 +123,13 @@ class Plan:
     """Backoff: the restart is due then; decide again at that time (`remedy` is what it would be)."""
     warm: bool = False
     """Restart warm: the surviving ranks keep their processes and state (basis["restart"] says why either way)."""
+    released: tuple[str, ...] = ()
+    """Healthy hosts of the job the smaller restart leaves idle (a partial replica): spares from now on."""
 
     def to_payload(self) -> dict[str, Any]:
         return {"remedy": self.remedy.value, "decision_basis": self.basis, "exclude": list(self.exclude),
-                "nodes": list(self.nodes), "dp": self.dp, "resume_step": self.resume_step,
+                "nodes": list(self.nodes), "released": list(self.released), "dp": self.dp,
+                "resume_step": self.resume_step,
                 "skip_steps": list(self.skip_steps), "warm": self.warm,
                 "not_before": self.not_before.isoformat() if self.not_before else None}
 
@@ -170,6 +175,13 @@ def _exclude(bad: tuple[str, ...], job: JobFacts, limits: Limits, basis: dict[st
             exclude=leaving, nodes=tuple(kept + spares[:len(leaving)]), dp=job.dp)
     new = tuple(kept + spares)
     n_old = len(job.nodes)
+    released: tuple[str, ...] = ()
+    per_replica = n_old // job.dp if job.dp >= 1 and n_old % job.dp == 0 else None
+    if per_replica and len(new) % per_replica:
+        # NOTE: a replica spans `per_replica` hosts: the smaller job keeps whole replicas only, and what is left of
+        # the last one waits as spares (healthy: they are not drained), taken again at the next host's loss.
+        usable = len(new) // per_replica * per_replica
+        new, released = new[:usable], new[usable:]
     cannot = None
     if len(new) < limits.min_nodes:
         cannot = f"it would leave {len(new)} host(s), below min_nodes {limits.min_nodes}"
@@ -183,9 +195,11 @@ def _exclude(bad: tuple[str, ...], job: JobFacts, limits: Limits, basis: dict[st
             "reason": f"excluding {', '.join(leaving)} with no spare left: the job cannot run smaller ({cannot})"},
             exclude=leaving)
     dp = job.dp * len(new) // n_old
+    idle = f"; {', '.join(released)} left idle as spare(s) ({per_replica} hosts a replica)" if released else ""
     return Plan(Remedy.EXCLUDE_AND_RESTART, basis | {
         "reason": f"exclude {', '.join(leaving)}; no spare left: restart on {len(new)} host(s) with dp {dp} "
-                  f"(was {job.dp}), resharding the checkpoint"}, exclude=leaving, nodes=new, dp=dp)
+                  f"(was {job.dp}), resharding the checkpoint{idle}"},
+        exclude=leaving, nodes=new, dp=dp, released=released)
 
 
 def _rollback(kind: FaultKind, bad_step: int | None, job: JobFacts, limits: Limits, basis: dict[str, Any]) -> Plan:

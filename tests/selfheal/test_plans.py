@@ -56,6 +56,20 @@ def test_without_a_spare_the_job_comes_back_smaller_or_escalates() -> None:
     assert odd.remedy is Remedy.ESCALATE and "does not shrink evenly" in odd.basis["reason"]
 
 
+def test_a_job_whose_replicas_span_hosts_shrinks_by_a_whole_replica_and_releases_the_rest_as_spares() -> None:
+    # Four hosts, two replicas of two hosts (pp 2 across hosts): losing n2 with no spare leaves three hosts, one
+    # of them half a replica. The job comes back on one replica; the healthy leftover is a spare, not excluded.
+    four = facts(nodes=("n1", "n2", "n3", "n4"), spares=(), dp=2)
+    p = plan("gpu_fault", suspects=("n2",), job=four)
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",)
+    assert p.nodes == ("n1", "n3") and p.dp == 1 and p.released == ("n4",)
+    assert "n4 left idle as spare(s) (2 hosts a replica)" in p.basis["reason"]
+    assert p.to_payload()["released"] == ["n4"]
+    # With a spare, nothing is released: the spare takes the host's place.
+    assert plan("gpu_fault", suspects=("n2",), job=facts(nodes=("n1", "n2", "n3", "n4"), spares=("n5",), dp=2)
+                ).released == ()
+
+
 def test_a_smaller_job_is_only_tried_at_a_degree_the_training_layout_accepts() -> None:
     p = plan("gpu_fault", suspects=("n2",), job=facts(spares=(), valid_dp=(1, 4)))
     assert p.remedy is Remedy.ESCALATE and "does not accept dp 2" in p.basis["reason"]
