@@ -239,6 +239,31 @@ def report(
 
 
 @app.command()
+def simulate(
+    config: Annotated[str, typer.Option("--config", help="simulation config YAML (configs/sim/)")] = "configs/sim/llama3-16k.yaml",
+    overrides: Annotated[Optional[list[str]], typer.Option("--set", help="override a config key, e.g. job.spares=64 or restart=cold (repeatable)")] = None,
+    sweeps: Annotated[bool, typer.Option("--sweeps", help="also the sweeps (checkpoint interval, failure rate, job size, restart time), the analytic check and the plots")] = False,
+    out: Annotated[str, typer.Option("--out", help="where simulation.json (and the plots) go")] = "runs/sim",
+) -> None:
+    """Simulate a long job on a large cluster, its failures healed by megaheal's own policy: ETTR, lost GPU-hours, pages."""
+    from pathlib import Path
+
+    from sim.report import simulate as run_simulation
+    from sim.report import summary
+
+    try:
+        result = run_simulation(config, list(overrides or []), Path(out), sweeps)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(summary(result))
+    typer.echo(f"written: {Path(out) / 'simulation.json'}" + (f" and {len(result['plots'])} plot(s)"
+                                                               if isinstance(result.get("plots"), list) else ""))
+    if isinstance(result.get("plots"), str):
+        typer.echo(f"plots: {result['plots']}", err=True)
+
+
+@app.command()
 def healer(
     config: Annotated[Optional[str], typer.Option("--config", help="healer config YAML [default: built-in defaults, rules from configs/rules/]")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST:PORT of the API [default: 127.0.0.1:8470]")] = None,

@@ -1,0 +1,80 @@
+"""The simulated job's incidents put to the healer's own policy (`healer.core.policy.decide`), with the same facts the
+responder gives it in a real run (healer/core/respond.py: `facts`, `_job_now`): the rule and its budget, the
+suspects, the verdict, the hosts, spares and checkpoints, the restarts in the budget's window and each host's
+incident history for the lemon limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from healer.core.catalogue import fault
+from healer.core.plans import JobFacts, Verdict
+from healer.core.policy import Decision, IncidentFacts, JobNow, decide
+from healer.core.rules import DetectorCondition, Rule, RuleSet
+from healer.core.states import IncidentState
+
+EPOCH = datetime(2026, 1, 1)
+"""Simulated time 0 as the policy's clock reads it."""
+
+
+def at(seconds: float) -> datetime:
+    return EPOCH + timedelta(seconds=seconds)
+
+
+@dataclass(slots=True)
+class SimIncident:
+    id: int
+    kind: str
+    cause: str
+    """The failure category behind it (the record's line)."""
+    host: int | None
+    """The host the detector names; None when it names none (a NaN)."""
+    fault_at: float
+    attempt: int
+    first_bad_step: int | None = None
+    state: IncidentState = IncidentState.OPEN
+    state_since: float = 0.0
+    verdict: Verdict | None = None
+    stopped: bool = False
+    """The attempt was stopped for the diagnosis (a cold restart then need not stop it)."""
+    decisions: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class JobSnapshot:
+    """The simulated job as the launcher would describe it."""
+
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+    dp: int
+    checkpoint_steps: tuple[int, ...]
+    restarts: tuple[float, ...]
+    node_incidents: dict[str, int]
+    attempt: int
+    warm_unavailable: str | None
+
+
+def rule_for(rules: RuleSet, kind: str) -> Rule | None:
+    for rule in rules.rules:
+        if isinstance(rule.condition, DetectorCondition) and rule.condition.detector == kind:
+            return rule
+    return None
+
+
+def decide_incident(inc: SimIncident, rules: RuleSet, job: JobSnapshot, names: list[str], now: float) -> Decision:
+    """What the policy decides for `inc` now."""
+    rule = rule_for(rules, inc.kind)
+    kind = fault(inc.kind)
+    suspects = (names[inc.host],) if inc.host is not None else ()
+    budget = rules.budget(rule)
+    facts = JobFacts(nodes=job.nodes, spares=job.spares, dp=job.dp, checkpoint_steps=job.checkpoint_steps,
+                     restarts=tuple(at(t) for t in job.restarts if now - t < budget.window.total_seconds()),
+                     node_incidents=job.node_incidents, warm_unavailable=job.warm_unavailable)
+    across = rule is not None and rule.runbook_scope == "job" and len(job.nodes) > 1
+    diagnosable = across or (kind.diagnose_first and bool(set(suspects) & set(job.nodes)))
+    return decide(IncidentFacts(
+        incident_id=inc.id, kind=kind, state=inc.state, state_since=at(inc.state_since), now=at(now), rule=rule,
+        limits=rules.limits, budget=budget, suspects=suspects, attempt=inc.attempt,
+        first_bad_step=inc.first_bad_step, verdict=inc.verdict if inc.state is IncidentState.DIAGNOSING else None,
+        diagnosis_available=diagnosable, job=JobNow(facts=facts, attempt=job.attempt)))

@@ -1,0 +1,530 @@
+"""The discrete-event simulation of one job: it trains, its hosts fail, and every incident goes through the healer's
+own policy (sim/decisions.py) stage by stage, each stage taking the time the config gives it.
+
+    a failure on a host of the training job   the attempt stops; detection (sim/detection.py); then what the policy
+                                              decides: a diagnosis (node-health, or node-health-live before a warm
+                                              restart: it fails a broken host with the category's `found`
+                                              chance), a restart (warm: the survivors' memory; cold: the newest
+                                              durable checkpoint, the stop, the startup, the load), hosts left out
+                                              (to repair, spares in), a rollback, a backoff, or a page
+    a page                                    a person acts after Stages.person: broken hosts out, spares in, the
+                                              job smaller by whole replicas if it must, a cold restart
+    a failure while the job is down           its host is broken: the next attempt fails on it when it starts
+    a failure of a spare                      the spare goes to repair
+    a broken host kept in the job             it fails again after Failures.recur_after on average
+    a planned interruption                    a clean stop (nothing lost), the maintenance, a cold start
+
+Training between two interruptions is closed-form: saves every `interval` of training, each stalling it, so no
+event is needed per step or per save. With `policy: false` every failure costs one fixed restart instead (the
+analytic baseline of sim/analytic.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from healer.core.catalogue import Remedy, fault
+from healer.core.plans import Verdict
+from healer.core.policy import LIVE_RUNBOOK, Action, Decision, page_now
+from healer.core.rules import RuleSet
+from healer.core.states import IncidentState
+from runbooks.verdict import Status
+from sim.config import Category, SimConfig
+from sim.decisions import JobSnapshot, SimIncident, at, decide_incident, rule_for
+from sim.detection import detection_seconds
+from sim.fleet import Failure, Fleet, Where
+from sim.ledger import Ledger
+
+S = IncidentState
+KEEP_CHECKPOINTS = 5
+
+
+@dataclass(slots=True)
+class _Segment:
+    """The job training since `start` from `p0`, `hosts` of its `size` running (speed hosts/size)."""
+
+    start: float
+    p0: float
+    hosts: int
+    size: int
+
+    @property
+    def speed(self) -> float:
+        return self.hosts / self.size
+
+
+@dataclass(slots=True)
+class SimResult:
+    config: dict[str, Any]
+    wall_s: float
+    ledger: Ledger
+    failures: int
+    failures_on_job: int
+    incidents: Counter[str]
+    remedies: Counter[str]
+    restarts: Counter[str]
+    pages: list[dict[str, Any]]
+    spares_taken: int
+    repairs: int
+    lemons_left_out: int
+    sim_seconds: float
+    """How long the simulation itself ran (this machine's wall clock)."""
+    events: int
+
+    @property
+    def ettr(self) -> float:
+        return self.ledger.ettr(self.wall_s)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"ettr": round(self.ettr, 5), "wall_days": round(self.wall_s / 86400.0, 3),
+                "gpu_hours": self.ledger.gpu_hours(), "lost_gpu_hours_by_cause": self.ledger.causes_gpu_hours(),
+                "failures": self.failures, "failures_on_job": self.failures_on_job,
+                "incidents": dict(sorted(self.incidents.items())), "remedies": dict(sorted(self.remedies.items())),
+                "restarts": dict(sorted(self.restarts.items())), "pages": len(self.pages),
+                "page_reasons": self.pages, "spares_taken": self.spares_taken, "repairs": self.repairs,
+                "lemons_left_out": self.lemons_left_out, "sim_seconds": round(self.sim_seconds, 3),
+                "events": self.events}
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig, rules: RuleSet, seed: int | None = None) -> None:
+        self.cfg, self.rules = cfg, rules
+        self.rng = np.random.default_rng(cfg.seed if seed is None else seed)
+        job = cfg.job
+        self.size, self.gpn, self.hpr = job.nodes, job.gpus_per_node, job.hosts_per_replica
+        self.fleet = Fleet(cfg.failures, job.nodes, job.spares if cfg.policy else 0, self.rng)
+        self._index = {n: i for i, n in enumerate(self.fleet.names)}
+        self.detect = detection_seconds(rules, cfg)
+        self.ledger = Ledger(gpus=job.gpus)
+        self.end = cfg.days * 86400.0
+        self.now = 0.0
+        self.hosts: list[int] = list(range(job.nodes))
+        self.dp = job.dp
+        self.attempt = 0
+        self.segment: _Segment | None = None
+        self.progress = 0.0
+        """Training done (full-job seconds) when the job last stopped, or where it resumed."""
+        self.memory = 0.0
+        """The newest completed save: every rank holds it in memory (a warm restart resumes from it)."""
+        self.durable: list[tuple[float, float]] = [(0.0, 0.0)]
+        """(progress, when it is durable) of the saves, oldest first."""
+        self.broken: dict[int, Category] = {}
+        """Hosts of the job that are broken, and how: kept in the job, they fail again."""
+        self.pending: dict[int, Category] = {}
+        """Hosts that broke while the job was down: the next attempt fails on them as it starts."""
+        self.recur_token: dict[int, int] = {}
+        self.named: dict[int, list[float]] = {}
+        """Host -> when incidents named it (the lemon limit's history)."""
+        self.restart_times: list[float] = []
+        self.last_restart_warm_untrained = False
+        self.down: tuple[str, float, str | None] | None = ("restart", 0.0, None)
+        """(ledger category, since, failure category) of the time the job is not training; the first start is a
+        restart like any other (a cold start of its own)."""
+        self.events: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self.n_events = 0
+        self.failures = self.failures_on_job = self.spares_taken = self.repairs = self.lemons_left_out = 0
+        self.incidents: Counter[str] = Counter()
+        self.remedies: Counter[str] = Counter()
+        self.restarts: Counter[str] = Counter()
+        self.pages: list[dict[str, Any]] = []
+        self.u0 = self._analytic_restart_s()
+        self._analytic_token = 0
+        """policy: false: the restart in flight (a failure during one starts it again)."""
+
+    # ---- the loop ---------------------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        first = self.fleet.next_failure(0.0)
+        self._push(first.at, "fail", first)
+        if self.cfg.policy and self.cfg.failures.planned > 0:
+            self._push(self._next_planned(0.0), "planned", None)
+        self._push(self._cold_time(), "trained", None)
+        while self.events:
+            at, _, what, data = heapq.heappop(self.events)
+            if at >= self.end:
+                break
+            self.now = at
+            self.n_events += 1
+            getattr(self, f"_on_{what}")(data)
+        self.now = self.end
+        self._close_training(self.end)
+        self._close_down(self.end)
+        self.ledger.add("productive", self.progress * self.ledger.gpus)
+        self.ledger.check(self.end)
+        return SimResult(config=self._summary(), wall_s=self.end, ledger=self.ledger, failures=self.failures,
+                         failures_on_job=self.failures_on_job, incidents=self.incidents, remedies=self.remedies,
+                         restarts=self.restarts, pages=self.pages, spares_taken=self.spares_taken,
+                         repairs=self.repairs, lemons_left_out=self.lemons_left_out,
+                         sim_seconds=time.perf_counter() - t0, events=self.n_events)
+
+    def schedule(self, failure: Failure) -> None:
+        """A failure at a time of the caller's choosing, beside the drawn ones (tests, what-ifs); before run()."""
+        self._push(failure.at, "injected", failure)
+
+    def _push(self, at: float, what: str, data: Any) -> None:
+        heapq.heappush(self.events, (at, next(self._seq), what, data))
+
+    # ---- training, closed-form -------------------------------------------------------------------------------
+
+    def _start_training(self) -> None:
+        self.segment = _Segment(self.now, self.progress, len(self.hosts), self.size)
+        self.last_restart_warm_untrained = False
+        for host, cat in self.broken.items():
+            self._recur(host, cat)
+
+    def _close_training(self, t: float) -> None:
+        """Stop the training segment at `t`: its work, stalls and saves into the ledger and the checkpoints."""
+        seg = self.segment
+        if seg is None:
+            return
+        self.segment = None
+        interval = self.cfg.checkpoint.interval.total_seconds()
+        stall = self.cfg.checkpoint.stall.total_seconds()
+        persist = self.cfg.checkpoint.persist.total_seconds()
+        elapsed = t - seg.start
+        cycle = interval + stall
+        saves = int(elapsed // cycle)
+        rest = elapsed - saves * cycle
+        work = saves * interval + min(rest, interval)
+        stalled = saves * stall + max(0.0, rest - interval)
+        newest_durable = int((elapsed - persist) // cycle)  # a long persist: it may be older than the last saves
+        for j in sorted({*range(max(1, saves - KEEP_CHECKPOINTS + 1), saves + 1), *([newest_durable]
+                                                                                    if newest_durable >= 1 else [])}):
+            done = seg.start + j * cycle
+            self.durable.append((seg.p0 + seg.speed * j * interval, done + persist))
+        # Retention: the newest saves, and always the newest one already durable (what a cold restart would take).
+        durable_now = max(i for i, (_, ready) in enumerate(self.durable) if ready <= t)
+        del self.durable[:max(0, min(durable_now, len(self.durable) - KEEP_CHECKPOINTS))]
+        if saves:
+            self.memory = seg.p0 + seg.speed * saves * interval
+        self.progress = seg.p0 + seg.speed * work
+        self.ledger.add("checkpoint_stall", stalled * seg.hosts * self.gpn)
+        self.ledger.add("degraded", elapsed * (seg.size - seg.hosts) * self.gpn)
+
+    def _durable_at(self, t: float) -> float:
+        """The newest checkpoint durable at `t` (a cold restart resumes from it)."""
+        return max(p for p, ready in self.durable if ready <= t)
+
+    def _step(self, progress: float) -> int:
+        return int(progress // self.cfg.job.step_time.total_seconds())
+
+    # ---- down time -------------------------------------------------------------------------------------------
+
+    def _down_as(self, category: str, cause: str | None) -> None:
+        """The job waits from now on, as `category` (the previous wait closed into the ledger)."""
+        self._close_down(self.now)
+        self.down = (category, self.now, cause)
+
+    def _close_down(self, t: float) -> None:
+        if self.down is None:
+            return
+        category, since, cause = self.down
+        self.ledger.add(category, (t - since) * self.ledger.gpus, cause)
+        self.down = None
+
+    def _lose(self, resume: float, cause: str) -> None:
+        """Resume from `resume`: the training since it is lost work."""
+        if resume > self.progress + 1e-6:
+            raise AssertionError(f"resuming at {resume} ahead of the training done, {self.progress}")
+        self.ledger.add("lost_work", (self.progress - resume) * self.ledger.gpus, cause)
+        self.progress = resume
+        # Saves of the lost stretch (one still being written when the attempt died) are gone with it.
+        self.durable = [(p, ready) for p, ready in self.durable if p <= resume]
+
+    # ---- failures --------------------------------------------------------------------------------------------
+
+    def _on_fail(self, f: Failure) -> None:
+        """The fleet's failure process: this failure, and the next one drawn."""
+        nxt = self.fleet.next_failure(self.now)
+        self._push(nxt.at, "fail", nxt)
+        self._failure(f)
+
+    def _on_injected(self, f: Failure) -> None:
+        self._failure(f)
+
+    def _failure(self, f: Failure) -> None:
+        where = Where(self.fleet.where[f.host])
+        if where is Where.REPAIR:
+            return  # thinned: a host in repair does not fail
+        self.failures += 1
+        if where is Where.SPARE:
+            self._to_repair(f.host, f.category)
+            return
+        self.failures_on_job += 1
+        if not self.cfg.policy:
+            self._analytic_failure(f)
+            return
+        if self.segment is None:
+            # NOTE: while the job is down a broken host only waits: the next attempt fails on it when it starts.
+            if f.category.host_at_fault and f.host not in self.broken:
+                self.pending[f.host] = f.category
+            return
+        if f.category.host_at_fault:
+            self.broken[f.host] = f.category
+        self._interrupted(f.host, f.category)
+
+    def _on_recur(self, data: tuple[int, int]) -> None:
+        host, token = data
+        cat = self.broken.get(host)
+        if cat is None or self.recur_token.get(host) != token or self.segment is None:
+            return
+        self.failures += 1
+        self.failures_on_job += 1
+        self._interrupted(host, cat)
+
+    def _recur(self, host: int, cat: Category) -> None:
+        token = self.recur_token[host] = self.recur_token.get(host, 0) + 1
+        again = self.fleet.recurrence(self.now, host, cat)
+        self._push(again.at, "recur", (host, token))
+
+    def _to_repair(self, host: int, cat: Category) -> None:
+        self.fleet.where[host] = Where.REPAIR
+        self.broken.pop(host, None)
+        self.pending.pop(host, None)
+        self.recur_token.pop(host, None)
+        self.repairs += 1
+        self._push(self.now + cat.repair.total_seconds(), "repaired", host)
+
+    def _on_repaired(self, host: int) -> None:
+        if self.fleet.where[host] == Where.REPAIR:
+            self.fleet.where[host] = Where.SPARE
+
+    # ---- incidents -------------------------------------------------------------------------------------------
+
+    def _interrupted(self, host: int, cat: Category) -> None:
+        """A failure stops the training attempt: its incident begins."""
+        self._close_training(self.now)
+        self._open(host, cat)
+
+    def _open(self, host: int, cat: Category) -> None:
+        kind = cat.sees
+        inc = SimIncident(id=next(self._ids), kind=kind, cause=cat.name, fault_at=self.now, attempt=self.attempt,
+                          host=None if kind == "nonfinite" else host,
+                          first_bad_step=self._step(self.progress) if kind == "nonfinite" else None)
+        self.incidents[kind] += 1
+        if kind not in self.detect or rule_for(self.rules, kind) is None:
+            # Nothing of the healer's watches for it: it stays down until someone notices.
+            self._escalate(inc, f"{kind}: no rule of the rule set detects it")
+            return
+        self._down_as("detection", cat.name)
+        self._push(self.now + self.detect[kind], "detected", inc)
+
+    def _on_detected(self, inc: SimIncident) -> None:
+        if inc.host is not None and fault(inc.kind).lemon:
+            self.named.setdefault(inc.host, []).append(self.now)  # the host's lemon history (a lemon kind names it)
+        inc.state, inc.state_since = S.OPEN, self.now
+        self._decide(inc)
+
+    def _on_decide(self, inc: SimIncident) -> None:
+        self._decide(inc)
+
+    def _decide(self, inc: SimIncident) -> None:
+        d = decide_incident(inc, self.rules, self._snapshot(), self.fleet.names, self.now)
+        inc.decisions.append(d.action.value)
+        if d.action is Action.DIAGNOSE:
+            self._diagnose(inc, d)
+        elif d.action is Action.REMEDIATE and d.plan is not None:
+            self._remediate(inc, d)
+        elif d.action is Action.ESCALATE:
+            inc.state = S.ESCALATED
+            self._escalate(inc, str(d.basis.get("reason")))
+        elif d.action is Action.WAIT and d.next_action_at is not None:
+            self._push(self.now + (d.next_action_at - at(self.now)).total_seconds(), "decide", inc)
+        else:
+            self._escalate(inc, f"the policy left the stopped job waiting ({d.basis.get('reason')})")
+
+    def _diagnose(self, inc: SimIncident, d: Decision) -> None:
+        live = d.basis.get("runbook") == LIVE_RUNBOOK and bool(d.basis.get("live"))
+        stages = self.cfg.stages
+        seconds = stages.node_health_live.total_seconds() if live else stages.node_health.total_seconds()
+        if not live:
+            seconds += stages.stop.total_seconds()  # the attempt is stopped first: node-health wants the host idle
+            inc.stopped = True
+        self._down_as("diagnosis", inc.cause)
+        assert inc.host is not None  # a diagnosis runs on a suspect host
+        cat = self.broken.get(inc.host)
+        found = cat is not None and self.rng.random() < (cat.live_found if live else cat.found)
+        inc.verdict = Verdict(Status.FAIL, (self.fleet.names[inc.host],)) if found else Verdict(Status.PASS)
+        inc.state, inc.state_since = S.DIAGNOSING, self.now
+        self._push(self.now + seconds, "decide", inc)
+
+    def _remediate(self, inc: SimIncident, d: Decision) -> None:
+        plan = d.plan
+        assert plan is not None
+        inc.state = S.REMEDIATING
+        self.remedies[plan.remedy.value] += 1
+        if plan.remedy is Remedy.NOTIFY:
+            # A fault that stopped the job, answered by telling someone: nobody restarts it but a person.
+            self._escalate(inc, f"{inc.kind}: notify only, and the job is stopped")
+            return
+        self.lemons_left_out += len(plan.basis.get("lemons") or {})
+        for name in plan.exclude:
+            host = self._index[name]
+            self._to_repair(host, self.broken.get(host) or self._category(inc.cause))
+        current = set(self.hosts)
+        joined = [self._index[n] for n in plan.nodes if self._index[n] not in current]
+        for host in joined:
+            self.fleet.where[host] = Where.JOB
+        self.spares_taken += len(joined)
+        for name in plan.released:
+            self.fleet.where[self._index[name]] = Where.SPARE  # half a replica: idle, a spare for the next loss
+        self.hosts = [self._index[n] for n in plan.nodes]
+        self.dp = plan.dp or self.dp
+        self.restart_times.append(self.now)
+        if plan.remedy is Remedy.ROLLBACK and plan.resume_step is not None:
+            resume = self._progress_of_step(plan.resume_step, warm=plan.warm)
+        else:
+            resume = self.memory if plan.warm else self._durable_at(inc.fault_at)
+        self._lose(resume, inc.cause)
+        self._restart(warm=plan.warm, stopped=inc.stopped, cause=inc.cause)
+
+    def _restart(self, *, warm: bool, stopped: bool, cause: str) -> None:
+        self.attempt += 1
+        self.restarts["warm" if warm else "cold"] += 1
+        self._down_as("restart", cause)
+        self.memory = self.progress  # what the restarted ranks hold: the state they resumed from
+        self.last_restart_warm_untrained = warm
+        took = self.cfg.stages.warm_restart.total_seconds() if warm else self._cold_time(stopped)
+        self._push(self.now + took, "trained", None)
+
+    def _on_trained(self, _: None) -> None:
+        """The attempt reached its first step, unless a host of it broke meanwhile (then it fails on that host)."""
+        for host in [h for h in self.pending if self.fleet.where[h] == Where.SPARE]:
+            self._to_repair(host, self.pending.pop(host))  # it broke while out of the job
+        bad = [h for h in self.hosts if h in self.pending]
+        if bad:
+            cat = self.broken[bad[0]] = self.pending.pop(bad[0])
+            self._open(bad[0], cat)
+            return
+        self._close_down(self.now)
+        self._start_training()
+
+    def _escalate(self, inc: SimIncident, reason: str) -> None:
+        self._down_as("person", inc.cause)
+        self._page(inc, reason)
+        self._push(self.now + self.cfg.stages.person.total_seconds(), "person", inc)
+
+    def _page(self, inc: SimIncident, reason: str) -> None:
+        rule = rule_for(self.rules, inc.kind)
+        # NOTE: a page as Alertmanager would route it (the rule's page policy); with none, the stopped job is found by
+        # whoever looks: still a person's time.
+        paged = rule is None or page_now(rule.page, S.ESCALATED)
+        self.pages.append({"at_day": round(self.now / 86400.0, 3), "incident": inc.id, "kind": inc.kind,
+                           "cause": inc.cause, "paged": paged, "reason": reason[:300]})
+
+    def _on_person(self, inc: SimIncident) -> None:
+        """Someone answered the page: broken hosts out, spares in, whole replicas dropped if short, a cold restart."""
+        for host in [h for h in self.hosts if h in self.broken or h in self.pending]:
+            self._to_repair(host, self.broken.get(host) or self.pending[host])
+        kept = [h for h in self.hosts if self.fleet.where[h] == Where.JOB]
+        spares = self.fleet.hosts(Where.SPARE)
+        need = self.size - len(kept)
+        joined = spares[:need]
+        for h in joined:
+            self.fleet.where[h] = Where.JOB
+        self.spares_taken += len(joined)
+        hosts = kept + joined
+        usable = len(hosts) // self.hpr * self.hpr
+        for h in hosts[usable:]:
+            self.fleet.where[h] = Where.SPARE
+        if usable == 0:
+            self._push(self.now + self.cfg.stages.person.total_seconds(), "person", inc)
+            return
+        self.hosts, self.dp = hosts[:usable], usable // self.hpr
+        self._lose(self._durable_at(inc.fault_at), inc.cause)
+        self._restart(warm=False, stopped=True, cause=inc.cause)
+
+    # ---- planned interruptions -------------------------------------------------------------------------------
+
+    def _next_planned(self, now: float) -> float:
+        f = self.cfg.failures
+        per_s = f.planned / (f.reference_days * 86400.0) * (self.size / f.reference_nodes)
+        return now + float(self.rng.exponential(1.0 / per_s))
+
+    def _on_planned(self, _: None) -> None:
+        self._push(self._next_planned(self.now), "planned", None)
+        if self.segment is None:
+            return  # the job is down already: the maintenance waits for it
+        self._close_training(self.now)
+        # A clean stop: every rank saves and leaves, nothing is lost.
+        self.durable.append((self.progress, self.now))
+        self.memory = self.progress
+        self._down_as("planned", "planned")
+        self.attempt += 1
+        self.restarts["planned"] += 1
+        gap = self.cfg.stages.planned_downtime.total_seconds() + self._cold_time(stopped=False)
+        self._push(self.now + gap, "trained", None)
+
+    # ---- the analytic baseline ---------------------------------------------------------------------------------
+
+    def _analytic_restart_s(self) -> float:
+        """policy: false: the one restart every failure costs (detection, stop, startup, load), the categories'
+        detection weighted by their counts."""
+        cats = self.cfg.failures.categories
+        total = sum(c.count for c in cats)
+        detect = sum(c.count * self.detect.get(c.sees, 0.0) for c in cats) / total
+        return detect + self._cold_time(stopped=False)
+
+    def _analytic_failure(self, f: Failure) -> None:
+        """policy: false: back to the newest durable save, a fixed restart, a fresh host (failures during the restart
+        start it again)."""
+        if self.segment is not None:
+            self._close_training(self.now)
+            self._lose(self._durable_at(self.now), f.category.name)
+            self._down_as("restart", f.category.name)
+        self._analytic_token += 1
+        self._push(self.now + self.u0, "analytic_up", self._analytic_token)
+
+    def _on_analytic_up(self, token: int) -> None:
+        if token == self._analytic_token:
+            self._close_down(self.now)
+            self._start_training()
+
+    # ---- what the launcher would say ---------------------------------------------------------------------------
+
+    def _cold_time(self, stopped: bool = True) -> float:
+        st, ck = self.cfg.stages, self.cfg.checkpoint
+        return (0.0 if stopped else st.stop.total_seconds()) + st.cold_start.total_seconds() + ck.load.total_seconds()
+
+    def _category(self, name: str) -> Category:
+        return next(c for c in self.cfg.failures.categories if c.name == name)
+
+    def _progress_of_step(self, step: int, warm: bool) -> float:
+        saves = [p for p, _ in self.durable] + ([self.memory] if warm else [])
+        return max((p for p in saves if self._step(p) == step), default=self._durable_at(self.now))
+
+    def _snapshot(self) -> JobSnapshot:
+        names = self.fleet.names
+        window = self.rules.limits.lemon_window.total_seconds()
+        counts = {names[h]: n for h, times in self.named.items()
+                  if (n := sum(1 for t in times if self.now - t < window))}
+        saves = {self._step(p) for p, ready in self.durable if ready <= self.now}
+        if self.cfg.restart == "warm":
+            saves.add(self._step(self.memory))
+        warm_off = ("the job does not run warm" if self.cfg.restart != "warm" else
+                    "its last restart was warm and never trained" if self.last_restart_warm_untrained else None)
+        return JobSnapshot(nodes=tuple(names[h] for h in self.hosts),
+                           spares=tuple(names[h] for h in self.fleet.hosts(Where.SPARE)), dp=self.dp,
+                           checkpoint_steps=tuple(sorted(saves)), restarts=tuple(self.restart_times),
+                           node_incidents=counts, attempt=self.attempt, warm_unavailable=warm_off)
+
+    def _summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"days": cfg.days, "seed": cfg.seed, "restart": cfg.restart, "policy": cfg.policy,
+                "nodes": cfg.job.nodes, "gpus": cfg.job.gpus, "spares": cfg.job.spares,
+                "checkpoint_interval_s": cfg.checkpoint.interval.total_seconds(),
+                "failure_scale": cfg.failures.scale,
+                "failures_per_day": round(cfg.failures.rate_per_node * cfg.job.nodes * 86400.0, 3),
+                "detection_s": {k: round(v, 3) for k, v in sorted(self.detect.items())},
+                "analytic_restart_s": round(self.u0, 3)}
+
