@@ -21,7 +21,7 @@ hang before the process group's timeout (600 s here), so its hang run is cut off
 reported as not detected. With --ettr-minutes M (0: skip), it also runs megaheal for M minutes per mode with a
 crash every --crash-every seconds and reports the goodput ledger's ETTR.
 Targets (2-core CPU, 4 ranks): crash detected <= 2 s, hang <= 2 x p99 step + 5 s, crash MTTR <= 3 s, ETTR >= 95%
-(10 minutes, a crash every 2.5 minutes).
+(10 minutes, a crash every 2.5 minutes; --checkpoint-every sets its save interval in steps).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ SIGNALS = {"crash": (3, signal.SIGKILL), "hang": (1, signal.SIGSTOP)}
 HANG_RANK = 1
 """The rank that plays each of chaos's HANG_KINDS (train/hang_faults.py) at FAULT_STEP, as SIGSTOP hits it."""
 FAULT_STEP = 10
+ETTR_VICTIMS = (3, 1, 2, 0)
+"""The ranks the ETTR run kills in turn: n2, n1, n2, n1 (ranks 0-1 on n1, 2-3 on n2)."""
 
 
 def hang_override(fault: str) -> str:
@@ -71,9 +73,9 @@ def hang_started(run_dir: Path) -> float | None:
 # ---- megaheal ----------------------------------------------------------------------------------------------
 
 def megaheal_job(run_dir: Path, steps: int, max_restarts: int = 5, extra: tuple[str, ...] = (),
-                 warm: bool = False) -> SelfHealingJob:
+                 warm: bool = False, checkpoint_every: int = 5) -> SelfHealingJob:
     spec = JobSpec(job="bench", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir,
-                   overrides=(f"steps={steps}", "checkpoint.every_steps=5", *extra),
+                   overrides=(f"steps={steps}", f"checkpoint.every_steps={checkpoint_every}", *extra),
                    rules=rule_set(max_restarts=max_restarts, hang={"floor": "5s"}),
                    warm=WarmSettings(standbys=1) if warm else None)
     job = build_job(spec)
@@ -223,15 +225,17 @@ def torchrun_fault(fault: str, workdir: Path, hang_cap_s: float) -> dict[str, ob
 
 # ---- ETTR ----------------------------------------------------------------------------------------------------
 
-def ettr_run(workdir: Path, minutes: float, every_s: float, warm: bool) -> dict[str, object]:
+def ettr_run(workdir: Path, minutes: float, every_s: float, warm: bool, checkpoint_every: int) -> dict[str, object]:
     run_dir = workdir / f"megaheal-ettr-{'warm' if warm else 'cold'}"
-    job = megaheal_job(run_dir, 100000, max_restarts=100, warm=warm)
+    job = megaheal_job(run_dir, 100000, max_restarts=100, warm=warm, checkpoint_every=checkpoint_every)
     start = time.time()
     faults: list[float] = []
 
     def hook(j: SelfHealingJob) -> None:
         if time.time() - start >= every_s * (len(faults) + 1) and len(current_steps(j)) == 4:
-            j.remediator.signal_rank(3, signal.SIGKILL)
+            # NOTE: the victims take turns on the two hosts: three crashes on one host within the lemon window make
+            # it a lemon, and the policy rightly leaves it out (the job then trains on one host).
+            j.remediator.signal_rank(ETTR_VICTIMS[len(faults) % len(ETTR_VICTIMS)], signal.SIGKILL)
             faults.append(time.time())
 
     job.run(timedelta(minutes=minutes), on_tick=hook)
@@ -240,7 +244,8 @@ def ettr_run(workdir: Path, minutes: float, every_s: float, warm: bool) -> dict[
     ledger = compute(run_dir, incidents)
     modes = [i.get("restart_mode") for i in incidents]
     mttr = sorted(round(i["recovered_at"] - i["detected_at"], 3) for i in incidents if i.get("recovered_at"))
-    return {"minutes": minutes, "crash_every_s": every_s, "faults": len(faults), "incidents": len(incidents),
+    return {"minutes": minutes, "crash_every_s": every_s, "checkpoint_every_steps": checkpoint_every,
+            "faults": len(faults), "incidents": len(incidents),
             "restarts": {m: modes.count(m) for m in ("warm", "cold")}, "detect_to_recovered_s": mttr,
             "ettr": ledger.ettr, "seconds": ledger.seconds, "steps_done": ledger.steps_done,
             "lost_steps": ledger.lost_steps}
@@ -252,6 +257,7 @@ def main() -> int:
     parser.add_argument("--hang-cap", type=float, default=90.0)
     parser.add_argument("--ettr-minutes", type=float, default=10.0)
     parser.add_argument("--crash-every", type=float, default=150.0, help="ETTR run: seconds between crashes")
+    parser.add_argument("--checkpoint-every", type=int, default=5, help="ETTR run: steps between checkpoints")
     parser.add_argument("--modes", default="warm,cold", help="megaheal's restart modes to run a crash and ETTR in")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "recovery.json"))
@@ -271,7 +277,8 @@ def main() -> int:
             results[fault] = runs | {"torchrun_max_restarts_3": torchrun_fault(fault, Path(tmp), args.hang_cap)}
             print(fault, json.dumps(results[fault]), flush=True)
         if args.ettr_minutes > 0:
-            results["ettr"] = {m: ettr_run(Path(tmp), args.ettr_minutes, args.crash_every, warm=m == "warm")
+            results["ettr"] = {m: ettr_run(Path(tmp), args.ettr_minutes, args.crash_every, warm=m == "warm",
+                                           checkpoint_every=args.checkpoint_every)
                                for m in modes}
             print("ettr", json.dumps(results["ettr"]), flush=True)
     finally:
