@@ -232,6 +232,10 @@ class LocalRemediator:
 
     def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
         self.sup.view.stopping(self.job)
+        # NOTE: the hosts it leaves out are out from the order on, not once the old attempt is stopped: while it is
+        # (its ranks hidden from the detectors), a host's lasting fault (a GPU that keeps its Xid) reads as no job's
+        # and opened an incident of its own.
+        self.excluded = self.excluded | (set(self.nodes) - set(order.nodes) - set(order.released))
 
         def run() -> None:
             try:
@@ -291,7 +295,7 @@ class LocalRemediator:
         self.spares = tuple(s for s in self.spares if s not in order.nodes) + \
             tuple(n for n in order.released if n not in self.spares)
         left_out = set(self.nodes) - set(order.nodes) - set(order.released)
-        self.excluded |= left_out
+        self.excluded = self.excluded | left_out  # rebound, not changed in place: state() reads it from another thread
         self.nodes, self.dp = tuple(order.nodes), order.dp
         self.skip_steps |= set(order.skip_steps)
         try:

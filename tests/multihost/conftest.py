@@ -12,6 +12,7 @@ of its own.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,9 +28,13 @@ from testbed.job import job_env
 SCRIPTS = REPO / "tests" / "multihost" / "scripts"
 # NOTE: two checkouts on one machine (worktrees) may run the tier at once: each gives its own prefix, subnet and
 # port here, or the second session's start takes the first one's bed down under it.
+# NOTE: Slurm marks a silent host DOWN (and ends its job steps: "Node failure") after SlurmdTimeout. 30 s, not the
+# bed's default 10 s: the host cut off for good in test_faults_healed is back ~20-25 s after its cut, and must still
+# run its stale attempt then (with 10 s, Slurm ended it first in one full run here).
 CONFIG = dict(hosts=4, prefix=os.environ.get("MEGAHEAL_TIER_PREFIX", "mht"),
               subnet=os.environ.get("MEGAHEAL_TIER_SUBNET", "10.214.0.0/24"),
-              slurmctld_port=int(os.environ.get("MEGAHEAL_TIER_SLURMCTLD_PORT", "6827")))
+              slurmctld_port=int(os.environ.get("MEGAHEAL_TIER_SLURMCTLD_PORT", "6827")),
+              slurmd_timeout=timedelta(seconds=30))
 
 
 def need_root() -> None:

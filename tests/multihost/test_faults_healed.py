@@ -60,9 +60,10 @@ def test_a_host_that_dies_is_replaced_by_the_spare_and_one_cut_off_for_good_leav
     cut = hosts[2]
     at_cut = max(job.steps().values())
     faults.cut_link(bed, cut)
-    # The job goes on without it, on the two hosts left.
-    wait_for("attempt 2 training", lambda: any(e["event"] == "ranks" and e.get("attempt") == 2
-                                               for e in job.journal()), 300, every_s=0.5)
+    # The job goes on without it, on the two hosts left: once that attempt starts, the host comes back (before
+    # Slurm's SlurmdTimeout would end its steps itself: the healer is to stop what it left running).
+    wait_for("attempt 2 started", lambda: any(e["event"] == "start" and e.get("attempt") == 2
+                                              for e in job.journal()), 300, every_s=0.5)
     assert bed.pids(bed.host(cut)), "the cut-off host still runs its part of attempt 1"
     faults.restore_link(bed, cut)
 

@@ -288,7 +288,9 @@ def test_a_gpu_off_the_bus_and_then_a_lemon_node_are_each_left_out_and_a_spare_t
         kill(lp)
 
     assert loop.run(timedelta(seconds=280), on_tick=hook) == "finished"
-    gpu, lemon = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    # NOTE: a straggler notice may come too: the spare n3 trains beside the killed attempts' processes still exiting on
+    # these 2 cores (one run here named rank 1 on n3 for 3 windows); it only notifies, and is no part of what is tested.
+    gpu, lemon = sorted((i for i in loop.incidents() if i.kind != "straggler"), key=lambda i: i.detected_at)
     assert gpu.kind == "gpu_fault" and gpu.suspect_nodes == ["n2"] and "Xid 79" in gpu.summary
     assert gpu.detected_at >= xid["at"]
     assert gpu.action == "exclude-node-and-restart" and gpu.plan["exclude"] == ["n2"]
