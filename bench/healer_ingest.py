@@ -1,7 +1,12 @@
-"""Heartbeat ingestion of one healer for a simulated 12,288-rank job, written as JSON.
+"""Heartbeat ingestion of one healer for a simulated 12,288-rank job (or 131,072 through relays), written as JSON.
 
 Run:  .venv/bin/python bench/healer_ingest.py [--nodes 1536] [--ranks-per-node 8] [--seconds 20]
-      [--clients 2] [--out bench/results/healer_ingest.json]
+      [--clients 2] [--per-relay 0] [--rules stale|default] [--out bench/results/healer_ingest.json]
+      e.g. --nodes 16384 --per-relay 128 --out bench/results/healer_ingest_131k.json
+
+With --per-relay K the nodes reach the healer through relays of K nodes each (`megaheal relay`): one request
+per relay per second. Relay 0 is a real relay process fed by its K nodes (its CPU and RSS are reported); the other
+relays are simulated by the load processes, which post the batches such a relay would.
 
 A real `megaheal healer` (SQLite, the heartbeat_stale rule, detection every second) receives one heartbeat
 batch per node per second over HTTP, from --clients load processes (asyncio, 8 keep-alive connections each) that post each
@@ -62,10 +67,24 @@ def node_body(node: int, ranks_per_node: int, job: str = "bench") -> bytes:
                                        nvml="ok", ranks=ranks, gpus=gpus))
 
 
-def client(port: int, nodes: list[int], ranks_per_node: int, seconds: float, start_at: float, out: Any,
-           connections: int = 8) -> None:
-    """One load process: `connections` keep-alive connections, each posting its share of the nodes' batches at
-    their slots in every second (asyncio, so the rate does not hinge on one request's latency)."""
+def relay_body(relay: int, per_relay: int, ranks_per_node: int) -> bytes:
+    """What a relay of `per_relay` nodes posts each second (exporters/relay.py's RelayBatch), every node's batch
+    half an interval old."""
+    import msgspec
+
+    from exporters.schema import HEARTBEAT_SCHEMA, RelayBatchOut, RelayedNodeOut
+
+    nodes = range(relay * per_relay, (relay + 1) * per_relay)
+    return msgspec.json.encode(RelayBatchOut(
+        schema=HEARTBEAT_SCHEMA, relay=f"relay-{relay:04d}", seq=0, sent_at=time.time(),
+        nodes=[RelayedNodeOut(age_s=0.5, batch=msgspec.Raw(node_body(n, ranks_per_node))) for n in nodes]))
+
+
+def client(port: int, senders: list[int], ranks_per_node: int, seconds: float, start_at: float, out: Any,
+           connections: int = 8, per_relay: int = 0) -> None:
+    """One load process: `connections` keep-alive connections, each posting its share of the senders' batches at
+    their slots in every second (asyncio, so the rate does not hinge on one request's latency). A sender is a
+    node (per_relay 0: its own batch to /v1/heartbeats) or a relay of per_relay nodes (/v1/heartbeats/relayed)."""
     import asyncio
 
     async def one(conn_nodes: list[tuple[float, bytes]], stats: dict[str, Any], t0: float) -> None:
@@ -89,22 +108,27 @@ def client(port: int, nodes: list[int], ranks_per_node: int, seconds: float, sta
                 await reader.readexactly(length)
                 stats["latencies"].append(time.perf_counter() - began)
                 stats["sent"] += 1
-                stats["failed"] += 0 if head.startswith(b"HTTP/1.1 202") else 1
+                if not head.startswith(b"HTTP/1.1 202"):
+                    stats["failed"] += 1
+                    stats["first_failure"] = stats.get("first_failure") or head[:200].decode(errors="replace")
             second += 1
 
     async def run() -> dict[str, Any]:
         requests = []
-        for n in nodes:
-            body = node_body(n, ranks_per_node)
-            requests.append((n / total_nodes, (f"POST /v1/heartbeats HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        path = "/v1/heartbeats/relayed" if per_relay else "/v1/heartbeats"
+        for n in senders:
+            body = relay_body(n, per_relay, ranks_per_node) if per_relay else node_body(n, ranks_per_node)
+            requests.append((n / total, (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                                                f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
                                                f"Content-Length: {len(body)}\r\n\r\n").encode() + body))
         stats: dict[str, Any] = {"sent": 0, "failed": 0, "late": 0, "latencies": []}
         t0 = time.perf_counter() + max(0.0, start_at - time.time())
-        await asyncio.gather(*(one(sorted(requests[i::connections]), stats, t0) for i in range(connections)))
+        # NOTE: fewer senders than connections leaves some without any: those would spin without ever awaiting.
+        await asyncio.gather(*(one(sorted(requests[i::connections]), stats, t0) for i in range(connections)
+                               if requests[i::connections]))
         return stats
 
-    total_nodes = max(nodes) + 1
+    total = max(senders) + 1
     cpu0 = time.process_time()
     stats = asyncio.run(run())
     stats["cpu_s"] = time.process_time() - cpu0
@@ -161,23 +185,45 @@ def histogram_quantile(q: float, before: list[tuple[float, float]], after: list[
     return lower
 
 
-def exact_cycles(nodes: int, ranks_per_node: int, cycles: int = 200) -> dict[str, float]:
-    """The detector alone on a full table, in this process: exact percentiles of one cycle."""
+def exact_cycles(nodes: int, ranks_per_node: int, rules: str = "stale") -> dict[str, Any]:
+    """One detection cycle (the tick's view and every detector of the rule set) on a full table, in this process
+    and unloaded: exact percentiles. Between cycles every node's batch comes again one step further on (untimed),
+    so that the detectors that learn from new steps do their real work each cycle."""
     from healer.core.detectors.heartbeat_stale import HeartbeatStale
+    from healer.core.detectors.registry import default_registry
     from healer.core.heartbeats import HeartbeatTable
+    from healer.core.jobview import TickView
+    from healer.core.rules import DetectorCondition, load_rule_set
 
+    if rules == "stale":
+        detectors = [HeartbeatStale(HeartbeatStale.Config())]
+    else:
+        registry = default_registry()
+        detectors = [registry.resolve(r.condition.detector)(r.condition.params)
+                     for r in load_rule_set([REPO / "configs" / "rules" / "default.yaml"]).rules
+                     if isinstance(r.condition, DetectorCondition)]
+    bodies = [node_body(n, ranks_per_node) for n in range(nodes)]
     table = HeartbeatTable()
-    for n in range(nodes):
-        table.ingest(node_body(n, ranks_per_node))
-    detector = HeartbeatStale(HeartbeatStale.Config())
-    times = []
-    for _ in range(cycles):
-        t = time.perf_counter()
-        detector.evaluate(table, time.time())
-        times.append(time.perf_counter() - t)
+    times, per_detector = [], {type(d).name: 0.0 for d in detectors}
+    cycles = 50 if rules == "stale" else 12
+    for cycle in range(cycles + 2):
+        step = b'"step":%d' % (1200 + cycle)
+        for body in bodies:
+            table.ingest(body.replace(b'"step":1200', step))
+        started = time.perf_counter()
+        view, now = TickView.of(table), time.time()
+        for d in detectors:
+            t = time.perf_counter()
+            d.evaluate(view, now)
+            if cycle >= 2:  # the first two fill the detectors' histories
+                per_detector[type(d).name] += time.perf_counter() - t
+        if cycle >= 2:
+            times.append(time.perf_counter() - started)
     times.sort()
-    return {"p50_ms": round(1000 * times[len(times) // 2], 2), "p99_ms": round(1000 * times[int(len(times) * 0.99) - 1], 2),
-            "ranks": len(table)}
+    return {"p50_ms": round(1000 * times[len(times) // 2], 2),
+            "p99_ms": round(1000 * times[max(0, int(len(times) * 0.99) - 1)], 2), "cycles": len(times),
+            "ranks": len(table), "rules": rules,
+            "mean_ms_by_detector": {k: round(1000 * v / len(times), 2) for k, v in per_detector.items()}}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -195,6 +241,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--per-relay", type=int, default=0,
+                    help="nodes per relay (0: every node posts to the healer itself); relay 0 is a real `megaheal "
+                         "relay` fed by its nodes, the others post pre-built relay batches")
+    ap.add_argument("--rules", choices=["stale", "default"], default="stale",
+                    help="stale: the heartbeat_stale rule alone; default: the shipped rule set (every detector)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "healer_ingest.json"))
     args = ap.parse_args()
 
@@ -202,51 +253,81 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="megaheal-bench-"))
     (tmp / "rules.yaml").write_text("- name: stale\n  when: {detector: heartbeat_stale, after: 30s}\n")
+    rules = tmp / "rules.yaml" if args.rules == "stale" else REPO / "configs" / "rules" / "default.yaml"
     port = free_port()
     (tmp / "healer.yaml").write_text(json.dumps({
-        "listen": f"127.0.0.1:{port}", "db": f"sqlite:///{tmp / 'h.db'}", "rules": [str(tmp / "rules.yaml")]}))
+        "listen": f"127.0.0.1:{port}", "db": f"sqlite:///{tmp / 'h.db'}", "rules": [str(rules)]}))
     env = {**os.environ, "MEGAHEAL_TOKEN": TOKEN, "XDG_STATE_HOME": str(tmp)}
     healer = subprocess.Popen([str(Path(sys.executable).parent / "megaheal"), "healer", "--config",
                                str(tmp / "healer.yaml")], env=env, stdout=(tmp / "healer.log").open("w"),
                               stderr=subprocess.STDOUT)
+    relay = None
     try:
         wait_for("the healer", lambda: _ready(port), 60)
-        result = run_load(args, port, healer.pid)
+        if args.per_relay:
+            if args.nodes % args.per_relay:
+                raise SystemExit(f"--nodes {args.nodes} is not a multiple of --per-relay {args.per_relay}")
+            relay_port = free_port()
+            (tmp / "token").write_text(TOKEN)
+            (tmp / "token").chmod(0o600)
+            relay = subprocess.Popen([str(Path(sys.executable).parent / "megaheal"), "relay", "--healer-url",
+                                      f"http://127.0.0.1:{port}", "--token-file", str(tmp / "token"), "--name",
+                                      "relay-0000", "--listen", f"127.0.0.1:{relay_port}",
+                                      "--max-nodes", str(args.per_relay)],
+                                     stdout=(tmp / "relay.log").open("w"), stderr=subprocess.STDOUT)
+            wait_for("the relay", lambda: _ready(relay_port, "/healthz"), 60)
+            result = run_load(args, port, healer.pid, (relay_port, relay.pid))
+        else:
+            result = run_load(args, port, healer.pid)
     finally:
+        if relay is not None:
+            relay.terminate()
+            relay.wait(20)
         healer.terminate()
         healer.wait(20)
-    result["detection_cycle_isolated"] = exact_cycles(args.nodes, args.ranks_per_node)
+    result["detection_cycle_isolated"] = exact_cycles(args.nodes, args.ranks_per_node, args.rules)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int, path: str = "/readyz") -> bool:
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("GET", "/readyz")
+        conn.request("GET", path)
         return conn.getresponse().status == 200
     except OSError:
         return False
 
 
-def run_load(args: argparse.Namespace, port: int, pid: int) -> dict[str, Any]:
+def run_load(args: argparse.Namespace, port: int, pid: int, relay: tuple[int, int] | None = None) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     total = args.warmup + args.seconds
     start_at = time.time() + 3.0  # time for every client to build its bodies
-    nodes = list(range(args.nodes))
-    procs = [ctx.Process(target=client, args=(port, nodes[i::args.clients], args.ranks_per_node, total, start_at, out))
-             for i in range(args.clients)]
+    if relay is None:
+        senders = list(range(args.nodes))
+        procs = [ctx.Process(target=client, args=(port, senders[i::args.clients], args.ranks_per_node, total,
+                                                  start_at, out)) for i in range(args.clients)]
+    else:
+        # Relays 1.. are simulated (their pre-built batches); relay 0 is real, fed its nodes' own batches.
+        senders = list(range(1, args.nodes // args.per_relay))
+        procs = [ctx.Process(target=client, args=(port, senders[i::args.clients], args.ranks_per_node, total,
+                                                  start_at, out, 8, args.per_relay)) for i in range(args.clients)]
+        procs.append(ctx.Process(target=client, args=(relay[0], list(range(args.per_relay)), args.ranks_per_node,
+                                                      total, start_at, out, 4)))
     for p in procs:
         p.start()
     time.sleep(max(0.0, start_at - time.time()) + args.warmup)
     text0, cpu0, wall0 = scrape(port), proc_cpu_s(pid), time.monotonic()
-    peak_rss = 0.0
+    relay_cpu0 = proc_cpu_s(relay[1]) if relay else 0.0
+    peak_rss = relay_rss = 0.0
     while time.monotonic() - wall0 < args.seconds:
         time.sleep(0.5)
         peak_rss = max(peak_rss, proc_rss_mib(pid)[0])
+        relay_rss = max(relay_rss, proc_rss_mib(relay[1])[0]) if relay else 0.0
     text1, cpu1, wall1 = scrape(port), proc_cpu_s(pid), time.monotonic()
+    relay_cpu1 = proc_cpu_s(relay[1]) if relay else 0.0
     results = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(30)
@@ -263,7 +344,16 @@ def run_load(args: argparse.Namespace, port: int, pid: int) -> dict[str, Any]:
         "bench": "healer_ingest", "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "job": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": offered_records,
                 "batch_hz_per_node": 1.0},
-        "window_s": round(window, 2), "clients": args.clients,
+        "window_s": round(window, 2), "clients": args.clients, "rules": args.rules,
+        "relays": None if relay is None else {
+            "nodes_per_relay": args.per_relay, "relays": args.nodes // args.per_relay,
+            "healer_requests_per_s": args.nodes // args.per_relay,
+            "relay_batches_per_s": round((counter(text1, "megaheal_healer_relay_batches_total")
+                                          - counter(text0, "megaheal_healer_relay_batches_total")) / window, 1),
+            "real_relay": {"cpu_share_of_one_core": round((relay_cpu1 - relay_cpu0) / window, 3),
+                           "rss_mib_peak": round(relay_rss, 1)},
+            "note": "relay 0 is a real `megaheal relay` fed by its nodes; the others are simulated by the load "
+                    "processes posting pre-built relay batches (on a cluster each relay runs on a host of its group)"},
         "offered": {"batches_per_s": args.nodes, "records_per_s": offered_records},
         "accepted": {"batches_per_s": round(batches, 1), "records_per_s": round(records, 1),
                      "fraction_of_offered": round(records / offered_records, 4)},
@@ -274,6 +364,7 @@ def run_load(args: argparse.Namespace, port: int, pid: int) -> dict[str, Any]:
                                    "cycles": int(b1[-1][1] - dict(b0).get(float("inf"), 0.0)) if b1 else 0,
                                    "method": "histogram_quantile over the healer's own histogram"},
         "http": {"requests": sum(r["sent"] for r in results), "failed": sum(r["failed"] for r in results),
+                 "first_failure": next((r["first_failure"] for r in results if r.get("first_failure")), None),
                  "late_over_500ms": sum(r["late"] for r in results),
                  "latency_p50_ms": round(1000 * pct(latencies, 0.5), 2),
                  "latency_p99_ms": round(1000 * pct(latencies, 0.99), 2),

@@ -65,6 +65,10 @@ def urllib_post(url: str, body: bytes, headers: dict[str, str], timeout_s: float
         return exc.code
 
 
+RELAY_RETRY_S = 30.0
+"""How long batches go to the healer itself after the relay failed, before the relay is tried again."""
+
+
 class HeartbeatForwarder:
     """Builds a batch every interval and posts it, oldest buffered first, without ever holding up the sidecar.
     `build(seq, sent_at)` makes the batch."""
@@ -78,12 +82,17 @@ class HeartbeatForwarder:
         token: str | None = None,
         post: Callable[[str, bytes, dict[str, str], float], int] = urllib_post,
         clock: Callable[[], float] = time.time,
+        relay_url: str | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         if buffer_batches < 1:
             raise ValueError(f"buffer_batches must be >= 1, got {buffer_batches}")
         self.url = healer_url.rstrip("/") + HEARTBEAT_PATH
+        self.relay_url = relay_url.rstrip("/") + HEARTBEAT_PATH if relay_url else None
+        """The node group's relay (exporters/relay.py): batches go there while it answers, else to the healer."""
+        self._relay_down_until = 0.0
+        self._relay_failures = 0
         self._build, self._post, self._clock = build, post, clock
         self._interval_s = interval_s
         self._timeout_s = min(2.0, interval_s)
@@ -146,20 +155,37 @@ class HeartbeatForwarder:
             self._buffer.popleft()
 
     def _send(self, body: bytes) -> bool:
+        if self.relay_url is not None and self._clock() >= self._relay_down_until:
+            sent = self._send_to(self.relay_url, "relay", body)
+            if sent is not None:
+                self._relay_failures = 0
+                return sent
+            # NOTE: past two failures in a row the batches go to the healer itself for RELAY_RETRY_S: a relay that is
+            # down must not silence its whole node group (every host would read as lost).
+            self._relay_failures += 1
+            if self._relay_failures < 2:
+                return False
+            self._relay_down_until = self._clock() + RELAY_RETRY_S
+            log.warning("relay %s failed %d times in a row: sending to the healer at %s for %.0f s",
+                        self.relay_url, self._relay_failures, self.url, RELAY_RETRY_S)
+        return bool(self._send_to(self.url, "healer", body))
+
+    def _send_to(self, url: str, what: str, body: bytes) -> bool | None:
+        """True: done with the batch (taken, or refused for good and dropped); None: not taken now (retry it)."""
         try:
-            status = self._post(self.url, body, self._headers, self._timeout_s)
+            status = self._post(url, body, self._headers, self._timeout_s)
         except (OSError, TimeoutError) as exc:
-            self._failed(f"cannot reach the healer at {self.url}: {exc}")
-            return False
+            self._failed(f"cannot reach the {what} at {url}: {exc}")
+            return None
         if 200 <= status < 300:
             self.sent += 1
             return True
         if 400 <= status < 500 and status not in (408, 429):
-            # The healer refuses this batch for good (bad schema, bad token): retrying it would never succeed.
-            self._failed(f"the healer at {self.url} refused a heartbeat batch with HTTP {status}; dropped")
+            # Refused for good (bad schema, bad token): retrying it would never succeed.
+            self._failed(f"the {what} at {url} refused a heartbeat batch with HTTP {status}; dropped")
             return True
-        self._failed(f"the healer at {self.url} answered HTTP {status}")
-        return False
+        self._failed(f"the {what} at {url} answered HTTP {status}")
+        return None
 
     def _failed(self, message: str) -> None:
         self.failures += 1

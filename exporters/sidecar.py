@@ -62,6 +62,9 @@ class Sidecar:
         """HOST:PORT of /metrics; loopback unless told otherwise. Port 0 picks a free one."""
         healer_url: str | None = None
         """Base URL of the healer; heartbeat batches go to its /v1/heartbeats. Unset: no heartbeats."""
+        relay_url: str | None = None
+        """Base URL of this node group's relay (`megaheal relay`): batches go there, and to the healer itself while
+        it does not answer. For jobs of thousands of nodes, where one request per node per second is too many."""
         healer_token_file: str | None = None
         """File holding the healer's bearer token (megaheal.secretfile's rules). Unset: MEGAHEAL_TOKEN, which
         every same-uid process (the ranks) can read in /proc/PID/environ: prefer the file."""
@@ -85,6 +88,9 @@ class Sidecar:
             if not host or not port.isdigit() or int(port) > 65535:
                 raise ValueError(f"metrics_addr must be HOST:PORT, got {self.metrics_addr!r}")
             _http_url(self.healer_url, "healer_url")
+            _http_url(self.relay_url, "relay_url")
+            if self.relay_url and not self.healer_url:
+                raise ValueError("relay_url needs healer_url (where the batches go while the relay is down)")
             _http_url(self.otlp_endpoint, "otlp_endpoint")
             if self.heartbeat_interval_s <= 0:
                 raise ValueError(f"heartbeat_interval_s must be > 0, got {self.heartbeat_interval_s}")
@@ -110,7 +116,7 @@ class Sidecar:
         self.tracer = StepTracer(cfg.node, span_exporter) if span_exporter is not None else None
         self.heartbeat = (
             HeartbeatForwarder(cfg.healer_url, self.heartbeat_batch, cfg.heartbeat_interval_s, cfg.heartbeat_buffer,
-                               token=self._token())
+                               token=self._token(), relay_url=cfg.relay_url)
             if cfg.healer_url else None
         )
         self.receiver = DatagramReceiver(Path(cfg.socket_path), self._on_message)

@@ -63,6 +63,7 @@ def sidecar(
     socket_path: Annotated[Optional[str], typer.Option("--socket", help="rank socket; ranks get it as MEGAHEAL_SIDECAR_SOCKET [default: $TMPDIR/megaheal-UID/sidecar.sock]")] = None,
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics (loopback unless told otherwise)")] = "127.0.0.1:9400",
     healer_url: Annotated[Optional[str], typer.Option("--healer-url", help="healer base URL for heartbeat batches")] = None,
+    relay_url: Annotated[Optional[str], typer.Option("--relay-url", help="this node group's relay (megaheal relay); the healer while it is down")] = None,
     healer_token_file: Annotated[Optional[str], typer.Option("--healer-token-file", help="file with the healer's bearer token [default: MEGAHEAL_TOKEN]")] = None,
     otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="OTLP/HTTP collector URL for step traces")] = None,
 ) -> None:
@@ -79,7 +80,8 @@ def sidecar(
     forbid_inspection()
     try:
         cfg = Sidecar.Config(node=node or socket.gethostname(), socket_path=socket_path or default_socket_path(),
-                             metrics_addr=metrics_addr, healer_url=healer_url, healer_token_file=healer_token_file,
+                             metrics_addr=metrics_addr, healer_url=healer_url, relay_url=relay_url,
+                             healer_token_file=healer_token_file,
                              otlp_endpoint=otlp_endpoint)
         service = Sidecar(cfg)
     except (ValueError, SocketInUseError, OSError) as exc:
@@ -93,6 +95,34 @@ def sidecar(
 
 
 @app.command()
+def relay(
+    healer_url: Annotated[str, typer.Option("--healer-url", help="the healer's base URL (batches go to its /v1/heartbeats/relayed)")],
+    token_file: Annotated[str, typer.Option("--token-file", help="file with the healer's bearer token (the nodes send it too)")],
+    name: Annotated[Optional[str], typer.Option("--name", help="the relay's name in the healer's view [default: hostname]")] = None,
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT the nodes post to (loopback unless told otherwise)")] = "127.0.0.1:9410",
+    interval: Annotated[float, typer.Option("--interval", help="seconds between two posts to the healer")] = 1.0,
+    max_nodes: Annotated[int, typer.Option("--max-nodes", help="nodes held at most")] = 1024,
+) -> None:
+    """Pass a node group's heartbeat batches on to the healer, one request per interval (jobs of thousands of nodes)."""
+    import logging
+    import socket
+
+    from exporters.relay import HeartbeatRelay
+    from exporters.relay_service import serve
+    from megaheal.secretfile import forbid_inspection, read_secret
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    forbid_inspection()
+    try:
+        relay_ = HeartbeatRelay(name or socket.gethostname(), healer_url, read_secret(token_file, "healer token"),
+                                interval_s=interval, max_nodes=max_nodes)
+        serve(relay_, listen)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command()
 def agent(
     token_file: Annotated[str, typer.Option("--token-file", help="file holding the job's token (orders need it; batches carry it)")],
     work_dir: Annotated[str, typer.Option("--work-dir", help="the agent's own directory (each attempt's logs of this host)")],
@@ -100,6 +130,7 @@ def agent(
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT of the orders API (loopback unless told otherwise; port 0: any)")] = "127.0.0.1:0",
     advertise: Annotated[Optional[str], typer.Option("--advertise", help="HOST:PORT the healer reaches the API at, when not --listen's")] = None,
     healer_url: Annotated[Optional[str], typer.Option("--healer-url", help="the healer's base URL for the batches")] = None,
+    relay_url: Annotated[Optional[str], typer.Option("--relay-url", help="this host's node-group relay (megaheal relay); the healer while it is down")] = None,
     socket_path: Annotated[Optional[str], typer.Option("--socket", help="the ranks' datagram socket [default: one per node and work directory under $TMPDIR, the same for an agent started again]")] = None,
     scratch_dir: Annotated[Optional[str], typer.Option("--scratch-dir", help="the host's local disk: the ranks' TMPDIR [default: WORK_DIR/tmp]")] = None,
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics")] = "127.0.0.1:0",
@@ -118,7 +149,8 @@ def agent(
         work = Path(work_dir)
         scratch = Path(scratch_dir) if scratch_dir else work / "tmp"
         name = node or socket.gethostname()
-        cfg = NodeAgent.Config(node=name, listen=listen, advertise=advertise, healer_url=healer_url, token=token,
+        cfg = NodeAgent.Config(node=name, listen=listen, advertise=advertise, healer_url=healer_url,
+                               relay_url=relay_url, token=token,
                                work_dir=work, scratch_dir=scratch,
                                socket_path=socket_path or agent_socket_path(name, work), metrics_addr=metrics_addr)
         node_agent = NodeAgent(cfg)

@@ -63,6 +63,8 @@ class NodeAgent:
         """The address the healer reaches the API at, when not `listen`'s (a wildcard bind, say)."""
         healer_url: str | None = None
         """Where the batches go (the healer's /v1/heartbeats). Unset: none are sent."""
+        relay_url: str | None = None
+        """This host's node-group relay (`megaheal relay`): the batches go there while it answers."""
         token: str
         """The job's token: every order needs it, and the batches carry it."""
         socket_path: str
@@ -86,6 +88,8 @@ class NodeAgent:
                 raise ValueError("token must be at least 16 characters")
             if not 0 < self.poll_interval_s <= 10 or not 0 < self.heartbeat_interval_s <= 60:
                 raise ValueError("poll_interval_s must be in (0, 10] and heartbeat_interval_s in (0, 60]")
+            if self.relay_url and not self.healer_url:
+                raise ValueError("relay_url needs healer_url (where the batches go while the relay is down)")
 
     def __init__(self, cfg: Config, nvml: Any = AUTO) -> None:
         self.cfg = cfg
@@ -99,7 +103,8 @@ class NodeAgent:
         self.url = ""
         # NOTE: every batch carries the whole of the current attempt (its exits included): the newest one says all,
         # so a healer that comes back is sent that, not a backlog of minutes it would have to work through.
-        self.heartbeat = (HeartbeatForwarder(cfg.healer_url, self.batch, cfg.heartbeat_interval_s, 2, token=cfg.token)
+        self.heartbeat = (HeartbeatForwarder(cfg.healer_url, self.batch, cfg.heartbeat_interval_s, 2, token=cfg.token,
+                                             relay_url=cfg.relay_url)
                           if cfg.healer_url else None)
         self._stop = threading.Event()
         self._shutdown = threading.Event()
@@ -196,7 +201,7 @@ class NodeAgent:
         if isinstance(order, ReportOrder):
             if self.heartbeat is None:
                 self.heartbeat = HeartbeatForwarder(order.healer_url, self.batch, self.cfg.heartbeat_interval_s, 2,
-                                                    token=self.cfg.token)
+                                                    token=self.cfg.token, relay_url=self.cfg.relay_url)
                 self.heartbeat.start()
             else:
                 self.heartbeat.retarget(order.healer_url)

@@ -20,6 +20,7 @@ from healer.core.detectors.base import Detector, Evaluation
 from healer.core.detectors.registry import DetectorRegistry, default_registry
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.jobstore import JobStore
+from healer.core.detectors.history import HistoryPool
 from healer.core.jobview import TickView
 from healer.core.metrics import HealerMetrics
 from healer.core.promql import PromqlEvaluator
@@ -54,6 +55,7 @@ class Healer:
         self.detectors: list[tuple[Rule, Detector]] = [
             (r, registry.resolve(r.condition.detector)(r.condition.params))
             for r in self.ruleset.rules if isinstance(r.condition, DetectorCondition)]
+        self.histories = HistoryPool.for_detectors([d for _, d in self.detectors])
         self.jobs = JobStore(store.engine, store.clock)
         self.responder = Responder(store=store, jobs=self.jobs, ruleset=self.ruleset, metrics=metrics,
                                    remediator=remediator, diagnoser=diagnoser, changed=self.changed)
@@ -83,6 +85,13 @@ class Healer:
         self.metrics.heartbeat_batches.inc()
         self.metrics.heartbeat_records.inc(taken)
         return taken
+
+    def ingest_relayed(self, body: bytes) -> tuple[int, int]:
+        nodes, taken = self.table.ingest_relayed(body)
+        self.metrics.relay_batches.inc()
+        self.metrics.heartbeat_batches.inc(nodes)
+        self.metrics.heartbeat_records.inc(taken)
+        return nodes, taken
 
     def handle_alertmanager(self, body: Any) -> dict[str, Any]:
         """Match each alert against the alert rules: firing ones open or join incidents, resolved ones resolve.
@@ -130,7 +139,7 @@ class Healer:
         leads to happen in `apply_detections`."""
         now = self.clock()
         started = time.perf_counter()
-        view = TickView.of(self.table)
+        view = TickView.of(self.table, self.histories)
         reporting = {b.job for b in view.beats if b.step is not None}
         # NOTE: a host the healer left out of its job is known to be bad: its faults (a GPU that keeps its Xid) are
         # no longer the job's, and must not open an incident every cycle.

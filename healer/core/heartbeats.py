@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.schema import GpuEntry, HeartbeatBatch, RankEntry, SchemaError, convert_batch, decode_batch
+from exporters.schema import (GpuEntry, HeartbeatBatch, RankEntry, SchemaError, convert_batch, decode_batch,
+                              decode_relay_batch)
 from healer.errors import BadRequest
 from healer.core.processes import ProcessView
 
@@ -73,6 +74,8 @@ class NodeBeat:
     """The node's GPU health entries as the sidecar sent them (the gpu_fault detector reads them)."""
     agent_url: str | None = None
     """Where the host's node agent takes orders (None: a bare sidecar sent the batch)."""
+    relay: str | None = None
+    """The relay that passed the batch on (exporters/relay.py); None: the node posted it to the healer itself."""
 
     def worst_staleness(self, now: float) -> float:
         return max(0.0, now - self.received_at) + self.max_age_s
@@ -111,20 +114,47 @@ class HeartbeatTable:
         """Decode (see parse_batch) and store one batch; returns the number of rank entries taken. Raises BadRequest."""
         batch = parse_batch(body)
         now = self._clock()
-        node = batch.node
-        beats = [RankBeat(node=node, received_at=now, entry=e) for e in batch.ranks]
-        entry = NodeBeat(node=node, received_at=now, seq=batch.seq, ranks=tuple(beats),
-                         max_age_s=max((e.last_seen_age_s for e in batch.ranks), default=0.0),
-                         jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus),
-                         agent_url=batch.agent_url)
         with self._lock:
-            for beat in beats:
-                self._ranks[(beat.entry.job, beat.entry.rank)] = beat
-            self._nodes[node] = entry
-            self.batches += 1
-            self.records += len(beats)
+            taken = self._store(batch, now, None)
         if batch.attempt is not None:
-            self.processes.report(node, batch.attempt, now)
+            self.processes.report(batch.node, batch.attempt, now)
+        return taken
+
+    def ingest_relayed(self, body: bytes) -> tuple[int, int]:
+        """Decode and store a relay's batch (exporters/schema.py's RelayBatch): each node's batch as if it had come
+        `age_s` before now. Returns (nodes, rank entries) taken. Raises BadRequest naming the field, and then
+        stores none of it (a relay passes on only batches it checked: a bad one is a relay's bug, not a node's)."""
+        try:
+            relayed = decode_relay_batch(body)
+        except SchemaError as exc:
+            raise BadRequest(exc.field or "body", exc.reason) from exc
+        now = self._clock()
+        taken = 0
+        with self._lock:
+            for item in relayed.nodes:
+                taken += self._store(item.batch, now - item.age_s, relayed.relay)
+        for item in relayed.nodes:
+            if item.batch.attempt is not None:
+                self.processes.report(item.batch.node, item.batch.attempt, now - item.age_s)
+        return len(relayed.nodes), taken
+
+    def _store(self, batch: HeartbeatBatch, received_at: float, relay: str | None) -> int:
+        """Called with the lock held. NOTE: a relay may pass on a node's batch older than the one already here
+        (it failed over to the healer and back): the newer one stays."""
+        node = batch.node
+        held = self._nodes.get(node) if relay is not None else None
+        if held is not None and held.received_at > received_at:
+            return 0
+        beats = tuple([RankBeat(node, received_at, e) for e in batch.ranks])
+        self._nodes[node] = NodeBeat(node=node, received_at=received_at, seq=batch.seq, ranks=beats,
+                                     max_age_s=max((e.last_seen_age_s for e in batch.ranks), default=0.0),
+                                     jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus),
+                                     agent_url=batch.agent_url, relay=relay)
+        ranks = self._ranks
+        for beat in beats:
+            ranks[(beat.entry.job, beat.entry.rank)] = beat
+        self.batches += 1
+        self.records += len(beats)
         return len(beats)
 
     def ranks(self) -> list[RankBeat]:

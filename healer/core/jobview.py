@@ -35,9 +35,11 @@ class TickView:
     beats: tuple[RankBeat, ...]
     node_beats: tuple[NodeBeat, ...]
     processes: ProcessView
+    histories: object | None = None
+    """The healer's HistoryPool (healer/core/detectors/history.py): the detectors' samples, taken once per cycle."""
 
     @classmethod
-    def of(cls, table: HeartbeatTable) -> TickView:
+    def of(cls, table: HeartbeatTable, histories: object | None = None) -> TickView:
         view = table.processes
         keep: dict[str, frozenset[int] | None] = {}
 
@@ -57,7 +59,7 @@ class TickView:
                 node = replace(node, ranks=ranks, max_age_s=max((b.last_seen_age_s for b in ranks), default=0.0),
                                jobs=tuple(sorted({b.job for b in ranks})))
             nodes.append(node)
-        return cls(beats, tuple(nodes), view)
+        return cls(beats, tuple(nodes), view, histories)
 
     def ranks(self) -> list[RankBeat]:
         return list(self.beats)

@@ -42,6 +42,8 @@ class HealerMetrics:
         self.heartbeat_batches = Counter("megaheal_healer_heartbeat_batches", "Heartbeat batches accepted.", registry=r)
         self.heartbeat_records = Counter("megaheal_healer_heartbeat_records", "Rank entries in accepted batches.",
                                          registry=r)
+        self.relay_batches = Counter("megaheal_healer_relay_batches", "Relay batches accepted (each carries many "
+                                     "nodes' heartbeat batches, counted in heartbeat_batches).", registry=r)
         self.rejected = Counter("megaheal_healer_requests_rejected", "Requests refused, by endpoint and HTTP status.",
                                 ["endpoint", "status"], registry=r)
         self.alerts = Counter("megaheal_healer_alerts_received", "Alerts in Alertmanager webhooks, by status and "

@@ -1,6 +1,7 @@
 """The HTTP API (Starlette, served by uvicorn).
 
     POST /v1/heartbeats                  heartbeat batches from the sidecars         (token)
+    POST /v1/heartbeats/relayed          a relay's batch of its nodes' batches       (token)
     POST /v1/alertmanager                Alertmanager webhook, payload version 4     (token)
     GET  /v1/incidents[?state=&limit=&offset=]   GET /v1/incidents/{id} (with every transition)
     POST /v1/incidents/{id}/ack | /resolve   {"by": "...", "note": "..."} optional   (token)
@@ -39,7 +40,12 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int = 1 << 20) -> Starlette:
+# NOTE: a relay's batch holds up to MAX_NODES_PER_RELAY nodes' batches (~6 KB each with 8 full rank entries).
+MAX_RELAY_BODY = 32 << 20
+
+
+def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int = 1 << 20,
+               max_relay_body: int = MAX_RELAY_BODY) -> Starlette:
     expected = f"Bearer {token}".encode()
 
     def authorized(request: Request) -> bool:
@@ -58,6 +64,12 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
         # NOTE: in memory only and cheap: run on the event loop, no thread hop per batch (1,536 batches/s at scale).
         taken = healer.ingest_heartbeats(body)
         return JSONResponse({"accepted": taken}, status_code=202)
+
+    async def relayed(request: Request) -> Response:
+        authorize(request)
+        body = not_empty(await read_body(request, max_relay_body))
+        nodes, taken = healer.ingest_relayed(body)
+        return JSONResponse({"nodes": nodes, "accepted": taken}, status_code=202)
 
     async def alertmanager(request: Request) -> Response:
         authorize(request)
@@ -103,6 +115,7 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
 
     routes = [
         Route("/v1/heartbeats", heartbeats, methods=["POST"]),
+        Route("/v1/heartbeats/relayed", relayed, methods=["POST"]),
         Route("/v1/alertmanager", alertmanager, methods=["POST"]),
         Route("/v1/incidents", list_incidents, methods=["GET"]),
         Route("/v1/incidents/{id}", get_incident, methods=["GET"]),

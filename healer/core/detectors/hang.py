@@ -138,7 +138,7 @@ class Hang(Detector):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self._history = RankHistory(keep=8)
+        self.history = RankHistory(keep=8)
         self._jobs: dict[str, _JobProgress] = {}
         self._times: dict[str, deque[float]] = {}
         self._phases: dict[str, PhaseDurations] = {}
@@ -171,16 +171,16 @@ class Hang(Detector):
         return timeout, p99, phase
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
-        new = self._history.update(table, now)
+        new = self.history.update(table, now)
         beats: dict[str, list[RankBeat]] = {}
         for beat in table.ranks():
             beats.setdefault(beat.job, []).append(beat)
         # NOTE: a job still in the view keeps its state however long it has been silent (a hang that lasts must not
         # start its clock again); a new attempt learns its step times afresh (its hosts, even its layout, may have
         # changed) but keeps how long a save or a first step took.
-        known = self._history.job_names() | set(beats) | set(table.processes.jobs())
-        prune(self._jobs, known, self._history.restarted)
-        prune(self._times, known, self._history.restarted)
+        known = self.history.job_names() | set(beats) | set(table.processes.jobs())
+        prune(self._jobs, known, self.history.restarted)
+        prune(self._times, known, self.history.restarted)
         prune(self._phases, known)
         for series, sample in new:
             if sample.step_seconds is not None:

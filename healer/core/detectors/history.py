@@ -70,7 +70,8 @@ class RankHistory:
 
     keep: int = 256
     forget_after_s: float = 1800.0
-    max_series: int = 32_768
+    max_series: int = 262_144
+    """Room for a 131,072-rank job and the next attempt's or job's ranks beside it."""
     series: dict[tuple[str, int], RankSeries] = field(default_factory=dict)
     evicted: int = 0
     """Ranks dropped to stay under max_series (not counting those forgotten for their silence)."""
@@ -79,6 +80,7 @@ class RankHistory:
     per-job state of them too (`prune`)."""
     _attempts: dict[str, int] = field(default_factory=dict)
     _next_sweep: float = 0.0
+    _shared: HistoryPool | None = None
 
     def __post_init__(self) -> None:
         if self.keep < 1 or self.max_series < 1 or self.forget_after_s <= 0:
@@ -86,6 +88,17 @@ class RankHistory:
                              f"{self.max_series}, {self.forget_after_s}")
 
     def update(self, table: Readings, now: float) -> list[tuple[RankSeries, Sample]]:
+        pool = getattr(table, "histories", None)
+        if isinstance(pool, HistoryPool) and pool.serves(self):
+            # NOTE: every learning detector reads the same samples: one pass over the ranks per cycle, not one per
+            # detector (at 131,072 ranks each pass costs ~0.1 s). This history then is a view of the pool's.
+            new = pool.update(table, now)
+            self.series, self.restarted = pool.history.series, pool.history.restarted
+            self._shared = pool
+            return new
+        return self._update(table, now)
+
+    def _update(self, table: Readings, now: float) -> list[tuple[RankSeries, Sample]]:
         new: list[tuple[RankSeries, Sample]] = []
         self._new_attempts(table)
         since: dict[str, float] = {}
@@ -154,10 +167,20 @@ class RankHistory:
         if len(self.series) < self.max_series:
             return
         if self.forget(now) == 0:
-            del self.series[min(self.series, key=lambda k: self.series[k].heard_at)]
-            self.evicted += 1
+            # NOTE: the oldest sixteenth at once, by one sort: one by one, each new rank of a job larger than the
+            # room would scan every series (a cycle of hours at 131,072 ranks).
+            oldest = sorted(self.series, key=lambda k: self.series[k].heard_at)[:max(1, self.max_series // 16)]
+            for key in oldest:
+                del self.series[key]
+            self.evicted += len(oldest)
 
     def jobs(self) -> dict[str, list[RankSeries]]:
+        """Per job, its ranks' series by rank (shared with the pool's other readers: not to be changed)."""
+        if self._shared is not None:
+            return self._shared.jobs()
+        return self._jobs()
+
+    def _jobs(self) -> dict[str, list[RankSeries]]:
         out: dict[str, list[RankSeries]] = {}
         for s in self.series.values():
             out.setdefault(s.job, []).append(s)
@@ -167,6 +190,40 @@ class RankHistory:
 
     def job_names(self) -> set[str]:
         return {job for job, _ in self.series}
+
+
+class HistoryPool:
+    """One RankHistory that the learning detectors of one healer share, updated once per detection cycle: the
+    first detector to ask in a cycle (a TickView carrying the pool) does the pass over the ranks, the others get
+    its new samples. Its keep is the largest any of them asked for; each reads only the samples it needs
+    (the last one, or a window of the last ones), so a longer history does not change what they find."""
+
+    def __init__(self, keep: int) -> None:
+        self.history = RankHistory(keep=keep)
+        self._view: object | None = None
+        self._new: list[tuple[RankSeries, Sample]] = []
+        self._jobs: dict[str, list[RankSeries]] | None = None
+
+    @classmethod
+    def for_detectors(cls, detectors: Collection[object]) -> HistoryPool | None:
+        """The pool for the detectors that keep a RankHistory (as `history`); None when none does."""
+        keeps = [d.history.keep for d in detectors if isinstance(getattr(d, "history", None), RankHistory)]
+        return cls(max(keeps)) if keeps else None
+
+    def serves(self, history: RankHistory) -> bool:
+        return (history.keep <= self.history.keep and history.forget_after_s == self.history.forget_after_s
+                and history.max_series == self.history.max_series)
+
+    def update(self, view: object, now: float) -> list[tuple[RankSeries, Sample]]:
+        if view is not self._view:
+            self._new = self.history._update(view, now)  # type: ignore[arg-type]  # noqa: SLF001 - its own pass
+            self._view, self._jobs = view, None
+        return self._new
+
+    def jobs(self) -> dict[str, list[RankSeries]]:
+        if self._jobs is None:
+            self._jobs = self.history._jobs()  # noqa: SLF001
+        return self._jobs
 
 
 def prune(state: dict[str, T], jobs: Collection[str], restarted: Collection[str] = ()) -> None:

@@ -70,14 +70,14 @@ class LossSpike(Detector):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self._history = RankHistory(keep=2 * config.window + config.clear_after + 1)
+        self.history = RankHistory(keep=2 * config.window + config.clear_after + 1)
         self._spikes: dict[str, _Spike] = {}
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         firing, healthy = [], set()
-        new = {(s.job, s.rank): x for s, x in self._history.update(table, now)}
-        prune(self._spikes, self._history.job_names(), self._history.restarted)
-        for job, series in self._history.jobs().items():
+        new = {(s.job, s.rank): x for s, x in self.history.update(table, now)}
+        prune(self._spikes, self.history.job_names(), self.history.restarted)
+        for job, series in self.history.jobs().items():
             lead = series[0]  # the lowest rank
             spike = self._spikes.get(job)
             if (job, lead.rank) in new:

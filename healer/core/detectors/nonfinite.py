@@ -38,12 +38,12 @@ class NonFinite(Detector):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self._history = RankHistory(keep=4)
+        self.history = RankHistory(keep=4)
         self._bad: dict[str, _Bad] = {}
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
-        new = self._history.update(table, now)
-        prune(self._bad, self._history.job_names(), self._history.restarted)
+        new = self.history.update(table, now)
+        prune(self._bad, self.history.job_names(), self.history.restarted)
         for series, sample in new:
             which = {k: v for k, v in sample.nonfinite.items() if k in self.config.fields}
             bad = self._bad.get(series.job)
@@ -59,7 +59,7 @@ class NonFinite(Detector):
                 # is a new finding, not this one still open).
                 del self._bad[series.job]
         firing, healthy = [], set()
-        for job, ranks in self._history.jobs().items():
+        for job, ranks in self.history.jobs().items():
             bad = self._bad.get(job)
             if bad is None:
                 healthy.add(job)

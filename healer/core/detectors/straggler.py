@@ -117,14 +117,14 @@ class Straggler(Detector):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self._history = RankHistory(keep=64)
+        self.history = RankHistory(keep=64)
         self._jobs: dict[str, _JobWindows] = {}
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
-        self._history.update(table, now)
-        prune(self._jobs, self._history.job_names(), self._history.restarted)
+        self.history.update(table, now)
+        prune(self._jobs, self.history.job_names(), self.history.restarted)
         firing, healthy = [], set()
-        for job, series in self._history.jobs().items():
+        for job, series in self.history.jobs().items():
             if not all(s.samples for s in series):
                 continue
             low = min(s.samples[-1].step for s in series)
