@@ -10,6 +10,7 @@ import json
 import math
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
@@ -232,8 +233,14 @@ def test_a_poisoned_batch_and_then_a_loss_spike_are_each_rolled_back_and_their_b
     # The batch of step 9 (samples 144..159 of 16 a step) sets every weight to NaN: step 10's loss is NaN. Later the
     # batch of samples 352..367 multiplies every weight by 4: with the two batches the first rollback skipped, step 20
     # trains on it and step 21's loss jumps, finite (8 steps into the second attempt: the spike's baseline).
-    loop = make_loop(tmp_path, rule_set(skip_steps=2),
-                     overrides=("inject_nan_at_sample=144", "inject_spike_at_sample=352"))
+    # NOTE: the detector learns from heartbeats (every 0.5 s), each carrying a rank's latest step: at ~0.2 s a step
+    # here only every second or third step is a sample, and the 13 steps of the second attempt before the spike gave
+    # fewer than the shipped 8 (+1) samples a baseline needs (one full run here: no spike incident). 3 is the least
+    # the detector takes.
+    rules = rule_set(skip_steps=2)
+    spike_rule = next(r for r in rules.rules if r.name == "loss-spike")
+    spike_rule.when = replace(spike_rule.condition, params=replace(spike_rule.condition.params, min_samples=3))
+    loop = make_loop(tmp_path, rules, overrides=("inject_nan_at_sample=144", "inject_spike_at_sample=352"))
     assert loop.run(timedelta(seconds=280)) == "finished"
     nan, spike = sorted(loop.incidents(), key=lambda i: i.detected_at)
     assert nan.kind == "nonfinite" and nan.evidence["first_step"] == 10 and nan.action == "rollback-and-skip"
