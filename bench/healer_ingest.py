@@ -190,6 +190,7 @@ def exact_cycles(nodes: int, ranks_per_node: int, rules: str = "stale") -> dict[
     and unloaded: exact percentiles. Between cycles every node's batch comes again one step further on (untimed),
     so that the detectors that learn from new steps do their real work each cycle."""
     from healer.core.detectors.heartbeat_stale import HeartbeatStale
+    from healer.core.detectors.history import HistoryPool
     from healer.core.detectors.registry import default_registry
     from healer.core.heartbeats import HeartbeatTable
     from healer.core.jobview import TickView
@@ -202,6 +203,7 @@ def exact_cycles(nodes: int, ranks_per_node: int, rules: str = "stale") -> dict[
         detectors = [registry.resolve(r.condition.detector)(r.condition.params)
                      for r in load_rule_set([REPO / "configs" / "rules" / "default.yaml"]).rules
                      if isinstance(r.condition, DetectorCondition)]
+    pool = HistoryPool.for_detectors(detectors)  # as the healer's engine shares it among its detectors
     bodies = [node_body(n, ranks_per_node) for n in range(nodes)]
     table = HeartbeatTable()
     times, per_detector = [], {type(d).name: 0.0 for d in detectors}
@@ -211,7 +213,7 @@ def exact_cycles(nodes: int, ranks_per_node: int, rules: str = "stale") -> dict[
         for body in bodies:
             table.ingest(body.replace(b'"step":1200', step))
         started = time.perf_counter()
-        view, now = TickView.of(table), time.time()
+        view, now = TickView.of(table, pool), time.time()
         for d in detectors:
             t = time.perf_counter()
             d.evaluate(view, now)
@@ -313,7 +315,8 @@ def run_load(args: argparse.Namespace, port: int, pid: int, relay: tuple[int, in
         # Relays 1.. are simulated (their pre-built batches); relay 0 is real, fed its nodes' own batches.
         senders = list(range(1, args.nodes // args.per_relay))
         procs = [ctx.Process(target=client, args=(port, senders[i::args.clients], args.ranks_per_node, total,
-                                                  start_at, out, 8, args.per_relay)) for i in range(args.clients)]
+                                                  start_at, out, 8, args.per_relay)) for i in range(args.clients)
+                 if senders[i::args.clients]]
         procs.append(ctx.Process(target=client, args=(relay[0], list(range(args.per_relay)), args.ranks_per_node,
                                                       total, start_at, out, 4)))
     for p in procs:

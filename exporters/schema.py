@@ -362,27 +362,24 @@ def decode(data: bytes) -> Message:
 
 def decode_batch(data: bytes) -> HeartbeatBatch:
     """Decode and validate a heartbeat batch's JSON body; raises SchemaError naming the first problem."""
-    try:
-        return _batch_decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        raise _batch_version_error(_peek(msgspec.json.decode, data).schema) or explain(exc, _BATCH_TYPE) from exc
-    except msgspec.DecodeError as exc:
-        raise json_syntax_error(data, exc) from exc
-    except RecursionError:
-        # NOTE: msgspec recurses into values it skips too (an unknown field holding "[" * 200000).
-        raise SchemaError("", "JSON nested too deeply") from None
+    return _decode_json(_batch_decoder, _BATCH_TYPE, data)  # type: ignore[no-any-return]
 
 
 def decode_relay_batch(data: bytes) -> RelayBatch:
     """Decode and validate a relay's batch (every node's batch in it as decode_batch would); raises SchemaError
     naming the first problem, e.g. `nodes[3].batch.ranks[0].step`."""
+    return _decode_json(_relay_decoder, _RELAY_TYPE, data)  # type: ignore[no-any-return]
+
+
+def _decode_json(decoder: msgspec.json.Decoder, root: Any, data: bytes) -> Any:
     try:
-        return _relay_decoder.decode(data)
+        return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise _batch_version_error(_peek(msgspec.json.decode, data).schema) or explain(exc, _RELAY_TYPE) from exc
+        raise _batch_version_error(_peek(msgspec.json.decode, data).schema) or explain(exc, root) from exc
     except msgspec.DecodeError as exc:
         raise json_syntax_error(data, exc) from exc
     except RecursionError:
+        # NOTE: msgspec recurses into values it skips too (an unknown field holding "[" * 200000).
         raise SchemaError("", "JSON nested too deeply") from None
 
 
