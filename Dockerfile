@@ -1,10 +1,23 @@
 # The megaheal image: the healer and the node sidecar (docker-compose.yml runs both from it).
 #   docker build -t megaheal:0.1.0 .
-FROM python:3.11.11-slim-bookworm
+# On a machine that reaches no image registry, `make images` builds it (and the rest of the stack) from Debian's
+# packages and a wheelhouse made on the host: see scripts/build-images.sh.
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+# Where pip finds packages: PyPI, and torch's CPU build from PyTorch's own index. build-images.sh points both at
+# a local wheelhouse (a PEP 503 directory it mounts at build time).
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+# A virtual environment, not the system's site-packages: Debian's python refuses pip there (PEP 668), and the
+# official python image does not mind either way.
+ENV VIRTUAL_ENV=/opt/megaheal PATH=/opt/megaheal/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv /opt/megaheal
 
 # NOTE: torch pinned and from the CPU index: the sidecar and the healer never run kernels, and PyPI's
 # default Linux wheel pulls several GB of CUDA libraries. The NVIDIA runtime provides libnvidia-ml.
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0
 
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
@@ -16,7 +29,9 @@ COPY runbooks runbooks
 COPY dashboards dashboards
 COPY migrations migrations
 COPY configs configs
-RUN pip install --no-cache-dir .
+COPY testbed testbed
+COPY sim sim
+RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" .
 
 # Unprivileged by default; the sidecar service in compose needs only the shared socket directory.
 RUN useradd --uid 10001 --create-home megaheal

@@ -7,7 +7,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-multihost bench clean system-deps
+.PHONY: demo test test-multihost test-containers images bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ test: $(STAMP) system-deps
 
 test-multihost: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q tests/multihost
+
+# The images of docker-compose.yml from Debian's packages and this repository (podman or docker; no registry
+# needed): scripts/build-images.sh. It writes their names to build/images.env.
+images: $(STAMP)
+	PIP=$(VENV)/bin/pip scripts/build-images.sh
+
+# make test-containers: only the container tier (root: builds the images, runs the compose stack under podman).
+test-containers: $(STAMP) system-deps
+	$(VENV)/bin/python -m pytest -q tests/containers
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/train_throughput.py

@@ -1,0 +1,77 @@
+"""The container tier's fixtures: the images (built once per session by scripts/build-images.sh), the stack of
+docker-compose.yml (once per module), and a small training job on the host that writes to the sidecar's socket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CONFIGS, job_env, kill_job
+from tests.containers.engine import REPO, HealthTimer, api_socket, env, require_tools, skip_reason
+from tests.containers.stack import RANK_UID, SERVICES, Stack
+
+BUILD_TIMEOUT_S = 900
+RANKS = 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reason = skip_reason()
+    for item in items:
+        if "tests/containers/" in str(item.path).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.containers)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def images() -> float:
+    """Build every image the stack runs; returns how long the build took (seconds)."""
+    require_tools()
+    started = time.monotonic()
+    done = subprocess.run([str(REPO / "scripts" / "build-images.sh")], cwd=REPO, capture_output=True, text=True,
+                          env=env() | {"PIP": str(Path(sys.executable).parent / "pip")}, timeout=BUILD_TIMEOUT_S)
+    assert done.returncode == 0, f"build-images.sh failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def stack(images: float, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    project = f"mhtest{os.getpid()}"
+    with api_socket(tmp_path_factory.mktemp("podman") / "api.sock") as docker_host:
+        st = Stack.prepare(project, docker_host)
+        try:
+            with HealthTimer(project):
+                st.compose("up", "-d", *SERVICES, timeout=420)
+                yield st
+        finally:
+            st.compose("down", "-v", "--remove-orphans", timeout=180, check=False)
+            shutil.rmtree(st.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def training(stack: Stack) -> Iterator[subprocess.Popen[bytes]]:
+    """A 2-rank job on the host, as the sidecar's uid, its records to the sidecar's socket; runs until killed."""
+    run_dir = stack.dir / "job"
+    run_dir.mkdir()
+    os.chown(run_dir, RANK_UID, RANK_UID)
+    log = (stack.dir / "job.log").open("wb")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS), "-m", "train",
+         "--config", str(CONFIGS / "tiny-dp4.yaml"), "--run-dir", str(run_dir / "run"),
+         "--set", f"parallel.dp={RANKS}", "--set", "global_batch=4", "--set", "steps=100000"],
+        cwd=REPO, env=job_env() | {"MEGAHEAL_SIDECAR_SOCKET": str(stack.socket_dir / "sidecar.sock"),
+                                   "HOME": str(run_dir)},
+        user=RANK_UID, group=RANK_UID, extra_groups=[], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            kill_job(job)
+        log.close()
