@@ -136,6 +136,7 @@ class SidecarCollector(Collector):
             "heartbeats_sent": "Heartbeat batches the healer accepted.",
             "heartbeat_failures": "Heartbeat posts that failed (healer down, slow or refusing).",
             "heartbeats_dropped": "Heartbeat batches dropped from the full retry buffer.",
+            "trace_batches_failed": "Step-trace batches the OTLP collector did not take (down, unreachable, refusing).",
         }
         for key, doc in counters.items():
             family = CounterMetricFamily(f"megaheal_sidecar_{key}", doc, labels=["node"])

@@ -113,6 +113,7 @@ class Sidecar:
         self.nvml_collector, self.xid = self._start_nvml(open_nvml() if nvml == AUTO else nvml)
         if span_exporter is None and cfg.otlp_endpoint:
             span_exporter = otlp_exporter(cfg.otlp_endpoint)
+        self.span_exporter = span_exporter
         self.tracer = StepTracer(cfg.node, span_exporter) if span_exporter is not None else None
         self.heartbeat = (
             HeartbeatForwarder(cfg.healer_url, self.heartbeat_batch, cfg.heartbeat_interval_s, cfg.heartbeat_buffer,
@@ -228,4 +229,5 @@ class Sidecar:
             "heartbeats_sent": hb.sent if hb else 0, "heartbeat_failures": hb.failures if hb else 0,
             "heartbeats_dropped": hb.dropped if hb else 0, "heartbeats_buffered": hb.buffered if hb else 0,
             "nvml_up": 1 if self.nvml_collector is not None else 0,
+            "trace_batches_failed": getattr(self.span_exporter, "failed_batches", 0),
         }

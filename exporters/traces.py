@@ -12,18 +12,21 @@ dependency view, where the rank that holds everyone up stands out.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
+from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from exporters.schema import StepRecord, ordered_phases
 
 TRACER_NAME = "megaheal.exporters"
+log = logging.getLogger(__name__)
 
 
 def step_trace_id(job: str, step: int) -> int:
@@ -47,12 +50,48 @@ class _StepIdGenerator(RandomIdGenerator):
         return trace_id if trace_id is not None else super().generate_trace_id()
 
 
-def otlp_exporter(endpoint: str) -> SpanExporter:
+OTLP_HTTP_LOGGER = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+
+
+def otlp_exporter(endpoint: str) -> ReportingExporter:
     """OTLP/HTTP exporter for a collector's base URL (e.g. http://127.0.0.1:4318) or its /v1/traces URL."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     url = endpoint if endpoint.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/") + "/v1/traces"
-    return OTLPSpanExporter(endpoint=url, timeout=5)
+    # NOTE: the SDK's exporter logs each retry and each lost batch: with no collector (the compose stack without
+    # one, a collector restarting) that is two lines a second. ReportingExporter says it once per outage instead.
+    logging.getLogger(OTLP_HTTP_LOGGER).setLevel(logging.CRITICAL)
+    return ReportingExporter(OTLPSpanExporter(endpoint=url, timeout=5), url)
+
+
+class ReportingExporter(SpanExporter):
+    """An exporter that counts the batches it could not deliver and logs once when delivery stops and once when it
+    comes back, not once per batch."""
+
+    def __init__(self, inner: SpanExporter, where: str) -> None:
+        self.inner, self.where = inner, where
+        self.failed_batches = 0
+        self._failing = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            if self._failing:
+                log.info("traces: %s takes spans again", self.where)
+            self._failing = False
+        else:
+            self.failed_batches += 1
+            if not self._failing:
+                log.warning("traces: %s does not take spans; dropping them until it does "
+                            "(megaheal_sidecar_trace_batches_failed_total counts the batches)", self.where)
+            self._failing = True
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 class StepTracer:

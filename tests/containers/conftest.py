@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import CONFIGS, job_env, kill_job
 from tests.containers.engine import REPO, HealthTimer, api_socket, env, require_tools, skip_reason
 from tests.containers.stack import RANK_UID, SERVICES, Stack
+from tests.support import wait_for
 
 BUILD_TIMEOUT_S = 900
 RANKS = 2
@@ -45,12 +46,18 @@ def images() -> float:
 def stack(images: float, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     project = f"mhtest{os.getpid()}"
     with api_socket(tmp_path_factory.mktemp("podman") / "api.sock") as docker_host:
-        st = Stack.prepare(project, docker_host)
+        # The services' logs land in a directory pytest keeps (its last three runs), for a post-mortem.
+        st = Stack.prepare(project, docker_host, log_dir=tmp_path_factory.mktemp("container-logs"))
         try:
             with HealthTimer(project):
                 st.compose("up", "-d", *SERVICES, timeout=420)
+                # compose waits for what others depend on; nothing depends on the sidecar.
+                wait_for("the sidecar healthy", lambda: st.health().get("sidecar") == "healthy", timeout_s=120)
+                st.scrape_sidecar()
                 yield st
         finally:
+            if st.containers():  # not yet taken down by the last test
+                st.save_logs()
             st.compose("down", "-v", "--remove-orphans", timeout=180, check=False)
             shutil.rmtree(st.dir, ignore_errors=True)
 

@@ -4,7 +4,8 @@ scripts/build-images.sh.
 What the tier changes, and only that, lives in the project's own directory (Stack.dir):
 - secret files and an env file (free loopback ports, the host's socket directory, runc for the sidecar);
 - deploy/prometheus with 2 s scrape and evaluation intervals and each alert's `for:` cut to ALERT_FOR: the rules'
-  expressions, labels and routing are the shipped ones, a node-down alert just does not take two minutes;
+  expressions, labels and routing are the shipped ones, a node-down alert just does not take two minutes; its
+  sidecar target file is put in place once the sidecar serves;
 - deploy/alertmanager with the on-call receiver's PagerDuty URL set to a closed port inside its own container:
   pages are attempted (and counted) but nothing leaves the machine.
 Grafana, Tempo and the OpenTelemetry Collector have no image here (no Debian package): the tier starts the named
@@ -47,6 +48,7 @@ class Stack:
     project: str
     dir: Path
     docker_host: str
+    log_dir: Path
     ports: dict[str, int] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
 
@@ -55,11 +57,11 @@ class Stack:
         return self.dir / "sock"
 
     @classmethod
-    def prepare(cls, project: str, docker_host: str) -> Stack:
+    def prepare(cls, project: str, docker_host: str, log_dir: Path) -> Stack:
         # Outside pytest's tmp_path: compose's bind mounts and the ranks' socket path must stay short and plain.
         root = Path(tempfile.mkdtemp(prefix=f"{project}-"))
         root.chmod(0o755)
-        stack = cls(project, root, docker_host, ports={s: free_port() for s in ("prometheus", "alertmanager", "healer")})
+        stack = cls(project, root, docker_host, log_dir, ports={s: free_port() for s in ("prometheus", "alertmanager", "healer")})
         stack._write_secrets()
         stack._write_prometheus()
         stack._write_alertmanager()
@@ -83,6 +85,9 @@ class Stack:
         config = yaml.safe_load((conf / "prometheus.yml").read_text())
         config["global"].update(scrape_interval=INTERVAL, evaluation_interval=INTERVAL)
         (conf / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        # No sidecar target until the sidecar serves (scrape_sidecar): with `for:` cut to seconds, the half minute the
+        # sidecar waits for the healer's health check would be a node-down alert of its own.
+        (conf / "targets" / "sidecars.yml").write_text("[]\n")
         alerts = conf / "rules" / "alerts.yml"
         alerts.write_text(re.sub(r"(?m)^(\s+for:) \S+$", rf"\1 {ALERT_FOR}", alerts.read_text()))
         _world_readable(conf)
@@ -117,6 +122,12 @@ class Stack:
             "alertmanager": {"volumes": [f"{self.dir}/alertmanager:/etc/alertmanager:ro",
                                          "alertmanager-data:/alertmanager"]}}}
         (self.dir / "override.yml").write_text(yaml.safe_dump(override))
+
+    def scrape_sidecar(self) -> None:
+        """Give Prometheus deploy/'s sidecar target file (file discovery picks it up at once)."""
+        target = self.dir / "prometheus" / "targets" / "sidecars.yml"
+        shutil.copyfile(PROMETHEUS_DIR / "targets" / "sidecars.yml", target)
+        target.chmod(0o644)
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
         argv = ["docker-compose", "--env-file", str(self.dir / "env"), "-f", str(COMPOSE_FILE),
@@ -158,6 +169,12 @@ class Stack:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[service]}{path}", timeout=5) as r:
             body = r.read()
         return json.loads(body) if body.startswith((b"{", b"[")) else body.decode()
+
+    def save_logs(self) -> None:
+        """Every service's whole log into log_dir (SERVICE.log)."""
+        for service in SERVICES:
+            done = podman("logs", self.container(service), check=False)
+            (self.log_dir / f"{service}.log").write_text(done.stdout + done.stderr)
 
     def logs(self) -> str:
         parts = []

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import logging
+import threading
+
+import pytest
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from typer.testing import CliRunner
 
 from exporters.schema import PHASE_ORDER, build_record, decode, encode
 from exporters.timeline import build_trace, read_rank_files
-from exporters.traces import StepTracer, step_trace_id
+from exporters.traces import OTLP_HTTP_LOGGER, StepTracer, otlp_exporter, step_trace_id
 from megaheal.cli import app
 from tests.exporters.helpers import step_record
 
@@ -79,3 +84,43 @@ def test_the_mesh_order_is_not_the_rank_order(tmp_path) -> None:
     trace = build_trace(ranks, first_step=1, last_step=1)
     steps = {e["name"] for e in trace["traceEvents"] if e.get("cat") == "step"}
     assert steps == {"step 1"}
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that refuses (400: not retried) or takes (200) each batch, as the test says."""
+    status = 400
+    batches = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).batches += 1
+        self.send_response(type(self).status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_unreachable_collector_is_logged_once_per_outage_and_counted_per_batch(
+        caplog: pytest.LogCaptureFixture) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        exporter = otlp_exporter(f"http://127.0.0.1:{server.server_address[1]}")
+        tracer = StepTracer("node-1", exporter, batch=False)
+        record = decode(encode(build_record("step", "job-a", 0, 100, 0, step_record(1))))
+        with caplog.at_level(logging.INFO, logger="exporters.traces"):
+            for _ in range(3):
+                tracer.record(record)
+            _Collector.status = 200
+            tracer.record(record)
+        tracer.shutdown()
+    finally:
+        server.shutdown()
+    # One batch per span (simple processor): the step and its phases, four times; the first three refused.
+    per_step = 1 + len(PHASE_ORDER)
+    assert _Collector.batches == 4 * per_step and exporter.failed_batches == 3 * per_step
+    said = [r.getMessage() for r in caplog.records if r.name == "exporters.traces"]
+    assert len(said) == 2 and "does not take spans" in said[0] and "takes spans again" in said[1], said
+    assert not [r for r in caplog.records if r.name == OTLP_HTTP_LOGGER], "the SDK's own per-batch lines are quiet"
