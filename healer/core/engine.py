@@ -140,7 +140,7 @@ class Healer:
         now = self.clock()
         started = time.perf_counter()
         view = TickView.of(self.table, self.histories)
-        reporting = {b.job for b in view.beats if b.step is not None}
+        reporting: set[str] | None = None  # the jobs with a rank that reported a step: taken once, when first needed
         # NOTE: a host the healer left out of its job is known to be bad: its faults (a GPU that keeps its Xid) are
         # no longer the job's, and must not open an incident every cycle.
         left_out = set(self.remediator.state().excluded) if self.remediator is not None else set()
@@ -148,9 +148,11 @@ class Healer:
         for rule, detector in self.detectors:
             result = detector.evaluate(view, now)
             kept = tuple(f for f in result.firing if f.node not in left_out)
-            if not detector.reads_processes:
+            if kept and not detector.reads_processes:
                 # NOTE: until a restarted job's new attempt reports a step, a heartbeat detector only remembers the
                 # old attempt (its NaN, its slow phase table): it may not speak for the job then.
+                if reporting is None:
+                    reporting = {b.job for b in view.beats if b.step is not None}
                 kept = tuple(f for f in kept
                              if f.job is None or f.job in reporting or view.processes.attempt(f.job) is None)
             results.append((rule, Evaluation(firing=kept, healthy=result.healthy)))
