@@ -17,16 +17,18 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from msgspec import Struct
+
 from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
 
 T = TypeVar("T")
 
 
-@dataclass(slots=True)
-class Sample:
-    """One step of one rank, as its heartbeat carried it. Never changed once made (NOTE: not frozen=True, which
-    sets each field through object.__setattr__: ~3x the cost of making one, and one is made per rank and step)."""
+class Sample(Struct, gc=False):
+    """One step of one rank, as its heartbeat carried it. Never changed once made.
+    NOTE: a gc=False struct: a history holds up to `keep` of them per rank (millions at 131,072 ranks), and as
+    objects the garbage collector tracks each full collection walked them all. They hold no reference cycles."""
 
     step: int
     received_at: float
@@ -103,38 +105,46 @@ class RankHistory:
         new: list[tuple[RankSeries, Sample]] = []
         self._new_attempts(table)
         since: dict[str, float] = {}
+        series, forget_after_s = self.series, self.forget_after_s
+        # NOTE: one pass over every rank per cycle (131,072 at the largest): the entry's fields are read once each,
+        # straight from the struct, not through RankBeat's properties.
         for beat in table.ranks():
-            heard_at = beat.received_at - beat.last_seen_age_s
+            e = beat.entry
+            step = e.step
+            heard_at = beat.received_at - e.last_seen_age_s
             # NOTE: a sidecar goes on listing a dead rank for minutes, and the table keeps its last beat for an hour:
             # a rank silent past forget_after_s is not brought back by its stale beat.
-            if beat.step is None or now - heard_at > self.forget_after_s:
+            if step is None or now - heard_at > forget_after_s:
                 continue
-            if beat.job not in since:
-                since[beat.job] = table.processes.placement(beat.job)[1]
-            step_at = beat.entry.step_time if beat.entry.step_time is not None else heard_at
-            if step_at < since[beat.job]:
+            job = e.job
+            start = since.get(job)
+            if start is None:
+                start = since[job] = table.processes.placement(job)[1]
+            step_at = e.step_time if e.step_time is not None else heard_at
+            if step_at < start:
                 # A step from before the job's current attempt started: after a warm restart the same processes
                 # (same pids, same ranks) are listed with their last step of the generation before until they
                 # report a new one, and a NaN of that one is not this one's. NOTE: the step's own time (the rank's
                 # host clock), not when the sidecar last heard the rank: other records (events) come in between.
                 continue
-            key = (beat.job, beat.rank)
-            s = self.series.get(key)
+            key = (job, e.rank)
+            s = series.get(key)
             if s is None:
                 self._make_room(now)
-                s = self.series[key] = RankSeries(beat.job, beat.rank, beat.node, deque(maxlen=self.keep))
+                s = series[key] = RankSeries(job, e.rank, beat.node, deque(maxlen=self.keep))
             s.node = beat.node
-            s.stage = beat.entry.mesh.get("pp", s.stage)
-            s.heard_at = max(s.heard_at, heard_at)
-            if beat.step == s.last_step:
+            s.stage = e.mesh.get("pp", s.stage)
+            if heard_at > s.heard_at:
+                s.heard_at = heard_at
+            if step == s.last_step:
                 continue
-            if beat.step < s.last_step:
+            if step < s.last_step:
                 # Restarted or rolled back: what comes after this step will be computed again.
-                while s.samples and s.samples[-1].step >= beat.step:
+                while s.samples and s.samples[-1].step >= step:
                     s.samples.pop()
             sample = Sample.of(beat)
             s.samples.append(sample)
-            s.last_step = beat.step
+            s.last_step = step
             new.append((s, sample))
         if now >= self._next_sweep:
             self.forget(now)
@@ -144,6 +154,9 @@ class RankHistory:
         """Drop the samples of every job whose attempt (as its launcher numbers them) is not the one seen before."""
         self.restarted = set()
         attempts: dict[str, int] = {}
+        if not table.processes.jobs():  # no launcher (the service alone): a restart shows only as a lower step
+            self._attempts = attempts
+            return
         for job in {s.job for s in self.series.values()} | {b.job for b in table.ranks()}:
             attempt = table.processes.attempt(job)
             if attempt is None:  # no launcher (the service alone): a restart shows only as a lower step
