@@ -29,7 +29,8 @@ images=deploy/images
 out=build
 
 base=${MEGAHEAL_BASE_IMAGE:-localhost/megaheal/debian:bookworm}
-if [ -z "${MEGAHEAL_BASE_IMAGE:-}" ] && ! "$engine" image exists "$base" 2>/dev/null; then
+# NOTE: `image inspect`, not podman's `image exists`: docker has only the former.
+if [ -z "${MEGAHEAL_BASE_IMAGE:-}" ] && ! "$engine" image inspect "$base" >/dev/null 2>&1; then
   command -v debootstrap >/dev/null || { echo "build-images: debootstrap is needed for the base image (or set MEGAHEAL_BASE_IMAGE)" >&2; exit 1; }
   [ "$(id -u)" -eq 0 ] || { echo "build-images: debootstrap needs root (or set MEGAHEAL_BASE_IMAGE)" >&2; exit 1; }
   # The archive this host's apt uses (a mirror where there is one).
@@ -41,7 +42,7 @@ if [ -z "${MEGAHEAL_BASE_IMAGE:-}" ] && ! "$engine" image exists "$base" 2>/dev/
   debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$out-debootstrap.log" 2>&1 \
     || { echo "build-images: debootstrap failed; its log: $out-debootstrap.log" >&2; exit 1; }
   rm -f "$out-debootstrap.log"
-  tar -C "$rootfs" -c . | "$engine" import --quiet - "$base" >/dev/null
+  tar -C "$rootfs" -c . | "$engine" import - "$base" >/dev/null
   rm -rf "$rootfs"
   trap - EXIT
 fi
