@@ -68,7 +68,9 @@ class CollectiveSlowdown(Detector):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.history = RankHistory(keep=64)
+        # The phase table reads each rank's last 2 x window samples; the healer's shared history keeps the deepest
+        # any detector asks for, for every rank (131,072 at the largest): no more than is read.
+        self.history = RankHistory(keep=2 * config.window)
         self._jobs: dict[str, _Job] = {}
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:

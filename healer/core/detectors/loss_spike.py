@@ -10,10 +10,11 @@ firing until `clear_after` losses in a row past the spike are calm, or the job i
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, RankSeries, median, prune
+from healer.core.detectors.history import RankHistory, RankSeries, Sample, median, prune
 from healer.core.jobview import Readings
 
 MAD_TO_SIGMA = 1.4826
@@ -25,6 +26,15 @@ def robust_z(value: float, window: list[float], min_mad: float) -> tuple[float, 
     med = median(window)
     mad = max(median([abs(x - med) for x in window]), min_mad)
     return (value - med) / (MAD_TO_SIGMA * mad), med, mad
+
+
+@dataclass(slots=True)
+class _Lead:
+    """A job's lowest rank and its last (step, loss) pairs."""
+
+    rank: int
+    node: str
+    losses: deque[tuple[int, float | None]]
 
 
 @dataclass(slots=True)
@@ -70,18 +80,25 @@ class LossSpike(Detector):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.history = RankHistory(keep=2 * config.window + config.clear_after + 1)
+        # NOTE: the job's losses are the lowest rank's, kept here (`_leads`), as deep as a spike that lasts needs. The
+        # rank history is the healer's shared one, which keeps its depth for every rank: asking it for this one's
+        # (46 by default) kept 46 samples of each of 131,072 ranks to read one rank's.
+        self.history = RankHistory(keep=1)
+        self._keep = 2 * config.window + config.clear_after + 1
+        self._leads: dict[str, _Lead] = {}
         self._spikes: dict[str, _Spike] = {}
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         firing, healthy = [], set()
         new = {(s.job, s.rank): x for s, x in self.history.update(table, now)}
         prune(self._spikes, self.history.job_names(), self.history.restarted)
+        prune(self._leads, self.history.job_names(), self.history.restarted)
         for job, series in self.history.jobs().items():
             lead = series[0]  # the lowest rank
             spike = self._spikes.get(job)
-            if (job, lead.rank) in new:
-                spike = self._observe(job, lead, spike)
+            sample = new.get((job, lead.rank))
+            if sample is not None:
+                spike = self._observe(job, self._follow(job, lead, sample), spike)
             if spike is None:
                 healthy.add(job)
                 continue
@@ -95,9 +112,23 @@ class LossSpike(Detector):
                 labels={"first_step": str(spike.step)}))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
-    def _observe(self, job: str, lead: RankSeries, spike: _Spike | None) -> _Spike | None:
-        losses = [(x.step, x.loss) for x in lead.samples if x.loss is not None]
-        if len(losses) < self.config.min_samples + 1 or lead.samples[-1].loss is None:
+    def _follow(self, job: str, lead: RankSeries, sample: Sample) -> _Lead:
+        """The job's lead losses with this cycle's new sample of it, dropped from a lower step on as the rank history
+        drops samples (a restart or rollback: those steps are redone)."""
+        track = self._leads.get(job)
+        if track is None or track.rank != lead.rank:  # first seen, or another rank is the lowest now
+            track = self._leads[job] = _Lead(lead.rank, lead.node, deque(
+                ((x.step, x.loss) for x in lead.samples), maxlen=self._keep))
+            return track
+        while track.losses and track.losses[-1][0] >= sample.step:
+            track.losses.pop()
+        track.losses.append((sample.step, sample.loss))
+        track.node = lead.node
+        return track
+
+    def _observe(self, job: str, lead: _Lead, spike: _Spike | None) -> _Spike | None:
+        losses = [(step, loss) for step, loss in lead.losses if loss is not None]
+        if len(losses) < self.config.min_samples + 1 or lead.losses[-1][1] is None:
             return spike
         step, loss = losses[-1]
         if spike is not None and step < spike.step:
