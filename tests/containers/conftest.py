@@ -51,8 +51,13 @@ def stack(images: float, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         try:
             with HealthTimer(project):
                 st.compose("up", "-d", *SERVICES, timeout=420)
-                # compose waits for what others depend on; nothing depends on the sidecar.
-                wait_for("the sidecar healthy", lambda: st.health().get("sidecar") == "healthy", timeout_s=120)
+                # compose waits only for what other started services depend on (postgres, the healer); the sidecar,
+                # Prometheus and Alertmanager have their first check one interval after their start.
+                try:
+                    wait_for("every service healthy",
+                             lambda: sorted(st.health().values()) == ["healthy"] * len(SERVICES), timeout_s=120)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}: {st.health()}\n{st.logs()}") from None
                 st.scrape_sidecar()
                 yield st
         finally:
