@@ -39,3 +39,13 @@ def service_ready(url: str, proc: subprocess.Popen[bytes], name: str, path: str 
             return r.status == 200
     except OSError:
         return False
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within timeout_s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)

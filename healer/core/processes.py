@@ -122,6 +122,12 @@ class ProcessView:
                 del self._ended[key]
             for rank_key in [k for k, s in self._states.items() if s.job == job and s.attempt != attempt]:
                 del self._states[rank_key]
+            # The node index of the job, rebuilt from the states that are left (bounded by what the view holds).
+            for node_key in [k for k in self._node_states if k[0] == job]:
+                del self._node_states[node_key]
+            for st in self._states.values():
+                if st.job == job:
+                    self._node_states.setdefault((job, st.node), set()).add(st.rank)
 
     def report(self, node: str, r: AttemptReport, now: float) -> None:
         """A node agent's report of its host's part of the job's current attempt (a report of another attempt, late

@@ -7,14 +7,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CONFIGS, job_env, kill_job
-from tests.containers.engine import REPO, HealthTimer, api_socket, env, require_tools, skip_reason
+from tests.containers.engine import (REPO, HealthTimer, api_socket, env, remove_podman_cgroups, require_tools,
+                                     skip_reason)
 from tests.containers.stack import RANK_UID, SERVICES, Stack
 from tests.support import wait_for
 
@@ -32,18 +33,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def images() -> float:
-    """Build every image the stack runs; returns how long the build took (seconds)."""
+def images() -> Iterator[None]:
+    """Build every image the stack runs; afterwards remove the cgroups podman and its builds left behind."""
     require_tools()
-    started = time.monotonic()
     done = subprocess.run([str(REPO / "scripts" / "build-images.sh")], cwd=REPO, capture_output=True, text=True,
                           env=env() | {"PIP": str(Path(sys.executable).parent / "pip")}, timeout=BUILD_TIMEOUT_S)
     assert done.returncode == 0, f"build-images.sh failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return time.monotonic() - started
+    try:
+        yield
+    finally:
+        left = remove_podman_cgroups()
+        if left:
+            warnings.warn(f"podman cgroups still hold processes: {', '.join(left)}", stacklevel=1)
 
 
 @pytest.fixture(scope="module")
-def stack(images: float, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(images: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     project = f"mhtest{os.getpid()}"
     with api_socket(tmp_path_factory.mktemp("podman") / "api.sock") as docker_host:
         # The services' logs land in a directory pytest keeps (its last three runs), for a post-mortem.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import wait_for
+from tests.support import stop_process, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS_CONF = REPO / "deploy" / "podman" / "containers.conf"
@@ -54,12 +54,7 @@ def api_socket(path: Path) -> Iterator[str]:
             raise AssertionError(f"podman system service exited {proc.returncode}: see {log.name}")
         yield f"unix://{path}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
         log.close()
 
 
@@ -110,6 +105,28 @@ class HealthTimer:
             if check.interval_s and now >= check.next_at:
                 check.next_at = now + check.interval_s
                 podman("healthcheck", "run", c["Id"], timeout=check.interval_s + 30, check=False)
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def remove_podman_cgroups() -> list[str]:
+    """Remove the cgroups podman and its builds leave with the cgroupfs manager (libpod_parent, buildah-*), in every
+    hierarchy, deepest first; a frozen one is thawed first. One that still holds a process stays (rmdir refuses a
+    busy cgroup). Returns the ones that stayed."""
+    left = []
+    tops = [d for d in CGROUP_ROOT.glob("*/*") if d.is_dir() and (d.name == "libpod_parent" or d.name.startswith("buildah-"))]
+    tops += [d for d in CGROUP_ROOT.glob("*") if d.is_dir() and (d.name == "libpod_parent" or d.name.startswith("buildah-"))]
+    for top in tops:
+        for d in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            state = d / "freezer.state"
+            try:
+                if state.exists() and state.read_text().strip() != "THAWED":
+                    state.write_text("THAWED")
+                d.rmdir()
+            except OSError:
+                left.append(str(d))
+    return left
 
 
 def skip_reason() -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import free_port, service_ready, wait_for  # noqa: F401 - also used through this module
+from tests.support import free_port, service_ready, stop_process, wait_for  # noqa: F401 - also used through this module
 
 
 def promtool_check_metrics(exposition: str) -> tuple[int, list[str]]:
@@ -60,11 +60,6 @@ def running_prometheus(tmp: Path, targets: list[str], scrape_interval: str = "1s
         wait_for("Prometheus to be ready", lambda: service_ready(url, proc, "prometheus"), timeout_s=30)
         yield Prometheus(url)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
