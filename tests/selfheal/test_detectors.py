@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -171,6 +172,29 @@ def test_a_checkpoint_save_is_timed_by_what_saves_took_and_a_hang_in_a_step_by_t
     _in_phase(s, "data_wait", s.clock.now)
     hang.evaluate(s.table, s.clock.now)
     assert _stalled_until_fired(s, hang, 10, "forward_backward") == 6
+
+
+def test_a_rank_stopped_inside_a_save_is_timed_as_a_step_not_as_the_save() -> None:
+    s = stream()
+    _placed(s)
+    hang = Hang(Hang.Config(floor=timedelta(seconds=5), phase_floors={"checkpoint_save": timedelta(seconds=30)}))
+    for _ in range(6):
+        s.advance()
+        _in_phase(s, "forward_backward", s.clock.now)
+        hang.evaluate(s.table, s.clock.now)
+    since, fired = s.clock.now, None
+    for t in range(1, 31):
+        s.clock.now += 1.0
+        s.send()
+        _in_phase(s, "checkpoint_save", since)  # every rank in the save; rank 2 SIGSTOPped in it
+        s.table.processes.update_states([replace(st, state="T") if st.rank == 2 else st
+                                         for st in s.table.processes.states()])
+        if hang.evaluate(s.table, s.clock.now).firing:
+            fired = t
+            break
+    assert fired == 6  # the step's timeout (the floor), not the save's 30 s
+    (f,) = hang.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["timed_as"] == "step" and f.evidence["suspect_ranks"] == [2]
 
 
 def test_a_save_does_not_count_in_the_step_time_it_was_timed_in() -> None:

@@ -9,6 +9,7 @@ took before): a checkpoint save (`checkpoint_save`: a slow store is not a hang),
 to their first step, startup and restore included). Which phase each rank is in now comes from the phase file it
 keeps (exporters/phase_now.py), as its node agent read it; how long each such phase took is learned from the
 same reports (a rank seen to leave it), and kept across the job's restarts: a save takes as long after one.
+A rank the kernel has stopped (state T) does no work in any phase: while one is, the job is timed as a step.
 
 Progress is the lowest step of the job's ranks: when one rank stops, the others block in the next collective, so
 the whole job stops. Which rank is to blame comes from the supervisor's view when it has one (a rank in the
@@ -36,6 +37,8 @@ from healer.core.jobview import Readings
 from healer.core.processes import ProcessState
 
 
+STOPPED = ("T", "t")
+"""The kernel's states of a process that was stopped (by a signal, or by a tracer)."""
 FIRST_STEP = "first_step"
 """Not a phase a rank names: the time from an attempt's ranks being seen to the end of their first step."""
 DEFAULT_PHASE_FLOORS = {"startup": timedelta(minutes=5), "restore": timedelta(minutes=5),
@@ -164,6 +167,11 @@ class Hang(Detector):
         longest phase one of its ranks is in, when that is longer."""
         timeout, p99 = self.phase_timeout_s(job, FIRST_STEP) if starting else self.timeout_s(job)
         phase = FIRST_STEP if starting else "step"
+        # NOTE: a long phase is waited out because its work goes on (a slow store is still written to). A rank the
+        # kernel has stopped does no work in any phase, and the job waits on it whatever its peers are in (a save's
+        # commit gathers from every rank): it is timed as a step, as when it is stopped between saves.
+        if any(s.state in STOPPED for s in states):
+            return timeout, p99, phase
         for name in sorted({s.phase for s in states if s.phase in self.config.phase_floors}):
             t, q = self.phase_timeout_s(job, name)
             if t > timeout:
@@ -284,7 +292,7 @@ def suspect_ranks(beats: list[RankBeat], states: dict[int, ProcessState], now: f
     """Which ranks hold the job up, and how that was told: stopped by the kernel, then the ranks not through their
     first step while others are, then the lowest step, then the oldest heartbeat record. Every rank when nothing
     singles one out."""
-    stopped = sorted(r for r, s in states.items() if s.state in ("T", "t"))
+    stopped = sorted(r for r, s in states.items() if s.state in STOPPED)
     if stopped:
         return stopped, "process stopped (state T)"
     ranks = sorted({b.rank for b in beats} | set(states))
