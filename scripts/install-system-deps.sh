@@ -22,11 +22,15 @@ command -v munged >/dev/null 2>&1 || need+=(munge)
 # The browser tests (tests/pages/) drive Debian's headless Chromium through Playwright (pointed at /usr/bin/chromium:
 # a browser download step cannot reach its servers from these machines). chromium-driver is for Selenium/WebDriver.
 # The container tier (tests/containers): podman with runc (crun refuses these hosts' cgroups), netavark and
-# aardvark-dns (compose's services find each other by name), and debootstrap for the Debian base image.
+# aardvark-dns (compose's services find each other by name), iptables for netavark, and debootstrap for the Debian
+# base image.
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v netavark >/dev/null 2>&1 || [ -x /usr/lib/podman/netavark ] || need+=(netavark)
 [ -x /usr/lib/podman/aardvark-dns ] || command -v aardvark-dns >/dev/null 2>&1 || need+=(aardvark-dns)
+# netavark 1.4 sets up each compose network's NAT and forwarding with iptables (its only firewall driver): without
+# it every container start fails with "netavark: No such file or directory".
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
