@@ -25,7 +25,7 @@ system-deps:
 	scripts/install-system-deps.sh
 
 test: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest -q -rs
+	$(VENV)/bin/python -m pytest -q -rs --durations=15  # the slowest, to watch the 30-minute budget
 
 test-multihost: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q tests/multihost
