@@ -12,7 +12,7 @@ view the way it would read the table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from msgspec.structs import replace
@@ -39,6 +39,8 @@ class TickView:
     processes: ProcessView
     histories: object | None = None
     """The healer's HistoryPool (healer/core/detectors/history.py): the detectors' samples, taken once per cycle."""
+    _by_job: dict[str, list[RankBeat]] = field(default_factory=dict, compare=False, repr=False)
+    """beats_by_job's, made by the first detector to ask."""
 
     @classmethod
     def of(cls, table: HeartbeatTable, histories: object | None = None) -> TickView:
@@ -80,3 +82,20 @@ class TickView:
     def steps(self, job: str) -> list[int]:
         """The steps the job's counted ranks last reported (none yet: empty)."""
         return [b.step for b in self.beats if b.job == job and b.step is not None]
+
+
+def beats_by_job(readings: Readings) -> dict[str, list[RankBeat]]:
+    """Per job, the heartbeats of its ranks that count. Made once per cycle on a tick's view, shared by the detectors
+    that ask (not to be changed): a pass over every rank (131,072 at the largest) costs ~40 ms."""
+    cached = readings._by_job if isinstance(readings, TickView) else None  # noqa: SLF001 - the view's own cache
+    if cached:
+        return cached
+    out: dict[str, list[RankBeat]] = {} if cached is None else cached
+    for beat in readings.ranks():
+        job = beat.entry.job
+        group = out.get(job)
+        if group is None:
+            out[job] = [beat]
+        else:
+            group.append(beat)
+    return out

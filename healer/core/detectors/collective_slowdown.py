@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, median, prune
-from healer.core.detectors.phases import RankRow, phase_table
+from healer.core.detectors.phases import RankRow, shared_phase_table
 from healer.core.jobview import Readings
 
 
@@ -78,14 +78,14 @@ class CollectiveSlowdown(Detector):
         prune(self._jobs, self.history.job_names(), self.history.restarted)
         firing, healthy = [], set()
         for job, series in self.history.jobs().items():
-            if len(series) < 2 or not all(s.samples for s in series):
+            if len(series) < 2:
                 continue
-            low = min(s.samples[-1].step for s in series)
+            low = self.history.low_step(job)
             state = self._jobs.setdefault(job, _Job(window_end=low))
             state.window_end = min(state.window_end, low)
             if low - state.window_end < self.config.window:
                 continue
-            rows = phase_table(series, window=self.config.window * 2, since_step=state.window_end)
+            rows = shared_phase_table(self.history, job, series, self.config.window * 2, state.window_end)
             state.window_end = low
             if len(rows) < 2:
                 continue

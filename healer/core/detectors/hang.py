@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, prune, quantile
+from healer.core.detectors.history import RankHistory, RankSeries, Sample, prune, quantile
 from healer.core.detectors.silence import silent_hosts
 from healer.core.heartbeats import RankBeat
-from healer.core.jobview import Readings
+from healer.core.jobview import Readings, beats_by_job
 from healer.core.processes import ProcessState
 
 
+STEP_TIMES_KEPT = 512
+"""Per job, the newest step times the p99 is learned from (of any of its ranks)."""
 STOPPED = ("T", "t")
 """The kernel's states of a process that was stopped (by a signal, or by a tracer)."""
 FIRST_STEP = "first_step"
@@ -178,11 +180,33 @@ class Hang(Detector):
                 timeout, p99, phase = t, q, name
         return timeout, p99, phase
 
+    def _learn_step_times(self, new: list[tuple[RankSeries, Sample]], jobs: int) -> None:
+        """Each job's newest step times, at most STEP_TIMES_KEPT of them. NOTE: newest first, and no more than a job
+        keeps: at the largest a cycle brings 131,072 new samples of one job, and all but the last 512 would be pushed
+        out within the cycle."""
+        taken: dict[str, list[float]] = {}
+        full = 0
+        for series, sample in reversed(new):
+            if sample.step_seconds is None:
+                continue
+            got = taken.get(series.job)
+            if got is None:
+                got = taken[series.job] = []
+            elif len(got) >= STEP_TIMES_KEPT:
+                continue
+            # A step that saved a checkpoint spent it in its `checkpoint` phase: that is a save's time, timed as a
+            # phase of its own, not a step's.
+            got.append(max(0.0, sample.step_seconds - sample.checkpoint_s))
+            if len(got) == STEP_TIMES_KEPT:
+                full += 1
+                if full == jobs:
+                    break
+        for job, got in taken.items():
+            self._times.setdefault(job, deque(maxlen=STEP_TIMES_KEPT)).extend(reversed(got))
+
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         new = self.history.update(table, now)
-        beats: dict[str, list[RankBeat]] = {}
-        for beat in table.ranks():
-            beats.setdefault(beat.job, []).append(beat)
+        beats = beats_by_job(table)
         # NOTE: a job still in the view keeps its state however long it has been silent (a hang that lasts must not
         # start its clock again); a new attempt learns its step times afresh (its hosts, even its layout, may have
         # changed) but keeps how long a save or a first step took.
@@ -190,12 +214,7 @@ class Hang(Detector):
         prune(self._jobs, known, self.history.restarted)
         prune(self._times, known, self.history.restarted)
         prune(self._phases, known)
-        for series, sample in new:
-            if sample.step_seconds is not None:
-                # A step that saved a checkpoint spent it in its `checkpoint` phase: that is a save's time, timed
-                # as a phase of its own, not a step's.
-                step_s = max(0.0, sample.step_seconds - sample.phases.get("checkpoint", 0.0))
-                self._times.setdefault(series.job, deque(maxlen=512)).append(step_s)
+        self._learn_step_times(new, len(known))
         firing, healthy = [], set()
         states = table.processes.states()
         # NOTE: a rank of the attempt that died is a crash, however long the crash detector waits to learn how it
@@ -217,7 +236,7 @@ class Hang(Detector):
                     continue
             elif not job_beats:
                 continue
-            steps = [b.step for b in job_beats]
+            steps = [b.entry.step for b in job_beats]
             prog = self._jobs.get(job)
             stepped = prog is not None and prog.attempt == attempt and prog.low_step is not None
             # A rank that has not finished its first step (or not yet said hello): the attempt is starting. Under a

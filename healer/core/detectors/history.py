@@ -12,8 +12,7 @@ heard of for a while are forgotten, and with them the per-job state of the detec
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -25,16 +24,33 @@ from healer.core.jobview import Readings
 T = TypeVar("T")
 
 
+# NOTE: not `grad_norm_clip`: the global gradient norm is all-reduced over the data-parallel and pipeline groups,
+# so that phase is mostly a wait for the other stages' reduce. Counted as compute, a slow link under one stage made
+# every rank of the other stage look slow (0.55 s of 0.6 s on the bed).
+COMPUTE_PHASES = ("forward_backward", "optimizer")
+"""The phases of a step that are the rank's own work (healer/core/detectors/phases.py)."""
+_FORWARD_BACKWARD, _OPTIMIZER = COMPUTE_PHASES  # NOTE: Sample.of sums them by name, the cheapest way per rank
+NO_VALUES: dict[str, str] = {}
+"""The `nonfinite` of every sample without any (shared: never changed)."""
+
+
 class Sample(Struct, gc=False):
     """One step of one rank, as its heartbeat carried it. Never changed once made.
     NOTE: a gc=False struct: a history holds up to `keep` of them per rank (millions at 131,072 ranks), and as
-    objects the garbage collector tracks each full collection walked them all. They hold no reference cycles."""
+    objects the garbage collector tracks each full collection walked them all. They hold no reference cycles.
+    The step's phases are kept as the sums the detectors read, not as the record's dict: a dict of 7 phases is
+    ~0.4 KiB, kept 10 times for each of 131,072 ranks, and the phase table summed them again at every window."""
 
     step: int
     received_at: float
     node: str
     step_seconds: float | None
-    phases: dict[str, float]
+    compute_s: float | None
+    """COMPUTE_PHASES summed; None: the record had no phases."""
+    data_wait_s: float
+    dp_reduce_s: float
+    """The data-parallel collectives (`dp_reduce` and `dp_gather`) summed."""
+    checkpoint_s: float
     loss: float | None
     grad_norm: float | None
     nonfinite: dict[str, str]
@@ -43,18 +59,33 @@ class Sample(Struct, gc=False):
     @classmethod
     def of(cls, beat: RankBeat) -> Sample:
         e = beat.entry
-        return cls(step=e.step or 0, received_at=beat.received_at, node=beat.node, step_seconds=e.step_seconds,
-                   phases=e.phases, loss=e.loss, grad_norm=e.grad_norm, nonfinite=e.nonfinite,
-                   dp_reduce_lag_s=e.dp_reduce_lag_s)
+        phases = e.phases
+        if phases:
+            get = phases.get
+            compute: float | None = get(_FORWARD_BACKWARD, 0.0) + get(_OPTIMIZER, 0.0)
+            data, reduce, save = get("data_wait", 0.0), get("dp_reduce", 0.0) + get("dp_gather", 0.0), \
+                get("checkpoint", 0.0)
+        else:
+            compute, data, reduce, save = None, 0.0, 0.0, 0.0
+        # NOTE: positional: a keyword call costs ~1.5x as much, once per rank and step
+        return cls(e.step or 0, beat.received_at, beat.node, e.step_seconds, compute, data, reduce, save, e.loss,
+                   e.grad_norm, e.nonfinite or NO_VALUES, e.dp_reduce_lag_s)
 
 
-@dataclass(slots=True)
-class RankSeries:
+class RankSeries(Struct, gc=False):
+    """One rank's newest samples, oldest first.
+    NOTE: a gc=False struct holding a tuple, not a dataclass holding a deque: 131,072 ranks were 262,144 objects the
+    garbage collector tracked, and walked at each full collection (~0.3 s each, about twice a cycle). A tuple of
+    untracked samples is untracked itself; a new sample makes a new tuple of at most `keep` (10 by default)."""
+
     job: str
     rank: int
     node: str
-    samples: deque[Sample]
+    samples: tuple[Sample, ...] = ()
+    """Never empty once the history has it: a series is made with a rank's first sample, and a rollback drops the
+    samples from its step on only to add that step's."""
     last_step: int = -1
+    """The step of the newest sample."""
     stage: int = 0
     """The rank's pipeline stage (mesh `pp` coordinate): ranks of one stage do the same work."""
     heard_at: float = 0.0
@@ -84,6 +115,11 @@ class RankHistory:
     _attempts: dict[str, int] = field(default_factory=dict)
     _next_sweep: float = 0.0
     _shared: HistoryPool | None = None
+    _by_job: dict[str, dict[int, RankSeries]] = field(default_factory=dict)
+    """The same series by job, then rank. NOTE: kept as the series come and go, so that which jobs there are, and
+    each job's ranks in order, cost nothing per cycle (a pass over 131,072 series did, up to six times a cycle)."""
+    _ordered: dict[str, list[RankSeries]] = field(default_factory=dict)
+    """Per job, its series by rank, made when first asked for after the job's ranks changed."""
 
     def __post_init__(self) -> None:
         if self.keep < 1 or self.max_series < 1 or self.forget_after_s <= 0:
@@ -105,7 +141,7 @@ class RankHistory:
         new: list[tuple[RankSeries, Sample]] = []
         self._new_attempts(table)
         since: dict[str, float] = {}
-        series, forget_after_s = self.series, self.forget_after_s
+        series, forget_after_s, keep = self.series, self.forget_after_s, self.keep
         # NOTE: one pass over every rank per cycle (131,072 at the largest): the entry's fields are read once each,
         # straight from the struct, not through RankBeat's properties.
         for beat in table.ranks():
@@ -131,19 +167,23 @@ class RankHistory:
             s = series.get(key)
             if s is None:
                 self._make_room(now)
-                s = series[key] = RankSeries(job, e.rank, beat.node, deque(maxlen=self.keep))
-            s.node = beat.node
-            s.stage = e.mesh.get("pp", s.stage)
+                s = self._add(RankSeries(job, e.rank, beat.node))
             if heard_at > s.heard_at:
                 s.heard_at = heard_at
             if step == s.last_step:
                 continue
+            # NOTE: where a rank is, and its stage, are taken with its steps: they change only when it starts again
+            s.node = beat.node
+            s.stage = e.mesh.get("pp", s.stage)
+            kept = s.samples
             if step < s.last_step:
                 # Restarted or rolled back: what comes after this step will be computed again.
-                while s.samples and s.samples[-1].step >= step:
-                    s.samples.pop()
+                n = len(kept)
+                while n and kept[n - 1].step >= step:
+                    n -= 1
+                kept = kept[:n]
             sample = Sample.of(beat)
-            s.samples.append(sample)
+            s.samples = (*kept[1:], sample) if len(kept) >= keep else (*kept, sample)
             s.last_step = step
             new.append((s, sample))
         if now >= self._next_sweep:
@@ -163,8 +203,8 @@ class RankHistory:
                 continue
             if self._attempts.get(job, attempt) != attempt:
                 self.restarted.add(job)
-                for key in [k for k in self.series if k[0] == job]:
-                    del self.series[key]
+                for rank in list(self._by_job.get(job, ())):
+                    self._drop((job, rank))
             attempts[job] = attempt
         self._attempts = attempts  # NOTE: only the jobs still known: bounded like the series
 
@@ -174,8 +214,23 @@ class RankHistory:
         self._next_sweep = now + min(60.0, self.forget_after_s / 4)
         old = [key for key, s in self.series.items() if now - s.heard_at > self.forget_after_s]
         for key in old:
-            del self.series[key]
+            self._drop(key)
         return len(old)
+
+    def _add(self, s: RankSeries) -> RankSeries:
+        self.series[(s.job, s.rank)] = s
+        self._by_job.setdefault(s.job, {})[s.rank] = s
+        self._ordered.pop(s.job, None)
+        return s
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        job, rank = key
+        del self.series[key]
+        ranks = self._by_job[job]
+        del ranks[rank]
+        if not ranks:
+            del self._by_job[job]
+        self._ordered.pop(job, None)
 
     def _make_room(self, now: float) -> None:
         if len(self.series) < self.max_series:
@@ -185,7 +240,7 @@ class RankHistory:
             # room would scan every series (a cycle of hours at 131,072 ranks).
             oldest = sorted(self.series, key=lambda k: self.series[k].heard_at)[:max(1, self.max_series // 16)]
             for key in oldest:
-                del self.series[key]
+                self._drop(key)
             self.evicted += len(oldest)
 
     def jobs(self) -> dict[str, list[RankSeries]]:
@@ -196,14 +251,28 @@ class RankHistory:
 
     def _jobs(self) -> dict[str, list[RankSeries]]:
         out: dict[str, list[RankSeries]] = {}
-        for s in self.series.values():
-            out.setdefault(s.job, []).append(s)
-        for series in out.values():
-            series.sort(key=lambda r: r.rank)
+        for job, ranks in self._by_job.items():
+            ordered = self._ordered.get(job)
+            if ordered is None:
+                ordered = self._ordered[job] = [ranks[r] for r in sorted(ranks)]
+            out[job] = ordered
         return out
 
+    def memo(self, key: Hashable, make: Callable[[], T]) -> T:
+        """make(), made once per cycle for all the detectors that share this history's pool under the same key
+        (e.g. a job's phase table over the same window: straggler and collective_slowdown both read it)."""
+        if self._shared is not None:
+            return self._shared.memo(key, make)
+        return make()
+
+    def low_step(self, job: str) -> int:
+        """The lowest newest step of the job's ranks (a job of `jobs()`; every series has a sample)."""
+        return self.memo(("low_step", job), lambda: min(s.last_step for s in self.jobs()[job]))
+
     def job_names(self) -> set[str]:
-        return {job for job, _ in self.series}
+        if self._shared is not None:
+            return self._shared.history.job_names()
+        return set(self._by_job)
 
 
 class HistoryPool:
@@ -217,6 +286,7 @@ class HistoryPool:
         self._view: object | None = None
         self._new: list[tuple[RankSeries, Sample]] = []
         self._jobs: dict[str, list[RankSeries]] | None = None
+        self._memo: dict[Hashable, object] = {}
 
     @classmethod
     def for_detectors(cls, detectors: Collection[object]) -> HistoryPool | None:
@@ -231,8 +301,13 @@ class HistoryPool:
     def update(self, view: object, now: float) -> list[tuple[RankSeries, Sample]]:
         if view is not self._view:
             self._new = self.history._update(view, now)  # type: ignore[arg-type]  # noqa: SLF001 - its own pass
-            self._view, self._jobs = view, None
+            self._view, self._jobs, self._memo = view, None, {}
         return self._new
+
+    def memo(self, key: Hashable, make: Callable[[], T]) -> T:
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]  # type: ignore[return-value]
 
     def jobs(self) -> dict[str, list[RankSeries]]:
         if self._jobs is None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.jobview import Readings
+from healer.core.jobview import Readings, beats_by_job
 
 
 @dataclass(slots=True)
@@ -53,16 +53,16 @@ class HostLost(Detector):
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         view = table.processes
         after = self.config.after.total_seconds()
-        heard = {n.node: n.received_at for n in table.nodes()}
-        steps: dict[str, int] = {}
-        for beat in table.ranks():
-            if beat.step is not None:
-                steps[beat.job] = max(steps.get(beat.job, -1), beat.step)
         firing, healthy = [], set()
         jobs = view.jobs()
         for job in [j for j in self._progress if j not in jobs]:
             del self._progress[job]
             self._fired.pop(job, None)
+        if not jobs:
+            return Evaluation()  # no launcher: no attempt placed on hosts to miss one of them
+        heard = {n.node: n.received_at for n in table.nodes()}
+        steps = {job: max((s for b in beats if (s := b.entry.step) is not None), default=-1)
+                 for job, beats in beats_by_job(table).items()}
         for job in jobs:
             attempt = view.attempt(job)
             nodes, started_at = view.placement(job)

@@ -35,6 +35,8 @@ class _Lead:
     rank: int
     node: str
     losses: deque[tuple[int, float | None]]
+    last: Sample | None = None
+    """The rank history's sample followed last."""
 
 
 @dataclass(slots=True)
@@ -90,14 +92,17 @@ class LossSpike(Detector):
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         firing, healthy = [], set()
-        new = {(s.job, s.rank): x for s, x in self.history.update(table, now)}
+        self.history.update(table, now)
         prune(self._spikes, self.history.job_names(), self.history.restarted)
         prune(self._leads, self.history.job_names(), self.history.restarted)
         for job, series in self.history.jobs().items():
             lead = series[0]  # the lowest rank
             spike = self._spikes.get(job)
-            sample = new.get((job, lead.rank))
-            if sample is not None:
+            # NOTE: the lead's newest sample, when it came this cycle (a sample is never changed, so it is new when it
+            # is not the one followed last): not a map of every rank's new sample (131,072) to read one.
+            sample = lead.samples[-1] if lead.samples else None
+            track = self._leads.get(job)
+            if sample is not None and (track is None or track.rank != lead.rank or track.last is not sample):
                 spike = self._observe(job, self._follow(job, lead, sample), spike)
             if spike is None:
                 healthy.add(job)
@@ -118,12 +123,12 @@ class LossSpike(Detector):
         track = self._leads.get(job)
         if track is None or track.rank != lead.rank:  # first seen, or another rank is the lowest now
             track = self._leads[job] = _Lead(lead.rank, lead.node, deque(
-                ((x.step, x.loss) for x in lead.samples), maxlen=self._keep))
+                ((x.step, x.loss) for x in lead.samples), maxlen=self._keep), sample)
             return track
         while track.losses and track.losses[-1][0] >= sample.step:
             track.losses.pop()
         track.losses.append((sample.step, sample.loss))
-        track.node = lead.node
+        track.node, track.last = lead.node, sample
         return track
 
     def _observe(self, job: str, lead: _Lead, spike: _Spike | None) -> _Spike | None:

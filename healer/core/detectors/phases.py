@@ -10,18 +10,20 @@ starts late) has the longest compute and the *shortest* collective time: everyon
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
-from healer.core.detectors.history import RankSeries, median
+import numpy as np
+from msgspec import Struct
 
-# NOTE: not `grad_norm_clip`: the global gradient norm is all-reduced over the data-parallel and pipeline groups,
-# so that phase is mostly a wait for the other stages' reduce. Counted as compute, a slow link under one stage made
-# every rank of the other stage look slow (0.55 s of 0.6 s on the bed).
-COMPUTE_PHASES = ("forward_backward", "optimizer")
+from healer.core.detectors.history import COMPUTE_PHASES, RankHistory, RankSeries
+
+__all__ = ["COMPUTE_PHASES", "RankRow", "phase_table", "shared_phase_table"]
 
 
-@dataclass(frozen=True, slots=True)
-class RankRow:
+class RankRow(Struct, frozen=True, kw_only=True, gc=False):
+    """One rank's medians over a window. NOTE: a struct, not a frozen dataclass: a table at 131,072 ranks makes that
+    many, and a frozen dataclass sets each field through object.__setattr__ (~3x the cost)."""
+
     rank: int
     node: str
     samples: int
@@ -41,19 +43,50 @@ class RankRow:
 
 
 def phase_table(series: list[RankSeries], window: int, since_step: int | None = None) -> list[RankRow]:
-    """One row per rank with at least one sample, from its last `window` samples (after `since_step`)."""
-    rows = []
+    """One row per rank with at least one timed sample among its last `window` (after `since_step`).
+    NOTE: one pass over each rank's samples, then the medians of all the ranks at once (numpy, by how many samples
+    each has): at 131,072 ranks a window's close reads ~650,000 samples, and a median per rank and column in Python
+    cost ~1 s of it."""
+    since = -1 if since_step is None else since_step
+    counted: list[RankSeries] = []
+    counts: list[int] = []
+    values: list[float] = []  # per timed sample: step, compute, data wait, reduce, lag (NaN: none)
+    nan = math.nan
     for s in series:
-        samples = [x for x in list(s.samples)[-window:] if since_step is None or x.step > since_step]
-        samples = [x for x in samples if x.step_seconds is not None and x.phases]
-        if not samples:
-            continue
-        lags = [x.dp_reduce_lag_s for x in samples if x.dp_reduce_lag_s is not None]
-        rows.append(RankRow(
-            rank=s.rank, node=s.node, samples=len(samples),
-            step_s=median([x.step_seconds for x in samples if x.step_seconds is not None]),
-            compute_s=median([sum(x.phases.get(p, 0.0) for p in COMPUTE_PHASES) for x in samples]),
-            data_wait_s=median([x.phases.get("data_wait", 0.0) for x in samples]),
-            dp_reduce_s=median([x.phases.get("dp_reduce", 0.0) + x.phases.get("dp_gather", 0.0) for x in samples]),
-            reduce_lag_s=median(lags) if lags else None, stage=s.stage))
-    return rows
+        kept = s.samples
+        if len(kept) > window:
+            kept = kept[-window:]
+        n = 0
+        for x in kept:
+            if x.step > since and x.step_seconds is not None and x.compute_s is not None:
+                lag = x.dp_reduce_lag_s
+                values += (x.step_seconds, x.compute_s, x.data_wait_s, x.dp_reduce_s, nan if lag is None else lag)
+                n += 1
+        if n:
+            counted.append(s)
+            counts.append(n)
+    if not counted:
+        return []
+    table = np.asarray(values).reshape(-1, 5)
+    per_rank = np.asarray(counts)
+    medians = np.empty((len(counted), 5))
+    starts = np.concatenate(([0], np.cumsum(per_rank)[:-1]))
+    for n in np.unique(per_rank):
+        which = np.flatnonzero(per_rank == n)
+        rows_of = table[(starts[which, None] + np.arange(n)).ravel()].reshape(len(which), n, 5)
+        medians[which, :4] = np.median(rows_of[:, :, :4], axis=1)
+        lags = rows_of[:, :, 4]
+        some = ~np.isnan(lags).all(axis=1)
+        medians[which, 4] = nan
+        if some.any():
+            medians[which[some], 4] = np.nanmedian(lags[some], axis=1)
+    return [RankRow(rank=s.rank, node=s.node, samples=n, step_s=m[0], compute_s=m[1], data_wait_s=m[2],
+                    dp_reduce_s=m[3], reduce_lag_s=None if math.isnan(m[4]) else m[4], stage=s.stage)
+            for s, n, m in zip(counted, counts, medians.tolist())]
+
+
+def shared_phase_table(history: RankHistory, job: str, series: list[RankSeries], window: int,
+                       since_step: int | None) -> list[RankRow]:
+    """phase_table, made once per cycle for the detectors that share `history`'s pool (straggler and
+    collective_slowdown close their windows at the same steps: ~0.5 s each at 131,072 ranks)."""
+    return history.memo(("phase_table", job, window, since_step), lambda: phase_table(series, window, since_step))

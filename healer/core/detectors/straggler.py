@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, median, prune
-from healer.core.detectors.phases import RankRow, phase_table
+from healer.core.detectors.history import RankHistory, RankSeries, median, prune
+from healer.core.detectors.phases import RankRow, shared_phase_table
 from healer.core.jobview import Readings
 
 
@@ -127,24 +127,22 @@ class Straggler(Detector):
         prune(self._jobs, self.history.job_names(), self.history.restarted)
         firing, healthy = [], set()
         for job, series in self.history.jobs().items():
-            if not all(s.samples for s in series):
-                continue
-            low = min(s.samples[-1].step for s in series)
+            low = self.history.low_step(job)
             state = self._jobs.setdefault(job, _JobWindows(window_end=low))
             if low < state.window_end:
                 # Restarted or rolled back: other processes now, so the streak starts again.
                 self._jobs[job] = state = _JobWindows(window_end=low)
             if low - state.window_end >= self.config.window:
-                self._close_window(state, series, low)
+                self._close_window(job, state, series, low)
             if state.streak_rank is not None and state.streak >= self.config.consecutive:
                 firing.append(self._finding(job, state))
             elif state.last is not None and state.last.rank is None:
                 healthy.add(job)
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
-    def _close_window(self, state: _JobWindows, series: list, low: int) -> None:  # type: ignore[type-arg]
+    def _close_window(self, job: str, state: _JobWindows, series: list[RankSeries], low: int) -> None:
         # NOTE: only samples of this window's steps: an older slowdown must not keep a rank named.
-        rows = phase_table(series, window=self.config.window * 2, since_step=state.window_end)
+        rows = shared_phase_table(self.history, job, series, self.config.window * 2, state.window_end)
         state.window_end = low
         verdict = attribute_by_stage(rows, self.config.ratio, self.config.share)
         state.last, state.rows = verdict, rows
