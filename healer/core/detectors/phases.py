@@ -10,12 +10,9 @@ starts late) has the longest compute and the *shortest* collective time: everyon
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 from msgspec import Struct
 
-from healer.core.detectors.history import COMPUTE_PHASES, RankHistory, RankSeries
+from healer.core.detectors.history import COMPUTE_PHASES, RankHistory, RankSeries, median
 
 __all__ = ["COMPUTE_PHASES", "RankRow", "phase_table", "shared_phase_table"]
 
@@ -44,45 +41,25 @@ class RankRow(Struct, frozen=True, kw_only=True, gc=False):
 
 def phase_table(series: list[RankSeries], window: int, since_step: int | None = None) -> list[RankRow]:
     """One row per rank with at least one timed sample among its last `window` (after `since_step`).
-    NOTE: one pass over each rank's samples, then the medians of all the ranks at once (numpy, by how many samples
-    each has): at 131,072 ranks a window's close reads ~650,000 samples, and a median per rank and column in Python
-    cost ~1 s of it."""
+    NOTE: at 131,072 ranks a window's close reads ~650,000 samples: one pass over each rank's, reading the sums
+    each sample already holds."""
+    rows = []
     since = -1 if since_step is None else since_step
-    counted: list[RankSeries] = []
-    counts: list[int] = []
-    values: list[float] = []  # per timed sample: step, compute, data wait, reduce, lag (NaN: none)
-    nan = math.nan
     for s in series:
-        kept = s.samples
-        if len(kept) > window:
-            kept = kept[-window:]
-        n = 0
-        for x in kept:
+        steps, computes, waits, reduces, lags = [], [], [], [], []
+        for x in s.samples[-window:]:
             if x.step > since and x.step_seconds is not None and x.compute_s is not None:
-                lag = x.dp_reduce_lag_s
-                values += (x.step_seconds, x.compute_s, x.data_wait_s, x.dp_reduce_s, nan if lag is None else lag)
-                n += 1
-        if n:
-            counted.append(s)
-            counts.append(n)
-    if not counted:
-        return []
-    table = np.asarray(values).reshape(-1, 5)
-    per_rank = np.asarray(counts)
-    medians = np.empty((len(counted), 5))
-    starts = np.concatenate(([0], np.cumsum(per_rank)[:-1]))
-    for n in np.unique(per_rank):
-        which = np.flatnonzero(per_rank == n)
-        rows_of = table[(starts[which, None] + np.arange(n)).ravel()].reshape(len(which), n, 5)
-        medians[which, :4] = np.median(rows_of[:, :, :4], axis=1)
-        lags = rows_of[:, :, 4]
-        some = ~np.isnan(lags).all(axis=1)
-        medians[which, 4] = nan
-        if some.any():
-            medians[which[some], 4] = np.nanmedian(lags[some], axis=1)
-    return [RankRow(rank=s.rank, node=s.node, samples=n, step_s=m[0], compute_s=m[1], data_wait_s=m[2],
-                    dp_reduce_s=m[3], reduce_lag_s=None if math.isnan(m[4]) else m[4], stage=s.stage)
-            for s, n, m in zip(counted, counts, medians.tolist())]
+                steps.append(x.step_seconds)
+                computes.append(x.compute_s)
+                waits.append(x.data_wait_s)
+                reduces.append(x.dp_reduce_s)
+                if x.dp_reduce_lag_s is not None:
+                    lags.append(x.dp_reduce_lag_s)
+        if steps:
+            rows.append(RankRow(rank=s.rank, node=s.node, samples=len(steps), step_s=median(steps),
+                                compute_s=median(computes), data_wait_s=median(waits), dp_reduce_s=median(reduces),
+                                reduce_lag_s=median(lags) if lags else None, stage=s.stage))
+    return rows
 
 
 def shared_phase_table(history: RankHistory, job: str, series: list[RankSeries], window: int,
