@@ -136,19 +136,25 @@ def _in_phase(s: JobStream, phase: str | None, since: float) -> None:
         for n, rs in NODES.items() for r in rs])
 
 
-def _stalled_until_fired(s: JobStream, detector: Hang, limit: int, phase: str | None = None) -> int | None:
-    """Seconds of no progress until `detector` fires (None: not within `limit`), the ranks in `phase` throughout."""
+def _stalled_until_fired(s: JobStream, detector: Hang, limit: int, phase: str | None = None,
+                         stopped: int | None = None) -> int | None:
+    """Seconds of no progress until `detector` fires (None: not within `limit`), the ranks in `phase` throughout
+    (rank `stopped` SIGSTOPped in it: state T)."""
     since = s.clock.now
     for t in range(1, limit + 1):
         s.clock.now += 1.0
         s.send()
         _in_phase(s, phase, since)
+        if stopped is not None:
+            s.table.processes.update_states([replace(st, state="T") if st.rank == stopped else st
+                                             for st in s.table.processes.states()])
         if detector.evaluate(s.table, s.clock.now).firing:
             return t
     return None
 
 
-def test_a_checkpoint_save_is_timed_by_what_saves_took_and_a_hang_in_a_step_by_the_step_time() -> None:
+def _hang_past_its_first_steps() -> tuple[JobStream, Hang]:
+    """A placed job 6 steps in (past min_samples), with a 5-s step floor and a 30-s floor for a save."""
     s = stream()
     _placed(s)
     hang = Hang(Hang.Config(floor=timedelta(seconds=5), phase_floors={"checkpoint_save": timedelta(seconds=30)}))
@@ -156,6 +162,11 @@ def test_a_checkpoint_save_is_timed_by_what_saves_took_and_a_hang_in_a_step_by_t
         s.advance()
         _in_phase(s, "forward_backward", s.clock.now)
         hang.evaluate(s.table, s.clock.now)
+    return s, hang
+
+
+def test_a_checkpoint_save_is_timed_by_what_saves_took_and_a_hang_in_a_step_by_the_step_time() -> None:
+    s, hang = _hang_past_its_first_steps()
     # The first save: 20 s, past the 5 s step timeout, under the 30 s save floor. No hang.
     assert _stalled_until_fired(s, hang, 20, "checkpoint_save") is None
     s.advance()
@@ -175,24 +186,9 @@ def test_a_checkpoint_save_is_timed_by_what_saves_took_and_a_hang_in_a_step_by_t
 
 
 def test_a_rank_stopped_inside_a_save_is_timed_as_a_step_not_as_the_save() -> None:
-    s = stream()
-    _placed(s)
-    hang = Hang(Hang.Config(floor=timedelta(seconds=5), phase_floors={"checkpoint_save": timedelta(seconds=30)}))
-    for _ in range(6):
-        s.advance()
-        _in_phase(s, "forward_backward", s.clock.now)
-        hang.evaluate(s.table, s.clock.now)
-    since, fired = s.clock.now, None
-    for t in range(1, 31):
-        s.clock.now += 1.0
-        s.send()
-        _in_phase(s, "checkpoint_save", since)  # every rank in the save; rank 2 SIGSTOPped in it
-        s.table.processes.update_states([replace(st, state="T") if st.rank == 2 else st
-                                         for st in s.table.processes.states()])
-        if hang.evaluate(s.table, s.clock.now).firing:
-            fired = t
-            break
-    assert fired == 6  # the step's timeout (the floor), not the save's 30 s
+    s, hang = _hang_past_its_first_steps()
+    # Every rank in the save, rank 2 SIGSTOPped in it: the step's timeout (the floor), not the save's 30 s.
+    assert _stalled_until_fired(s, hang, 30, "checkpoint_save", stopped=2) == 6
     (f,) = hang.evaluate(s.table, s.clock.now).firing
     assert f.evidence["timed_as"] == "step" and f.evidence["suspect_ranks"] == [2]
 
