@@ -61,7 +61,7 @@ def node_body(node: int, ranks_per_node: int, job: str = "bench") -> bytes:
             phases={"data_wait": 0.01, "forward_backward": 0.7, "dp_reduce": 0.12, "grad_norm_clip": 0.01,
                     "optimizer": 0.07},
             loss=2.31, grad_norm=0.82, nonfinite={}, tokens_per_second=41000.0, mfu=0.41,
-            dp_reduce_enter_ns=123456789012, dp_reduce_lag_s=0.002, max_rss_mib=20480.0))
+            dp_reduce_enter_ns=123456789012, dp_reduce_lag_s=0.002, max_rss_mib=20480.0, proc_state="S"))
     gpus = [GpuEntry(gpu=g, uuid=f"GPU-{node:04d}-{g}", last_xid=None, xid_counts={}) for g in range(8)]
     return encode_batch(HeartbeatBatch(schema=HEARTBEAT_SCHEMA, node=f"node-{node:04d}", seq=0, sent_at=time.time(),
                                        nvml="ok", ranks=ranks, gpus=gpus))

@@ -6,7 +6,7 @@ Batch (JSON, schema 1), one per node per interval: exporters/schema.py's Heartbe
      "ranks": [{"job", "rank", "alive", "last_seen_age_s", "pid", "local_rank", "world_size", "mesh",
                 "dropped", "events", "last_event", "step", "step_time", "step_seconds", "phases", "loss",
                 "grad_norm", "nonfinite", "tokens_per_second", "mfu", "dp_reduce_enter_ns", "dp_reduce_lag_s",
-                "max_rss_mib"}],                                    (RankEntry, built by rank_summary)
+                "max_rss_mib", "proc_state"}],                      (RankEntry, built by rank_summary)
      "gpus": [{"gpu", "uuid", "last_xid", "xid_counts", ...health fields}]}      (GpuEntry)
 
 Posts run on their own thread with a short timeout; batches that fail wait in a bounded buffer
@@ -39,7 +39,7 @@ def rank_summary(s: RankState) -> RankEntry:
     `nonfinite` says which it was, e.g. {"loss": "nan"}."""
     entry = RankEntry(job=s.job, rank=s.rank, pid=s.pid, local_rank=s.local_rank, world_size=s.world_size,
                       mesh=s.mesh, alive=s.alive, last_seen_age_s=round(s.age_seconds, 3), dropped=s.dropped,
-                      events=dict(s.events), last_event=s.last_event)
+                      events=dict(s.events), last_event=s.last_event, proc_state=s.proc_state)
     rec = s.last_step
     if rec is None:
         return entry

@@ -1,8 +1,8 @@
 """The sidecar's view of the ranks on its node: last record, liveness, drops and events of each.
 
 The receiver thread writes into a RankTable; scrapes and heartbeats read consistent snapshots of
-it. The clock and the process probe are injected so that tests can move time and kill processes
-without sleeping or forking.
+it. The clock and the process probe (the kernel's state of a pid) are injected so that tests can move time and
+kill or stop processes without sleeping or forking.
 """
 
 from __future__ import annotations
@@ -40,13 +40,16 @@ class RankState:
     # Filled in by snapshots only:
     age_seconds: float = 0.0
     alive: bool = True
+    proc_state: str | None = None
+    """The kernel's state letter of the rank's process (T: stopped); None when it is gone."""
     reduce_lag_seconds: float | None = None
 
 
 class RankTable:
     """Thread-safe table of ranks keyed by (job, rank); the newest process of a rank replaces the old one.
 
-    A rank is alive while its process is (procfs.alive: a zombie, dead but not yet reaped, is not).
+    A rank is alive while its process is (a zombie, dead but not yet reaped, is not). Its kernel state goes with
+    it: a rank stopped by a signal (T) is alive and does nothing, which names it when its job hangs.
     NOTE: that needs the sidecar in the ranks' PID namespace (same host, or a pod sharing its PID namespace).
 
     A rank silent for forget_after_s is forgotten, whether its process lives or not: a process that stopped
@@ -57,7 +60,7 @@ class RankTable:
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
-        is_alive: Callable[[int], bool] = procfs.alive,
+        process_state: Callable[[int], str | None] = procfs.state,
         forget_after_s: float = 600.0,
         max_ranks: int = 256,
     ) -> None:
@@ -65,7 +68,7 @@ class RankTable:
             raise ValueError(f"forget_after_s must be > 0, got {forget_after_s}")
         if max_ranks < 1:
             raise ValueError(f"max_ranks must be >= 1, got {max_ranks}")
-        self._clock, self._is_alive = clock, is_alive
+        self._clock, self._process_state = clock, process_state
         self._forget_after_s, self._max_ranks = forget_after_s, max_ranks
         self._ranks: dict[tuple[str, int], RankState] = {}
         self._lock = threading.Lock()
@@ -107,7 +110,8 @@ class RankTable:
             states = [replace(s, events=Counter(s.events), mesh=dict(s.mesh)) for s in self._ranks.values()]
         for state in states:
             state.age_seconds = now - state.last_seen
-            state.alive = self._is_alive(state.pid)
+            state.proc_state = self._process_state(state.pid)
+            state.alive = procfs.state_is_alive(state.proc_state)
         _fill_reduce_lag(states)
         return sorted(states, key=lambda s: (s.job, s.rank))
 

@@ -59,6 +59,7 @@ Number = Annotated[float, Meta(description="a number (NaN and infinities allowed
 # NOTE: the one name rule of jobs and nodes (megaheal/names.py), here as the decoders check it.
 Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="a name (letters, digits, . _ : @ / -, at most 253)")]
 Mesh = Annotated[dict[str, Count], Meta(description='an object of coordinates, e.g. {"pp": 0, "dp": 1, "tp": 0}')]
+ProcState = Annotated[str, Meta(min_length=1, max_length=1, description="the kernel's one-letter state")]
 Phases = Annotated[dict[str, Finite], Meta(max_length=MAX_PHASES,
                                            description=f"an object of at most {MAX_PHASES} phases, in seconds")]
 
@@ -166,6 +167,9 @@ class RankEntry(Struct, frozen=True, kw_only=True, gc=False):
     dp_reduce_enter_ns: int | None = None
     dp_reduce_lag_s: Finite | None = None
     max_rss_mib: Finite | None = None
+    proc_state: ProcState | None = None
+    """The kernel's state letter of the rank's process as the sidecar read it (R, S, D, T: stopped by a signal,
+    t: by a tracer); None when it is gone or the sender did not say. A hang names a stopped rank by it."""
 
 
 class GpuEntry(Struct, frozen=True, kw_only=True, gc=False):
@@ -195,7 +199,7 @@ class RankProcess(Struct, frozen=True, kw_only=True, gc=False):
     pid: Count
     started: Finite
     """When the process started, in seconds after boot: with the pid, its identity (a reused pid is another)."""
-    state: Annotated[str, Meta(min_length=1, max_length=1, description="the kernel's one-letter state")]
+    state: ProcState
     cpu_seconds: Finite
     phase: Annotated[str, Meta(min_length=1, max_length=32,
                                description="a phase name of 1-32 characters")] | None = None

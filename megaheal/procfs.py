@@ -142,10 +142,20 @@ def stat(pid: int, proc: Path = PROC) -> Stat | None:
                 started=int(fields[19]) / CLOCK_TICKS, wait_status=wait_status)
 
 
+def state(pid: int, proc: Path = PROC) -> str | None:
+    """`pid`'s kernel state letter (R, S, D, T for stopped, t for traced, Z, ...); None when it is gone."""
+    st = stat(pid, proc)
+    return st.state if st is not None else None
+
+
 def alive(pid: int, proc: Path = PROC) -> bool:
     """True while `pid` can still run: a zombie or a dying task has left, whoever reaps it."""
-    st = stat(pid, proc)
-    return st is not None and st.state not in NOT_ALIVE
+    return state_is_alive(state(pid, proc))
+
+
+def state_is_alive(letter: str | None) -> bool:
+    """Whether a process in kernel state `letter` (None: gone) can still run."""
+    return letter is not None and letter not in NOT_ALIVE
 
 
 def wchan(pid: int, proc: Path = PROC) -> str | None:

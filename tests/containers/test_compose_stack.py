@@ -74,6 +74,8 @@ def test_a_stopped_rank_opens_an_incident_in_the_healers_postgres_and_reaches_al
     os.kill(ranks[1], signal.SIGSTOP)  # rank 0 then waits for it in the next all-reduce: the job hangs
     (incident,) = wait_for("a hang incident in PostgreSQL", lambda: incidents(stack, "hang"), timeout_s=120, every_s=1)
     assert incident[1] == "hang" and incident[3] == "node-1", incident
+    # The stopped rank is named by its kernel state, which only the sidecar's heartbeats carry here (no node agent).
+    assert "suspect rank(s) 1 (process stopped (state T))" in incident[4], incident
     alerts = wait_for("the healer's incident in Alertmanager", lambda: [
         a for a in stack.get("alertmanager", "/api/v2/alerts?" + urllib.parse.urlencode(
             {"filter": 'alertname="MegahealIncident"'})) if a["labels"].get("kind") == "hang"], timeout_s=60, every_s=1)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 
+import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.rank_collector import SERIES_PER_RANK_BUDGET, RankCollector
+from exporters.heartbeat import rank_summary
 from exporters.ranks import RankTable
-from exporters.schema import build_record, decode, encode
+from exporters.schema import RankEntry, build_record, decode, encode
 from tests.exporters.helpers import step_record
 from tests.exporters.promtools import promtool_check_metrics, wait_for
 
@@ -52,7 +55,7 @@ def value(samples, name: str, **labels) -> float:
 
 
 def test_every_rank_stays_within_the_series_budget_and_promtool_passes() -> None:
-    table = RankTable(clock=FakeClock(), is_alive=lambda pid: True)
+    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S")
     for rank in range(4):
         table.observe(hello(rank))
         extra_phases = {f"extra_{i}": 0.001 for i in range(6)}  # a future trainer's phases: still capped
@@ -80,7 +83,7 @@ def test_every_rank_stays_within_the_series_budget_and_promtool_passes() -> None
 
 def test_silent_dead_and_restarted_ranks_are_told_apart() -> None:
     clock, dead = FakeClock(), set()
-    table = RankTable(clock=clock, is_alive=lambda pid: pid not in dead, forget_after_s=60)
+    table = RankTable(clock=clock, process_state=lambda pid: None if pid in dead else "S", forget_after_s=60)
     for rank in range(2):
         table.observe(hello(rank, dropped=5))
         table.observe(message("step", rank, step_record(10, rank=rank), dropped=5))
@@ -107,7 +110,7 @@ def test_silent_dead_and_restarted_ranks_are_told_apart() -> None:
 
 
 def test_the_reduce_lag_compares_ranks_at_the_same_step() -> None:
-    table = RankTable(clock=FakeClock(), is_alive=lambda pid: True)
+    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S")
     enter = {0: 5_000_000_000, 1: 5_250_000_000, 2: 5_010_000_000}
     for rank, ns in enter.items():
         table.observe(message("step", rank, step_record(4, rank=rank, dp_reduce_enter_ns=ns)))
@@ -118,7 +121,7 @@ def test_the_reduce_lag_compares_ranks_at_the_same_step() -> None:
 
 
 def test_a_table_refuses_ranks_beyond_its_bound() -> None:
-    table = RankTable(clock=FakeClock(), is_alive=lambda pid: True, max_ranks=2)
+    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S", max_ranks=2)
     for rank in range(3):
         table.observe(hello(rank))
     assert len(table) == 2 and table.rejected == 1
@@ -135,3 +138,23 @@ def test_a_rank_whose_process_is_a_zombie_or_gone_is_not_alive() -> None:
     finally:
         child.wait()
     assert [s.alive for s in table.snapshot()] == [False, True], "reaped: gone"
+
+
+def test_a_stopped_rank_is_alive_and_its_heartbeat_says_it_is_stopped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    table = RankTable(clock=FakeClock())  # its own probe of /proc
+    table.observe(hello(0, pid=child.pid))
+    try:
+        wait_for("the child asleep", lambda: table.snapshot()[0].proc_state == "S", timeout_s=10, every_s=0.05)
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_for("the child stopped", lambda: table.snapshot()[0].proc_state == "T", timeout_s=10, every_s=0.05)
+        (state,) = table.snapshot()
+        assert state.alive, "a stopped process can run again: alive"
+        entry = rank_summary(state)
+        assert (entry.alive, entry.proc_state) == (True, "T")
+        assert msgspec.json.decode(msgspec.json.encode(entry), type=RankEntry) == entry, "as the healer decodes it"
+    finally:
+        child.kill()
+        child.wait()
+    (state,) = table.snapshot()
+    assert (state.alive, state.proc_state, rank_summary(state).proc_state) == (False, None, None), "reaped: gone"

@@ -34,6 +34,8 @@ class JobStream:
     """Nodes whose batches do not arrive (the host is down or cut off, or its agent is gone)."""
     nonfinite_at: dict[int, set[int]] = field(default_factory=dict)
     """step -> ranks whose loss is NaN at that step."""
+    stopped: set[int] = field(default_factory=set)
+    """Ranks whose process the sidecar reads as stopped (kernel state T); the others are sleeping (S)."""
     mesh: Callable[[int, int], dict[str, int]] | None = None
     """(rank, world size) -> the rank's mesh coordinates; by default every rank is a data-parallel peer."""
     rng: random.Random = field(init=False)
@@ -78,7 +80,8 @@ class JobStream:
                     "mesh": self.mesh(r, world) if self.mesh else {"pp": 1, "dp": world, "tp": 1}, "alive": True, "last_seen_age_s": age, "dropped": 0,
                     "events": {}, "last_event": None, "step": self.step, "step_seconds": sum(ranks[r].values()) + self.late.get(r, 0.0),
                     "phases": ranks[r], "loss": None if bad else loss, "grad_norm": 1.0,
-                    "nonfinite": {"loss": "nan"} if bad else {}, "dp_reduce_lag_s": None})
+                    "nonfinite": {"loss": "nan"} if bad else {}, "dp_reduce_lag_s": None,
+                    "proc_state": "T" if r in self.stopped else "S"})
                 assert math.isfinite(loss)
             self.table.ingest({"schema": 1, "node": node, "seq": self.step, "sent_at": self.clock.now,
                                "nvml": "ok" if gpus else "absent", "ranks": entries,

@@ -109,6 +109,26 @@ def test_hang_fires_after_max_floor_k_p99_and_names_the_stopped_rank() -> None:
     assert detector.evaluate(s.table, s.clock.now).healthy == {"job"}
 
 
+def test_without_a_launcher_hang_names_the_rank_the_sidecars_heartbeats_say_is_stopped() -> None:
+    # The healer on its own (docker-compose.yml's): no node agent reports process states, the sidecars do.
+    s = stream()
+    detector = Hang(Hang.Config(floor=timedelta(seconds=5), k=3.0, min_samples=5))
+    for _ in range(8):
+        s.advance()
+        assert detector.evaluate(s.table, s.clock.now).firing == ()
+    assert not s.table.processes.jobs(), "no launcher"
+    s.stopped = {3}
+    waited = 0.0
+    while not (firing := detector.evaluate(s.table, s.clock.now).firing):
+        s.clock.now += 1.0
+        waited += 1.0
+        s.send(age=waited)  # every rank's record ages alike: only the kernel state singles rank 3 out
+        assert waited < 30
+    (f,) = firing
+    assert (f.evidence["suspect_ranks"], f.node, f.evidence["suspected_by"]) == ([3], "n2", "process stopped (state T)")
+    assert {r["rank"]: r["proc_state"] for r in f.evidence["ranks"]} == {0: "S", 1: "S", 2: "S", 3: "T"}
+
+
 def test_hang_uses_the_floor_until_it_has_learned_and_ignores_a_job_that_is_starting() -> None:
     s = stream()
     detector = Hang(Hang.Config(floor=timedelta(seconds=10)))

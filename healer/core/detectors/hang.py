@@ -12,8 +12,8 @@ same reports (a rank seen to leave it), and kept across the job's restarts: a sa
 A rank the kernel has stopped (state T) does no work in any phase: while one is, the job is timed as a step.
 
 Progress is the lowest step of the job's ranks: when one rank stops, the others block in the next collective, so
-the whole job stops. Which rank is to blame comes from the supervisor's view when it has one (a rank in the
-kernel's stopped state 'T'), else from the heartbeats (the rank whose last record is oldest); the responder then
+the whole job stops. Which rank is to blame comes first from the kernel (a rank in the stopped state 'T', as the
+node agent or the sidecar read it), else from the heartbeats (the rank whose last record is oldest); the responder then
 reads every rank's stack, state and phase (healer/core/hang_attribution.py).
 
 Under a launcher, a stall while a host of the attempt is silent (no batch from its node agent) is held back for
@@ -296,7 +296,8 @@ def _rank_row(rank: int, beat: RankBeat | None, st: ProcessState | None, node: s
     return {"rank": rank, "node": node, "step": beat.step if beat else None,
             "mesh": dict(beat.entry.mesh) if beat else {},
             "staleness_s": round(beat.staleness(now), 3) if beat else None,
-            "proc_state": st.state if st else None, "phase": st.phase if st else None,
+            "proc_state": st.state if st else beat.entry.proc_state if beat else None,
+            "phase": st.phase if st else None,
             "in_phase_s": round(now - st.phase_entered, 3) if st and st.phase_entered is not None else None}
 
 
@@ -310,8 +311,10 @@ def _finishing(beat: RankBeat) -> bool:
 def suspect_ranks(beats: list[RankBeat], states: dict[int, ProcessState], now: float) -> tuple[list[int], str]:
     """Which ranks hold the job up, and how that was told: stopped by the kernel, then the ranks not through their
     first step while others are, then the lowest step, then the oldest heartbeat record. Every rank when nothing
-    singles one out."""
-    stopped = sorted(r for r, s in states.items() if s.state in STOPPED)
+    singles one out. The kernel state comes from the node agents' reports under a launcher, else from the
+    sidecars' heartbeats (each reads its ranks' /proc: the healer on its own has no other way to tell)."""
+    stopped = sorted({r for r, s in states.items() if s.state in STOPPED}
+                     | {b.rank for b in beats if b.entry.proc_state in STOPPED})
     if stopped:
         return stopped, "process stopped (state T)"
     ranks = sorted({b.rank for b in beats} | set(states))
