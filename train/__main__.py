@@ -8,6 +8,7 @@ or as a single process (world size 1) with `python -m train --config ...`.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 
 from megaheal.typedconfig import ConfigError
@@ -23,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", default=None, metavar="auto|none|PATH",
                         help="resume from the newest good checkpoint (auto) or a given one")
     args = parser.parse_args(argv)
+    # A rank that dies of a fatal signal (SIGSEGV in a kernel or a collective) prints its Python stacks to stderr
+    # first: the healer's crash classifier reads them from the log tail ("Fatal Python error: Segmentation fault").
+    faulthandler.enable()
     overrides = args.overrides + ([f"checkpoint.resume={args.resume}"] if args.resume else [])
     try:
         run_rank(args.config, overrides, args.run_dir)

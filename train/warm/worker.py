@@ -14,6 +14,7 @@ snapshots. A worker without a rank is a standby: it waits, already warm, for a p
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-generation", type=int, default=None,
                         help="the first generation whose plan it reads (default: the newest written)")
     args = parser.parse_args(argv)
+    faulthandler.enable()  # as train/__main__.py: a fatal signal prints the Python stacks first
     host, _, port = args.control.rpartition(":")
     control = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
     watch = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
