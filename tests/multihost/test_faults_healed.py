@@ -16,7 +16,7 @@ from megaheal import procfs
 from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
-from testbed import faults
+from testbed import faults, procs, slurm
 
 pytestmark = pytest.mark.multihost
 CHECKPOINT_EVERY = 5  # megaheal run's default
@@ -55,7 +55,10 @@ def test_a_host_that_dies_is_replaced_by_the_spare_and_one_cut_off_for_good_leav
     job.wait_step(12, 300)
     dead = hosts[1]  # a training host; hosts[0] runs the batch script and the healer
     at_death = max(job.steps().values())
-    faults.kill_host(bed, dead)
+    slurmd = slurm.slurmd_pid(bed.layout, bed.host(dead))
+    killed = faults.kill_host(bed, dead)
+    # The host is really dead: every process in it gone, its slurmd with them (so Slurm marks it DOWN, below).
+    assert slurmd in killed and not procs.alive(slurmd) and bed.pids(bed.host(dead)) == [], killed
     job.wait_step(at_death + 6, 300)  # the spare's attempt trained past where the dead host stopped
     cut = hosts[2]
     at_cut = max(job.steps().values())
@@ -80,12 +83,18 @@ def test_a_host_that_dies_is_replaced_by_the_spare_and_one_cut_off_for_good_leav
     assert job.attempt(2)["nodes"] == [hosts[0], hosts[3]] and job.attempt(2)["dp"] == 2, "no spare left: smaller"
     state = job.slurm_state(dead)
     assert "DRAIN" in state.state and f"megaheal: incident {died['id']}: host_lost" in state.reason, state
+    # slurmctld heard nothing from the dead host's slurmd and took it out after SlurmdTimeout (30 s on the tier's
+    # bed; the job's two restarts since took longer).
+    wait_for(f"{dead} down in Slurm", lambda: "DOWN" in job.slurm_state(dead).state, 60, every_s=0.5)
     assert died["evidence"]["drain"][dead]["drained"] is True
     assert "DRAIN" in job.slurm_state(cut).state
     # Once back, the stale attempt on it was stopped by the healer (not left to the end of the allocation).
     stopped = [e for e in job.journal() if e["event"] == "leftover-stopped"]
     assert [(e["node"], e["attempt"]) for e in stopped] == [(cut, 1)], stopped
     job.assert_nothing_left()
+    # Powered on again, the dead host registers and, its drain lifted, is schedulable.
+    faults.revive_host(bed, dead)
+    assert slurm.node_states(bed.layout)[dead] == "idle"
 
 
 @pytest.mark.timeout(600)
