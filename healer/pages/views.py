@@ -112,6 +112,8 @@ def _ranks(run: RunDir | None, t: dict[str, Any]) -> int | None:
     if attempt is not None and attempt.ranks:
         return attempt.ranks
     ev = t.get("evidence") or {}
+    if isinstance(ev.get("ranks_in_table"), int) and ev["ranks_in_table"] > 0:
+        return int(ev["ranks_in_table"])  # the phase table of a large job is only its most unusual rows
     listed = ev.get("ranks") or ev.get("phase_table")
     return len(listed) if isinstance(listed, list) and listed else None
 

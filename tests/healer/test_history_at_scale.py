@@ -1,6 +1,7 @@
 """What the detectors' shared history does so that one healer can watch 131,072 ranks: the phase table is the
 per-rank median of each phase (checked against a plain median), made once per cycle for every detector that asks;
-the history keeps only what the garbage collector need not walk; a rollback keeps the samples before it."""
+the history keeps only what the garbage collector need not walk; a rollback keeps the samples before it; an
+incident's evidence holds the table's most unusual rows, not every rank's."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import statistics
 
 from healer.core.detectors.collective_slowdown import CollectiveSlowdown
 from healer.core.detectors.history import HistoryPool, RankHistory, RankSeries, Sample
-from healer.core.detectors.phases import phase_table
+from healer.core.detectors.phases import EVIDENCE_ROWS, RankRow, evidence_rows, phase_table
 from healer.core.detectors.straggler import Straggler
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.jobview import TickView
-from tests.healer.helpers import batch
+from tests.healer.helpers import ManualClock, batch
+from tests.selfheal.streams import JobStream
 
 
 def _sample(step: int, step_s: float | None, compute: float | None, lag: float | None = None) -> Sample:
@@ -96,3 +98,33 @@ def test_the_history_holds_nothing_the_garbage_collector_walks_and_a_rollback_ke
     new = history.update(table, 0.0)
     assert len(new) == 8 and [x.step for x in series[0].samples] == [3, 4]
     assert history.low_step("j") == 4
+
+
+def test_a_large_jobs_straggler_evidence_is_its_most_unusual_rows_with_the_suspect_not_the_whole_table() -> None:
+
+    clock = ManualClock()
+    nodes = {f"n{n}": list(range(8 * n, 8 * n + 8)) for n in range(32)}  # 256 ranks
+    # Rank 201 computes slowly from step 10; rank 17 reaches the reduce a little late (no straggler: too little).
+    s = JobStream(table=HeartbeatTable(clock=clock), clock=clock, nodes=nodes, late={17: 0.02},
+                  shape=lambda rank, step: {"forward_backward": 0.4} if rank == 201 and step > 10 else {})
+    detector = Straggler(Straggler.Config(window=5, consecutive=3))
+    firing = ()
+    for _ in range(40):
+        s.advance()
+        firing = detector.evaluate(s.table, s.clock.now).firing
+    (f,) = firing
+    rows = f.evidence["phase_table"]
+    assert f.evidence["suspect_rank"] == 201 and f.evidence["ranks_in_table"] == 256
+    assert len(rows) == EVIDENCE_ROWS and [r["rank"] for r in rows] == sorted(r["rank"] for r in rows)
+    assert {201, 17} <= {r["rank"] for r in rows}, "the suspect, and the one other rank out of the ordinary"
+    assert len(json.dumps(f.evidence)) < 20_000
+    # The same rows every cycle while it fires (made once per window).
+    assert detector.evaluate(s.table, s.clock.now).firing[0].evidence["phase_table"] is rows
+
+
+def test_a_small_jobs_evidence_keeps_every_row() -> None:
+    rows = [RankRow(rank=r, node="n1", samples=5, step_s=1.0, compute_s=0.9 if r == 4 else 0.5 + r / 1000,
+                    data_wait_s=0.0, dp_reduce_s=0.3 if r == 7 else 0.1, reduce_lag_s=None) for r in range(10)]
+    assert [r["rank"] for r in evidence_rows(rows)] == list(range(10))
+    # Past `keep`: the named rank, then the furthest from their stage's median compute or reduce, by rank.
+    assert [r["rank"] for r in evidence_rows(rows, named=(0,), keep=3)] == [0, 4, 7]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, median, prune
-from healer.core.detectors.phases import RankRow, shared_phase_table
+from healer.core.detectors.phases import RankRow, evidence_rows, shared_phase_table
 from healer.core.jobview import Readings
 
 
@@ -31,6 +31,10 @@ class _Job:
     compute: list[float] = field(default_factory=list)
     slow_windows: int = 0
     last: dict[str, object] = field(default_factory=dict)
+    rows: list[RankRow] = field(default_factory=list)
+    """The phase table of the last window (the evidence, once it fires)."""
+    evidence: list[dict[str, object]] | None = None
+    """`rows` as evidence, made once per window while it fires (every cycle asks)."""
 
 
 class CollectiveSlowdown(Detector):
@@ -103,20 +107,24 @@ class CollectiveSlowdown(Detector):
             state.last = {"transfer_s": round(transfer, 4), "baseline_transfer_s": round(base_t, 4),
                           "compute_s": round(compute, 4), "baseline_compute_s": round(base_c, 4),
                           "factor": round(transfer / base_t, 2) if base_t > 0 else None,
-                          "compute_growth": round(compute_growth, 2),
-                          "phase_table": [r.to_payload() for r in rows]}
+                          "compute_growth": round(compute_growth, 2)}
+            # NOTE: made evidence only when it fires, once per window (a pass over every row at 131,072 ranks)
+            state.rows, state.evidence = rows, None
             if transfer <= self.config.clear_factor * base_t:
                 # NOTE: healthy only once the transfer itself is back: a window that is not slow because compute
                 # grew too (a network test running beside the training takes CPUs too) must not resolve the incident.
                 healthy.add(job)
         for job, state in self._jobs.items():
             if state.slow_windows >= self.config.consecutive:
+                if state.evidence is None:
+                    state.evidence = evidence_rows(state.rows)
                 firing.append(Finding(
                     key=job, job=job, node=None,
                     summary=f"the data-parallel reduce slower: {state.last['transfer_s']} s against a baseline of "
                             f"{state.last['baseline_transfer_s']} s, compute x{state.last['compute_growth']} "
                             "(network suspected)",
-                    evidence={**state.last, "windows": state.slow_windows, "window_steps": self.config.window}))
+                    evidence={**state.last, "windows": state.slow_windows, "window_steps": self.config.window,
+                              "phase_table": state.evidence, "ranks_in_table": len(state.rows)}))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
 

@@ -10,11 +10,17 @@ starts late) has the longest compute and the *shortest* collective time: everyon
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Collection
+
 from msgspec import Struct
 
 from healer.core.detectors.history import COMPUTE_PHASES, RankHistory, RankSeries, median
 
-__all__ = ["COMPUTE_PHASES", "RankRow", "phase_table", "shared_phase_table"]
+__all__ = ["COMPUTE_PHASES", "EVIDENCE_ROWS", "RankRow", "evidence_rows", "phase_table", "shared_phase_table"]
+
+EVIDENCE_ROWS = 64
+"""The most phase-table rows an incident's evidence holds (hang's per-rank list holds as many)."""
 
 
 class RankRow(Struct, frozen=True, kw_only=True, gc=False):
@@ -67,3 +73,26 @@ def shared_phase_table(history: RankHistory, job: str, series: list[RankSeries],
     """phase_table, made once per cycle for the detectors that share `history`'s pool (straggler and
     collective_slowdown close their windows at the same steps: ~0.5 s each at 131,072 ranks)."""
     return history.memo(("phase_table", job, window, since_step), lambda: phase_table(series, window, since_step))
+
+
+def evidence_rows(rows: list[RankRow], named: Collection[int] = (), keep: int = EVIDENCE_ROWS) -> list[dict[str, object]]:
+    """The phase table as an incident's evidence, by rank: every row of a job of up to `keep` ranks. Past that, the
+    `named` ranks' rows and the ranks furthest from their stage's median compute or data-parallel reduce (each as a
+    share of that median), `keep` in all: the rows on-call reads to see why, where the whole table of a
+    131,072-rank job would make one incident ~20 MB. The evidence's `ranks_in_table` says how many there were."""
+    if len(rows) <= keep:
+        return [r.to_payload() for r in rows]
+    stages: dict[int, list[RankRow]] = {}
+    for r in rows:
+        stages.setdefault(r.stage, []).append(r)
+    norm = {stage: (median([r.compute_s for r in group]) or 1.0, median([r.dp_reduce_s for r in group]) or 1.0)
+            for stage, group in stages.items()}
+
+    def unusual(r: RankRow) -> float:
+        compute, reduce = norm[r.stage]
+        return max(abs(r.compute_s - compute) / compute, abs(r.dp_reduce_s - reduce) / reduce)
+
+    chosen = [r for r in rows if r.rank in named][:keep]
+    taken = {r.rank for r in chosen}
+    chosen += heapq.nlargest(keep - len(chosen), (r for r in rows if r.rank not in taken), key=unusual)
+    return [r.to_payload() for r in sorted(chosen, key=lambda r: r.rank)]

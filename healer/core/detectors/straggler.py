@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, RankSeries, median, prune
-from healer.core.detectors.phases import RankRow, shared_phase_table
+from healer.core.detectors.phases import RankRow, evidence_rows, shared_phase_table
 from healer.core.jobview import Readings
 
 
@@ -87,6 +87,8 @@ class _JobWindows:
     streak: int = 0
     last: Attribution | None = None
     rows: list[RankRow] = field(default_factory=list)
+    evidence: list[dict[str, object]] | None = None
+    """`rows` as evidence, made once per window while it fires (every cycle asks)."""
 
 
 class Straggler(Detector):
@@ -145,7 +147,7 @@ class Straggler(Detector):
         rows = shared_phase_table(self.history, job, series, self.config.window * 2, state.window_end)
         state.window_end = low
         verdict = attribute_by_stage(rows, self.config.ratio, self.config.share)
-        state.last, state.rows = verdict, rows
+        state.last, state.rows, state.evidence = verdict, rows, None
         if verdict.rank is not None and verdict.rank == state.streak_rank:
             state.streak += 1
         else:
@@ -154,6 +156,8 @@ class Straggler(Detector):
     def _finding(self, job: str, state: _JobWindows) -> Finding:
         assert state.last is not None and state.streak_rank is not None
         row = next((r for r in state.rows if r.rank == state.streak_rank), None)
+        if state.evidence is None:
+            state.evidence = evidence_rows(state.rows, named=(state.streak_rank,))
         node = row.node if row is not None else None
         return Finding(
             key=job, job=job, node=node,
@@ -162,6 +166,7 @@ class Straggler(Detector):
             evidence={"suspect_rank": state.streak_rank, "suspect_node": node, "cause": state.last.cause,
                       "windows": state.streak, "window_steps": self.config.window,
                       "detail": {k: round(v, 4) for k, v in state.last.detail.items()},
-                      "phase_table": [r.to_payload() for r in state.rows]},
+                      "phase_table": state.evidence,
+                      "ranks_in_table": len(state.rows)},
             labels={"suspect_node": node, "cause": state.last.cause} if node else {"cause": state.last.cause},
         )
