@@ -296,7 +296,7 @@ def _rank_row(rank: int, beat: RankBeat | None, st: ProcessState | None, node: s
     return {"rank": rank, "node": node, "step": beat.step if beat else None,
             "mesh": dict(beat.entry.mesh) if beat else {},
             "staleness_s": round(beat.staleness(now), 3) if beat else None,
-            "proc_state": st.state if st else beat.entry.proc_state if beat else None,
+            "proc_state": st.state if st else (beat.entry.proc_state if beat else None),
             "phase": st.phase if st else None,
             "in_phase_s": round(now - st.phase_entered, 3) if st and st.phase_entered is not None else None}
 

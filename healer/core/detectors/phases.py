@@ -75,11 +75,12 @@ def shared_phase_table(history: RankHistory, job: str, series: list[RankSeries],
     return history.memo(("phase_table", job, window, since_step), lambda: phase_table(series, window, since_step))
 
 
-def evidence_rows(rows: list[RankRow], named: Collection[int] = (), keep: int = EVIDENCE_ROWS) -> list[dict[str, object]]:
+def evidence_rows(rows: list[RankRow], named: Collection[int] = (),
+                  keep: int = EVIDENCE_ROWS) -> list[dict[str, object]]:
     """The phase table as an incident's evidence, by rank: every row of a job of up to `keep` ranks. Past that, the
     `named` ranks' rows and the ranks furthest from their stage's median compute or data-parallel reduce (each as a
     share of that median), `keep` in all: the rows on-call reads to see why, where the whole table of a
-    131,072-rank job would make one incident ~20 MB. The evidence's `ranks_in_table` says how many there were."""
+    131,072-rank job made one incident ~22 MB. The evidence's `ranks_in_table` says how many there were."""
     if len(rows) <= keep:
         return [r.to_payload() for r in rows]
     stages: dict[int, list[RankRow]] = {}
