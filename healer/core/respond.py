@@ -76,6 +76,8 @@ class Responder:
                 self.respond(incident, now)
             except Exception:
                 # NOTE: push the incident back before re-raising, so one bad incident cannot stall the others forever.
+                # Logged here: the caller's log of the error cannot say which incident it was.
+                log.error("incident %d: responding failed; tried again in %s", incident.id, RETRY_AFTER, exc_info=True)
                 self.store.set_next_action(incident.id, now + RETRY_AFTER)
                 raise
         return len(due) == limit

@@ -175,6 +175,8 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
             # NOTE: the loop stops the job on its way out, whatever the way (Ctrl-C, SIGTERM, an error).
             outcome = job.run(timeout, on_tick=on_tick, interrupted=interrupts.requested, hurry=interrupts.hurried)
         except BaseException:
+            # NOTE: BaseException: a second Ctrl-C (KeyboardInterrupt) must stop the agents as well; then re-raised.
+            log.error("megaheal run: stopping the job's node agents after an error", exc_info=True)
             if not looping:  # it failed while starting: nothing else stops what did start
                 job.remediator.shutdown(hurry=interrupts.hurried)
             job.keeper.stop()

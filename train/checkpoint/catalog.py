@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -37,6 +38,8 @@ FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 # Files of a save's directory that are the catalog's, not the save's: never listed in a manifest.
 _OWN_FILES = (MANIFEST, ABANDONED)
+
+log = logging.getLogger(__name__)
 
 
 def step_dir_name(step: int) -> str:
@@ -58,6 +61,8 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
+        # NOTE: BaseException: a SIGTERM's exit or a Ctrl-C in the middle must not leave the temp file either.
+        log.warning("writing %s failed; its temp file is removed", path, exc_info=True)
         tmp.unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
