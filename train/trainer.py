@@ -253,15 +253,26 @@ class Trainer:
         step_seconds = time.perf_counter() - t0
         record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
         self.writer.write(record)
+        # NOTE: a save of this step commits only now (Checkpointer.release): a kill between its commit and this
+        # write (a stop's short grace running out) left a checkpoint of N steps without the record of step N-1.
+        self.checkpointer.release()
         self.telemetry.step(record)
-        for event in record["checkpoint_events"]:
-            self.telemetry.event(event["event"], **{k: v for k, v in event.items() if k != "event"})
+        self._tell(record["checkpoint_events"])
+        if self.stopping and self.checkpointer.cfg.save_on_sigterm:
+            # The job is about to exit: the stop's save must be committed first. Its event comes after the
+            # step's record, and the record's checkpoint phase holds the save's staging only.
+            self.checkpointer.wait()
+            self._tell(self.checkpointer.drain_events())
         if self.table is not None and self.step_index % self.cfg.log_every == 0:
             self.table.row(record)
         self.step_index += 1
         if self.beacon is not None:
             self.beacon.between(self.step_index)
         return record
+
+    def _tell(self, checkpoint_events: list[dict[str, Any]]) -> None:
+        for event in checkpoint_events:
+            self.telemetry.event(event["event"], **{k: v for k, v in event.items() if k != "event"})
 
     def _corrupt_weights(self, factor: float, what: str) -> None:
         """Fault injection (inject_nan_at_sample, inject_spike_at_sample): every weight of this rank is multiplied
@@ -340,8 +351,6 @@ class Trainer:
             state = capture(self.parts, self.optimizer, self.lr_scheduler, steps_done, self.loader.position,
                             self.place.rank)
             ckpt.save(state, steps_done, self.loader.position)  # waits for the previous save, when one is in flight
-            if preempted:
-                ckpt.wait()  # the job is about to exit: the save must be committed first
 
     def _maybe_snapshot(self, steps_done: int) -> None:
         """Under a warm worker: keep this rank's state in memory, and send a copy to its peer (train/warm/)."""

@@ -4,7 +4,9 @@ A save on every rank: `dcp.async_save` copies the state out (the only part train
 for) and a background thread writes it. The save's commit point is rank 0's manifest, written
 only after rank 0's upload finished, which DCP completes only once every rank's write result
 was gathered; then `latest` moves atomically. A failed or killed save leaves no manifest, so
-`latest` still names the previous good checkpoint.
+`latest` still names the previous good checkpoint. Rank 0 commits a save only once its caller
+releases it (`release`, `wait` or `close`): the trainer first writes the record of the step the
+save ends, so a checkpoint of N steps never stands without the record of step N-1.
 
 Nothing that goes wrong with a save stops training: a failed write, manifest, `latest`,
 retention or events.jsonl (a full disk, an I/O error) is a `checkpoint_failed` event naming the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -105,6 +108,8 @@ class _PendingSave:
     step: int
     started: float
     finalized: Future
+    released: threading.Event
+    """Set once rank 0 may commit (the caller has written what must stand before the checkpoint does)."""
 
 
 class Checkpointer:
@@ -137,7 +142,8 @@ class Checkpointer:
     # ------------------------------------------------------------ save
 
     def save(self, state: dict[str, Any], steps_done: int, sample_index: int) -> None:
-        """Start saving `state` (training may change its tensors as soon as this returns)."""
+        """Start saving `state` (training may change its tensors as soon as this returns). Rank 0 commits it once
+        `release()` (or `wait()`, `close()`) is called; a sync save waits here, so it commits before returning."""
         self.wait()  # one save in flight at a time: the next waits for the previous
         path = self.dir / catalog.step_dir_name(steps_done)
         if self.rank == 0 and path.is_dir():
@@ -157,8 +163,9 @@ class Checkpointer:
             except SAVE_ERRORS as exc:  # a failed save is reported by _finalize; training goes on
                 upload.set_exception(exc)
         manifest_info = {**self._info, "step": steps_done, "data": {"sample_index": sample_index}}
-        finalized = self._finalizer.submit(self._finalize, upload, path, manifest_info, started)
-        self._pending = _PendingSave(step=steps_done, started=started, finalized=finalized)
+        released = threading.Event()
+        finalized = self._finalizer.submit(self._finalize, upload, path, manifest_info, started, released)
+        self._pending = _PendingSave(step=steps_done, started=started, finalized=finalized, released=released)
         if self._stager is None:
             self.wait()
 
@@ -174,9 +181,10 @@ class Checkpointer:
             log.warning("checkpoint: cannot withdraw the old manifest of %s before saving into it", path,
                         exc_info=True)
 
-    def _finalize(self, upload: Future, path: Path, info: dict[str, Any], started: float) -> dict[str, Any]:
-        """Background: wait for the write, then (rank 0) commit the manifest, move `latest`, apply retention.
-        Returns the save's event; a failure is an event too, never an exception (training goes on)."""
+    def _finalize(self, upload: Future, path: Path, info: dict[str, Any], started: float,
+                  released: threading.Event) -> dict[str, Any]:
+        """Background: wait for the write, then (rank 0, once released) commit the manifest, move `latest`, apply
+        retention. Returns the save's event; a failure is an event too, never an exception (training goes on)."""
         try:
             upload.result()
         except SAVE_ERRORS as exc:  # any write failure means: this save does not count
@@ -184,6 +192,7 @@ class Checkpointer:
         else:
             event = {"event": "checkpoint_saved", "step": info["step"], "write_seconds": time.time() - started}
             if self.rank == 0:
+                released.wait()
                 event = self._commit(path, {**info, "write_seconds": event["write_seconds"]}, event)
         return self._record(event)
 
@@ -256,15 +265,24 @@ class Checkpointer:
         self._events.append(event)
         return event
 
+    def release(self) -> None:
+        """Let rank 0 commit the save in flight (if any) as soon as it is written."""
+        if self._pending is not None:
+            self._pending.released.set()
+
     def wait(self) -> dict[str, Any] | None:
-        """Block until the save in flight (if any) is written and committed; returns its event."""
+        """Release the save in flight (if any) and block until it is written and committed; returns its event."""
         if self._pending is None:
             return None
         pending, self._pending = self._pending, None
+        pending.released.set()
         return pending.finalized.result()
 
     def close(self, wait: bool = True) -> None:
         """`wait` False: do not wait for a save in flight (its collectives may wait on a peer that died)."""
+        # NOTE: released either way: the finalizer thread must not stay parked on it (the interpreter joins the
+        # executor's threads at exit), and a save that was written may count.
+        self.release()
         if wait:
             self.wait()
         self._finalizer.shutdown(wait=wait)
