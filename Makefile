@@ -24,8 +24,9 @@ demo: $(STAMP)
 system-deps:
 	scripts/install-system-deps.sh
 
+# The suite in three pytest runs, the first two at once (scripts/run-tests.sh says why and which tiers).
 test: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest -q -rs --durations=15  # the slowest, to watch the 30-minute budget
+	PYTHON=$(VENV)/bin/python scripts/run-tests.sh
 
 test-multihost: $(STAMP) system-deps
 	$(VENV)/bin/python -m pytest -q tests/multihost

@@ -261,7 +261,8 @@ class Trainer:
         if self.stopping and self.checkpointer.cfg.save_on_sigterm:
             # The job is about to exit: the stop's save must be committed first. Its event comes after the
             # step's record, and the record's checkpoint phase holds the save's staging only.
-            self.checkpointer.wait()
+            with self.beacon.inside("checkpoint_save") if self.beacon is not None else nullcontext():
+                self.checkpointer.wait()
             self._tell(self.checkpointer.drain_events())
         if self.table is not None and self.step_index % self.cfg.log_every == 0:
             self.table.row(record)

@@ -27,11 +27,23 @@ def _latest(run_dir) -> str | None:
     return catalog.read_latest(run_dir / "checkpoints")
 
 
+# The uninterrupted dp4 run the resumed runs are compared with, once for the module: a save every step (saves do not
+# change what is trained), each kept, so that any step's checkpoint is there to resume from.
+STRAIGHT = [*COMMON, "steps=8", "checkpoint.every_steps=1", "checkpoint.keep_last=8"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, dict], object]:
+    """(the last record of each step of rank 0, the run directory)."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    return _by_step(run_training(run_dir, "tiny-dp4.yaml", STRAIGHT, nproc=4)[0]), run_dir
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(400)
-def test_resume_after_sigkill_of_every_rank_gives_the_same_losses_as_an_uninterrupted_run(tmp_path) -> None:
+def test_resume_after_sigkill_of_every_rank_gives_the_same_losses_as_an_uninterrupted_run(straight, tmp_path) -> None:
     overrides = [*COMMON, "steps=8", "checkpoint.every_steps=4"]
-    straight = _by_step(run_training(tmp_path / "straight", "tiny-dp4.yaml", overrides, nproc=4)[0])
+    straight, _ = straight
 
     run_dir = tmp_path / "killed"
     job = start_training(run_dir, "tiny-dp4.yaml", overrides, nproc=4)
@@ -73,18 +85,20 @@ def test_a_truncated_shard_in_the_newest_checkpoint_falls_back_to_the_previous_o
 
 @pytest.mark.distributed
 @pytest.mark.timeout(400)
-def test_a_dp4_checkpoint_resumes_at_dp2_and_in_one_process_with_the_same_model(tmp_path) -> None:
-    overrides = [*COMMON, "steps=5", "checkpoint.every_steps=3", "checkpoint.keep_last=5"]
-    straight = _by_step(run_training(tmp_path / "dp4", "tiny-dp4.yaml", overrides, nproc=4)[0])
-    saved = tmp_path / "dp4" / "checkpoints" / "step-00000003"
+def test_a_dp4_checkpoint_resumes_at_dp2_and_in_one_process_with_the_same_model(straight, tmp_path) -> None:
+    # The same run as the straight one (its step count sets the lr schedule), no saves of its own.
+    overrides = [*COMMON, "steps=8", "checkpoint.every_steps=0"]
+    straight, straight_dir = straight
+    saved = straight_dir / "checkpoints" / "step-00000003"
 
     for name, layout, nproc in (("dp2", ["parallel.dp=2"], 2), ("dp1", ["parallel.dp=1"], 1)):
         records = run_training(tmp_path / name, "tiny-dp4.yaml", [*overrides, *layout], nproc=nproc,
                                resume=str(saved))
         steps = _by_step(records[0])
-        assert sorted(steps) == [3, 4], f"{name} resumed at step 3"
-        # Step 3's loss is computed by the loaded parameters before any update: equal parameters.
-        for step in (3, 4):
+        assert sorted(steps) == list(range(3, 8)), f"{name} resumed at step 3"
+        # Step 3's loss is computed by the loaded parameters before any update: equal parameters; the steps after
+        # it, equal optimizer state, lr schedule and data position too.
+        for step in range(3, 8):
             assert steps[step]["loss"] == pytest.approx(straight[step]["loss"], rel=1e-5), f"{name} step {step}"
             assert steps[step]["sample_index"] == straight[step]["sample_index"]
 

@@ -1,12 +1,15 @@
 """Every parallel layout trains the same model as one process: same seed, same batches, same losses.
 
 Each case runs a real torchrun job on gloo and compares its per-step losses with a single
-process that holds the whole model and the whole global batch.
+process that holds the whole model and the whole global batch. The 8-rank 3D run's records are
+also checked for what each rank says of its place in the mesh (one run for both: ~25 s).
 """
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,12 +34,26 @@ def _losses(records: dict[int, list[dict]]) -> list[float]:
     return [r["loss"] for r in records[0]]
 
 
+@pytest.fixture(scope="module")
+def parallel_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The torchrun job of a case, run once for every test of this module that reads it."""
+    done: dict[str, dict[int, list[dict]]] = {}
+
+    def run(case: str) -> dict[int, list[dict]]:
+        if case not in done:
+            config, world, extra = CASES[case]
+            done[case] = run_training(tmp_path_factory.mktemp(case), config, COMMON + extra, nproc=world)
+        return done[case]
+
+    return run
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("case", list(CASES))
-def test_parallel_layout_matches_a_single_process(case: str, tmp_path) -> None:
+def test_parallel_layout_matches_a_single_process(case: str, parallel_run: Any, tmp_path: Path) -> None:
     config, world, extra = CASES[case]
-    parallel = run_training(tmp_path / "parallel", config, COMMON + extra, nproc=world)
+    parallel = parallel_run(case)
     single = run_training(tmp_path / "single", config, COMMON + extra + SINGLE)
 
     assert sorted(parallel) == list(range(world)), "every rank writes its JSON lines"
@@ -52,12 +69,12 @@ def test_parallel_layout_matches_a_single_process(case: str, tmp_path) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(420)
-def test_3d_run_records_every_rank_with_its_mesh_coordinates_and_phases(tmp_path) -> None:
-    records = run_training(tmp_path, "tiny-3d.yaml", ["steps=2"], nproc=8)
+def test_3d_run_records_every_rank_with_its_mesh_coordinates_and_phases(parallel_run: Any) -> None:
+    records = parallel_run("pp2-dp2-tp2")
     coords = {tuple(recs[0]["mesh"][d] for d in ("pp", "dp", "tp")) for recs in records.values()}
     assert coords == set(itertools.product(range(2), repeat=3)), "tp innermost, dp next, pp outermost"
     for rank, recs in records.items():
-        assert [r["step"] for r in recs] == [0, 1]
+        assert [r["step"] for r in recs] == list(range(STEPS))
         mesh = recs[0]["mesh"]
         # Rank order on the (pp, dp, tp) mesh: tp varies fastest.
         assert rank == mesh["pp"] * 4 + mesh["dp"] * 2 + mesh["tp"]
