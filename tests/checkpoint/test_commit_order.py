@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO
 from train.checkpoint import catalog
+from train.checkpoint.state import capture
 from train.config import load_config
 from train.records import read_records
 from train.trainer import Trainer
@@ -51,3 +54,19 @@ def test_a_periodic_save_commits_after_the_record_of_the_step_that_started_it(tm
     assert catalog.read_latest(trainer.checkpointer.dir) == catalog.step_dir_name(8)
     saved = [e["step"] for r in read_records(tmp_path / "ranks" / "0.jsonl") for e in r["checkpoint_events"]]
     assert saved == [2, 4, 6], "each save's event reaches a later record (the final one's is in events.jsonl)"
+
+
+def test_a_save_left_unreleased_by_a_failed_step_still_commits_and_ends_its_thread_at_close(tmp_path: Path) -> None:
+    # A step that raises between its save and its record never releases the save: close() must, or the finalizer
+    # thread stays parked and the interpreter, which joins it at exit, never exits.
+    trainer = Trainer(load_config(REPO / "configs" / "tiny-dp4.yaml", TINY), tmp_path)
+    state = capture(trainer.parts, trainer.optimizer, trainer.lr_scheduler, 1, trainer.loader.position, 0)
+    trainer.checkpointer.save(state, 1, trainer.loader.position)
+    time.sleep(0.5)  # the write is long done (single process, ~2 MB); the commit waits for its release
+    assert catalog.read_latest(trainer.checkpointer.dir) is None
+    trainer.close(abandon=True)  # as run() closes after an exception: no waiting for the save
+    deadline = time.monotonic() + 30
+    while any(t.name.startswith("ckpt-finalize") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("ckpt-finalize")]
+    assert catalog.read_latest(trainer.checkpointer.dir) == catalog.step_dir_name(1), "a written save still counts"
