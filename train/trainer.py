@@ -253,8 +253,10 @@ class Trainer:
         step_seconds = time.perf_counter() - t0
         record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
         self.writer.write(record)
-        # NOTE: a save of this step commits only now (Checkpointer.release): a kill between its commit and this
-        # write (a stop's short grace running out) left a checkpoint of N steps without the record of step N-1.
+        # NOTE: an async save (the default) of this step commits only now (Checkpointer.release): a kill between
+        # its commit and this write (a stop's short grace running out) left a checkpoint of N steps without the
+        # record of step N-1. A sync save (checkpoint.async_save false) still commits inside the step, so that the
+        # step's checkpoint phase holds all of it.
         self.checkpointer.release()
         self.telemetry.step(record)
         self._tell(record["checkpoint_events"])
