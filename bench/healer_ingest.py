@@ -102,7 +102,9 @@ def client(port: int, senders: list[int], ranks_per_node: int, seconds: float, s
                 elif delay < -0.5:
                     stats["late"] += 1
                 began = time.perf_counter()
-                writer.write(request)
+                # NOTE: every batch one step further on each second (same digits, same length), so that the
+                # detectors that learn from new steps do their real work in the loaded healer too.
+                writer.write(request.replace(b'"step":1200', b'"step":%d' % (1200 + second)) if second else request)
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
                 await reader.readexactly(length)

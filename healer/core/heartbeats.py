@@ -21,6 +21,7 @@ from exporters.schema import (GpuEntry, HeartbeatBatch, RankEntry, SchemaError, 
                               decode_relay_batch)
 from healer.errors import BadRequest
 from healer.core.processes import ProcessView
+from healer.core.rank_columns import JobView, RankColumns
 
 
 # NOTE: msgspec Structs with gc=False, not dataclasses: the table holds one RankBeat per rank and replaces all of
@@ -75,6 +76,9 @@ class NodeBeat(Struct, frozen=True, kw_only=True, gc=False):
     jobs: tuple[str, ...]
     gpus: tuple[GpuEntry, ...] = ()
     """The node's GPU health entries as the sidecar sent them (the gpu_fault detector reads them)."""
+    gpus_flagged: bool = False
+    """Whether any of `gpus` has a fault field set (gpu_flagged): the gpu_fault detector looks no further at a node
+    without one (nearly every node, every cycle)."""
     agent_url: str | None = None
     """Where the host's node agent takes orders (None: a bare sidecar sent the batch)."""
     relay: str | None = None
@@ -82,6 +86,13 @@ class NodeBeat(Struct, frozen=True, kw_only=True, gc=False):
 
     def worst_staleness(self, now: float) -> float:
         return max(0.0, now - self.received_at) + self.max_age_s
+
+
+def gpu_flagged(gpu: GpuEntry) -> bool:
+    """Whether the entry has any field set that may make the GPU faulty (what exactly is, the gpu_fault detector's
+    config says)."""
+    return bool(gpu.xid_counts or gpu.ecc_dbe_volatile or gpu.row_remap_failure or gpu.row_remap_pending
+                or gpu.recovery_action)
 
 
 def parse_batch(body: bytes | HeartbeatBatch | Any) -> HeartbeatBatch:
@@ -106,6 +117,8 @@ class HeartbeatTable:
         self._forget_after_s = forget_after_s
         self._ranks: dict[tuple[str, int], RankBeat] = {}
         self._nodes: dict[str, NodeBeat] = {}
+        self._columns = RankColumns()
+        """The same ranks' numbers as arrays per job (healer/core/rank_columns.py): what a detection cycle reads."""
         self._lock = threading.Lock()
         self.batches = 0
         self.records = 0
@@ -152,10 +165,17 @@ class HeartbeatTable:
         self._nodes[node] = NodeBeat(node=node, received_at=received_at, seq=batch.seq, ranks=beats,
                                      max_age_s=max((e.last_seen_age_s for e in batch.ranks), default=0.0),
                                      jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus),
+                                     gpus_flagged=any(gpu_flagged(g) for g in batch.gpus),
                                      agent_url=batch.agent_url, relay=relay)
-        ranks = self._ranks
+        ranks, columns = self._ranks, self._columns
+        node_id = columns.node_id(node)
+        cols = None
         for beat in beats:
-            ranks[(beat.entry.job, beat.entry.rank)] = beat
+            job = beat.entry.job
+            ranks[(job, beat.entry.rank)] = beat
+            if cols is None or cols.job != job:
+                cols = columns.job(job)
+            cols.write(beat, node_id)
         self.batches += 1
         self.records += len(beats)
         return len(beats)
@@ -169,6 +189,16 @@ class HeartbeatTable:
         with self._lock:
             return list(self._nodes.values())
 
+    def snapshot(self) -> tuple[list[RankBeat], list[NodeBeat], dict[str, JobView]]:
+        """ranks(), nodes() and columns() of one moment (a detection cycle's view: all three agree)."""
+        with self._lock:
+            return list(self._ranks.values()), list(self._nodes.values()), self._columns.snapshot()
+
+    def columns(self) -> dict[str, JobView]:
+        """Per job, a copy of its ranks' columns, every present rank counted (healer/core/rank_columns.py)."""
+        with self._lock:
+            return self._columns.snapshot()
+
     def jobs(self) -> set[str]:
         with self._lock:
             return {job for job, _ in self._ranks}
@@ -180,6 +210,7 @@ class HeartbeatTable:
             old = [key for key, beat in self._ranks.items() if beat.received_at < cutoff]
             for key in old:
                 del self._ranks[key]
+                self._columns.drop(*key)
             for name in [n for n, b in self._nodes.items() if b.received_at < cutoff]:
                 del self._nodes[name]
         return len(old)

@@ -6,8 +6,9 @@ Under a launcher only the current attempt counts: the view keeps the heartbeats 
 found for that attempt, and nothing at all of a job whose attempt the healer is stopping (its silence and its
 exits are the healer's own doing). Without a launcher (the service alone) every heartbeat counts.
 
-The view has the table's reading interface (`ranks()`, `nodes()`, `jobs()`, `processes`), so a detector reads a
-view the way it would read the table.
+The view has the table's reading interface (`ranks()`, `nodes()`, `columns()`, `jobs()`, `processes`), so a
+detector reads a view the way it would read the table. `columns()` is the same ranks as arrays per job
+(healer/core/rank_columns.py): what a detector that looks at every rank each cycle computes over.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 from msgspec.structs import replace
 
 from healer.core.heartbeats import HeartbeatTable, NodeBeat, RankBeat
 from healer.core.processes import ProcessView
+from healer.core.rank_columns import JobView
 
 
 class Readings(Protocol):
@@ -31,12 +34,16 @@ class Readings(Protocol):
 
     def nodes(self) -> list[NodeBeat]: ...
 
+    def columns(self) -> dict[str, JobView]: ...
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class TickView:
     beats: tuple[RankBeat, ...]
     node_beats: tuple[NodeBeat, ...]
     processes: ProcessView
+    job_columns: dict[str, JobView] = field(default_factory=dict)
+    """Per job, its ranks' columns, counting what `beats` holds."""
     histories: object | None = None
     """The healer's HistoryPool (healer/core/detectors/history.py): the detectors' samples, taken once per cycle."""
     _by_job: dict[str, list[RankBeat]] = field(default_factory=dict, compare=False, repr=False)
@@ -48,33 +55,44 @@ class TickView:
         # job -> the pids that count (empty: none, the attempt is being stopped), for the jobs a launcher started.
         # Every other job's heartbeats all count.
         keep = {job: frozenset() if view.is_stopping(job) else view.pids(job) for job in view.jobs()}
+        ranks, node_beats, job_columns = table.snapshot()
         if not keep:
             # NOTE: the service alone (no launcher): nothing to filter, so the view is two copies made in C. Filtering
             # 131,072 ranks one by one took most of a detection cycle (~165 ms of 186 ms, bench/healer_ingest.py).
-            return cls(tuple(table.ranks()), tuple(table.nodes()), view, histories)
+            return cls(tuple(ranks), tuple(node_beats), view, job_columns, histories)
 
         def counts(beat: RankBeat) -> bool:
             pids = keep.get(beat.entry.job)
             return pids is None or beat.entry.pid in pids
 
-        beats = tuple(b for b in table.ranks() if counts(b))
+        beats = tuple(b for b in ranks if counts(b))
         nodes = []
-        for node in table.nodes():
+        for node in node_beats:
             if not any(job in keep for job in node.jobs):
                 nodes.append(node)  # none of its ranks belongs to a launched job: all count
                 continue
-            ranks = tuple(b for b in node.ranks if counts(b))
-            if len(ranks) != len(node.ranks):
-                node = replace(node, ranks=ranks, max_age_s=max((b.last_seen_age_s for b in ranks), default=0.0),
-                               jobs=tuple(sorted({b.job for b in ranks})))
+            kept = tuple(b for b in node.ranks if counts(b))
+            if len(kept) != len(node.ranks):
+                node = replace(node, ranks=kept, max_age_s=max((b.last_seen_age_s for b in kept), default=0.0),
+                               jobs=tuple(sorted({b.job for b in kept})))
             nodes.append(node)
-        return cls(beats, tuple(nodes), view, histories)
+        columns = {}
+        for job, cols in job_columns.items():
+            pids = keep.get(job)
+            if pids is None:
+                columns[job] = cols
+            elif pids:
+                columns[job] = cols.only(np.isin(cols.pid, np.fromiter(pids, dtype=np.int64, count=len(pids))))
+        return cls(beats, tuple(nodes), view, columns, histories)
 
     def ranks(self) -> list[RankBeat]:
         return list(self.beats)
 
     def nodes(self) -> list[NodeBeat]:
         return list(self.node_beats)
+
+    def columns(self) -> dict[str, JobView]:
+        return self.job_columns
 
     def jobs(self) -> set[str]:
         return {b.job for b in self.beats}

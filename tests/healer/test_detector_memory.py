@@ -38,7 +38,7 @@ def remembered(healer: Any) -> dict[str, set[str]]:
     """Per detector, the jobs it still keeps anything of (its history and its per-job state)."""
     out = {}
     for rule, det in healer.detectors:
-        jobs = {job for job, _ in det.history.series} if hasattr(det, "history") else set()
+        jobs = {job for job, _ in det.history.keys()} if hasattr(det, "history") else set()
         for attr in PER_JOB.get(rule.name, ()):
             jobs |= set(getattr(det, attr))
         out[rule.name] = jobs
@@ -82,7 +82,7 @@ def test_it_keeps_at_most_max_series_ranks() -> None:
     history = RankHistory(keep=4, max_series=100)
     history.update(table, clock.now)
     # Bounded, and evicted a sixteenth at a time (one sort each, not a scan of every series per new rank).
-    assert 100 - 100 // 16 <= len(history.series) <= 100 and history.evicted == 320 - len(history.series)
+    assert 100 - 100 // 16 <= len(history.keys()) <= 100 and history.evicted == 320 - len(history.keys())
 
 
 @pytest.mark.timeout(60)

@@ -1,17 +1,20 @@
 """What the detectors' shared history does so that one healer can watch 131,072 ranks: the phase table is the
 per-rank median of each phase (checked against a plain median), made once per cycle for every detector that asks;
-the history keeps only what the garbage collector need not walk; a rollback keeps the samples before it; an
-incident's evidence holds the table's most unusual rows, not every rank's."""
+the history is arrays, with no object per rank or sample; a rollback keeps the samples before it; an incident's
+evidence holds the table's most unusual rows, not every rank's."""
 
 from __future__ import annotations
 
 import gc
 import json
 import statistics
+from typing import Any
+
+import numpy as np
 
 from healer.core.detectors.collective_slowdown import CollectiveSlowdown
-from healer.core.detectors.history import HistoryPool, RankHistory, RankSeries, Sample
-from healer.core.detectors.phases import EVIDENCE_ROWS, RankRow, evidence_rows, phase_table
+from healer.core.detectors.history import HistoryPool, RankHistory
+from healer.core.detectors.phases import EVIDENCE_ROWS, PhaseTable, evidence_rows, phase_table
 from healer.core.detectors.straggler import Straggler
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.jobview import TickView
@@ -19,23 +22,36 @@ from tests.healer.helpers import ManualClock, batch
 from tests.selfheal.streams import JobStream
 
 
-def _sample(step: int, step_s: float | None, compute: float | None, lag: float | None = None) -> Sample:
-    return Sample(step, 0.0, "n1", step_s, compute, compute / 10 if compute else 0.0,
-                  compute / 4 if compute else 0.0, 0.0, 1.0, 1.0, {}, lag)
+def _entry(rank: int, step: int, step_s: float | None, compute: float | None, lag: float | None = None) -> dict[str, Any]:
+    """A heartbeat batch of one rank at `step`: compute as its forward/backward (None: no phases at all), a tenth of
+    it waiting for data and a quarter in the reduce."""
+    body = batch("n1" if rank < 2 else "n2", [rank], job="j")
+    phases = {} if compute is None else {"forward_backward": compute, "data_wait": compute / 10,
+                                         "dp_reduce": compute / 4}
+    body["ranks"][0].update(step=step, step_seconds=step_s, phases=phases, dp_reduce_lag_s=lag)
+    return body
 
 
 def test_the_phase_table_is_each_ranks_median_over_its_window_after_the_step_given() -> None:
-    series = [
+    steps = {
         # 6 samples: the window of 4 takes steps 3..6, since_step=3 leaves 4..6
-        RankSeries("j", 0, "n1", tuple(_sample(s, 1.0 + s, 0.5 * s, lag=0.1 * s) for s in range(1, 7))),
+        0: [(s, 1.0 + s, 0.5 * s, 0.1 * s) for s in range(1, 7)],
         # one sample without phases and one without a step time: neither counts; no lag at all
-        RankSeries("j", 1, "n1", (_sample(4, 2.0, None), _sample(5, None, 1.0), _sample(6, 3.0, 2.0))),
+        1: [(4, 2.0, None, None), (5, None, 1.0, None), (6, 3.0, 2.0, None)],
         # nothing after step 3: no row
-        RankSeries("j", 2, "n2", (_sample(2, 1.0, 1.0), _sample(3, 1.0, 1.0))),
+        2: [(2, 1.0, 1.0, None), (3, 1.0, 1.0, None)],
         # lags on some samples only: the median of those
-        RankSeries("j", 3, "n2", (_sample(4, 1.0, 1.0, lag=0.3), _sample(5, 2.0, 3.0), _sample(6, 4.0, 5.0, lag=0.5))),
-    ]
-    rows = {r.rank: r for r in phase_table(series, window=4, since_step=3)}
+        3: [(4, 1.0, 1.0, 0.3), (5, 2.0, 3.0, None), (6, 4.0, 5.0, 0.5)],
+    }
+    table, history = HeartbeatTable(), RankHistory(keep=6)
+    for step in range(1, 7):
+        for rank, samples in steps.items():
+            for at, step_s, compute, lag in samples:
+                if at == step:
+                    table.ingest(json.dumps(_entry(rank, at, step_s, compute, lag)).encode())
+        history.update(table, 0.0)
+    t = phase_table(history.jobs()["j"], window=4, since_step=3)
+    rows = {r.rank: r for r in t.rows()}
     assert sorted(rows) == [0, 1, 3]
     assert (rows[0].samples, rows[0].step_s, rows[0].compute_s) == (3, statistics.median([5.0, 6.0, 7.0]), 2.5)
     assert rows[0].reduce_lag_s == statistics.median([0.4, 0.5, 0.6])
@@ -43,7 +59,9 @@ def test_the_phase_table_is_each_ranks_median_over_its_window_after_the_step_giv
     assert rows[0].dp_reduce_s == statistics.median([0.5, 0.625, 0.75])
     assert (rows[1].samples, rows[1].step_s, rows[1].compute_s, rows[1].reduce_lag_s) == (1, 3.0, 2.0, None)
     assert (rows[3].samples, rows[3].step_s, rows[3].compute_s, rows[3].reduce_lag_s) == (3, 2.0, 3.0, 0.4)
-    assert rows[3].node == "n2" and phase_table(series, window=4, since_step=6) == []
+    assert rows[3].node == "n2" and len(phase_table(history.jobs()["j"], window=4, since_step=6)) == 0
+    # The window counts each rank's own newest samples: 2 of rank 0's are steps 5 and 6.
+    assert {r.rank: r.samples for r in phase_table(history.jobs()["j"], window=2).rows()} == {0: 2, 1: 1, 2: 2, 3: 2}
 
 
 def _ingest(table: HeartbeatTable, step: int, ranks: int = 8) -> None:
@@ -81,23 +99,29 @@ def test_straggler_and_collective_slowdown_share_one_phase_table_per_cycle(monke
     assert made == [(10, 1), (10, 1), (10, 6), (10, 6)]  # without a pool each makes its own
 
 
-def test_the_history_holds_nothing_the_garbage_collector_walks_and_a_rollback_keeps_the_steps_before_it() -> None:
+def test_the_history_is_arrays_with_no_object_per_rank_and_a_rollback_keeps_the_steps_before_it() -> None:
     history = RankHistory(keep=4)
     table = HeartbeatTable()
     for step in range(1, 7):
         _ingest(table, step)
         history.update(table, 0.0)
-    gc.collect()  # a tuple is untracked once a collection saw that nothing it holds is tracked
-    series = history.jobs()["j"]
-    assert [s.rank for s in series] == list(range(8)) and history.low_step("j") == 6
-    assert not any(gc.is_tracked(s) or gc.is_tracked(s.samples) or any(gc.is_tracked(x) for x in s.samples)
-                   for s in series)
-    assert [x.step for x in series[0].samples] == [3, 4, 5, 6]  # the newest `keep`
-    assert series[0].samples[-1].compute_s == 0.7 and series[0].samples[-1].dp_reduce_s == 0.25
+    held = history.jobs()["j"]
+    slots = held.known()
+    assert held.rank[slots].tolist() == list(range(8)) and history.low_step("j") == 6
+    assert [x["step"] for x in held.samples_of(int(slots[0]))] == [3, 4, 5, 6]  # the newest `keep`
+    assert held.newest("compute_s", slots).tolist() == [0.7] * 8 and held.newest("dp_reduce_s", slots)[0] == 0.25
     _ingest(table, 4)  # rolled back to step 4: 5 and 6 will be done again
     new = history.update(table, 0.0)
-    assert len(new) == 8 and [x.step for x in series[0].samples] == [3, 4]
+    assert len(new["j"]) == 8 and [x["step"] for x in held.samples_of(int(slots[0]))] == [3, 4]
     assert history.low_step("j") == 4
+    # 4,000 more ranks add no object the garbage collector tracks per rank or per sample (the table's RankBeats
+    # are its own: gc=False structs).
+    gc.collect()
+    before = len(gc.get_objects())
+    _ingest(table, 5, ranks=4000)
+    history.update(table, 0.0)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 200 and len(history.jobs()["j"].known()) == 4000
 
 
 def test_a_large_jobs_straggler_evidence_is_its_most_unusual_rows_with_the_suspect_not_the_whole_table() -> None:
@@ -122,9 +146,16 @@ def test_a_large_jobs_straggler_evidence_is_its_most_unusual_rows_with_the_suspe
     assert detector.evaluate(s.table, s.clock.now).firing[0].evidence["phase_table"] is rows
 
 
+def _table(compute: list[float], reduce: list[float]) -> PhaseTable:
+    n = len(compute)
+    return PhaseTable(rank=np.arange(n), node=np.zeros(n, dtype=np.int64), node_names=["n1"],
+                      stage=np.zeros(n, dtype=np.int64), samples=np.full(n, 5), step_s=np.ones(n),
+                      compute_s=np.array(compute), data_wait_s=np.zeros(n), dp_reduce_s=np.array(reduce),
+                      reduce_lag_s=np.full(n, np.nan))
+
+
 def test_a_small_jobs_evidence_keeps_every_row() -> None:
-    rows = [RankRow(rank=r, node="n1", samples=5, step_s=1.0, compute_s=0.9 if r == 4 else 0.5 + r / 1000,
-                    data_wait_s=0.0, dp_reduce_s=0.3 if r == 7 else 0.1, reduce_lag_s=None) for r in range(10)]
+    rows = _table([0.9 if r == 4 else 0.5 + r / 1000 for r in range(10)], [0.3 if r == 7 else 0.1 for r in range(10)])
     assert [r["rank"] for r in evidence_rows(rows)] == list(range(10))
     # Past `keep`: the named rank, then the furthest from their stage's median compute or reduce, by rank.
     assert [r["rank"] for r in evidence_rows(rows, named=(0,), keep=3)] == [0, 4, 7]

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, median, prune
-from healer.core.detectors.phases import RankRow, evidence_rows, shared_phase_table
+from healer.core.detectors.phases import PhaseTable, evidence_rows, shared_phase_table
 from healer.core.jobview import Readings
 
 
@@ -31,7 +33,7 @@ class _Job:
     compute: list[float] = field(default_factory=list)
     slow_windows: int = 0
     last: dict[str, object] = field(default_factory=dict)
-    rows: list[RankRow] = field(default_factory=list)
+    rows: PhaseTable | None = None
     """The phase table of the last window (the evidence, once it fires)."""
     evidence: list[dict[str, object]] | None = None
     """`rows` as evidence, made once per window while it fires (every cycle asks)."""
@@ -81,20 +83,21 @@ class CollectiveSlowdown(Detector):
         self.history.update(table, now)
         prune(self._jobs, self.history.job_names(), self.history.restarted)
         firing, healthy = [], set()
-        for job, series in self.history.jobs().items():
-            if len(series) < 2:
+        for job, samples in self.history.jobs().items():
+            if len(samples.known()) < 2:
                 continue
             low = self.history.low_step(job)
             state = self._jobs.setdefault(job, _Job(window_end=low))
             state.window_end = min(state.window_end, low)
             if low - state.window_end < self.config.window:
                 continue
-            rows = shared_phase_table(self.history, job, series, self.config.window * 2, state.window_end)
+            rows = shared_phase_table(self.history, job, self.config.window * 2, state.window_end)
             state.window_end = low
             if len(rows) < 2:
                 continue
-            transfer = max(min(r.dp_reduce_s for r in group) for group in _groups(rows))
-            compute = median([r.compute_s for r in rows])
+            # NOTE: per stage, each stage's ranks reduce together (tensor parallelism stays inside a host)
+            transfer = max(float(rows.dp_reduce_s[group].min()) for group in rows.stages())
+            compute = float(np.median(rows.compute_s))
             if len(state.transfer) < self.config.baseline_windows:
                 state.transfer.append(transfer)
                 state.compute.append(compute)
@@ -115,7 +118,7 @@ class CollectiveSlowdown(Detector):
                 # grew too (a network test running beside the training takes CPUs too) must not resolve the incident.
                 healthy.add(job)
         for job, state in self._jobs.items():
-            if state.slow_windows >= self.config.consecutive:
+            if state.slow_windows >= self.config.consecutive and state.rows is not None:
                 if state.evidence is None:
                     state.evidence = evidence_rows(state.rows)
                 firing.append(Finding(
@@ -128,19 +131,11 @@ class CollectiveSlowdown(Detector):
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
 
-def _straggler_explains(rows: list[RankRow], compute: float, transfer_growth_s: float, ratio: float) -> bool:
+def _straggler_explains(rows: PhaseTable, compute: float, transfer_growth_s: float, ratio: float) -> bool:
     """True when a rank's compute stands out (more than `ratio` x the median `compute`) by at least as much time as
     the transfer grew: a straggler (descheduled inside the reduce, say) may have held its group that long, so the
     network is not to blame. A slow link lengthens the compute of the ranks it carries pipeline sends for, too, but
     by far less than it lengthens the reduce (on the bed: the reduce by 0.94 s, the slowest rank's compute by 0.24 s
     over the median); before this, any rank standing out by 1.3x vetoed, and the slowdown went unseen under load."""
-    top = max(r.compute_s for r in rows)
+    top = float(rows.compute_s.max())
     return top > ratio * compute and top - compute >= transfer_growth_s
-
-
-def _groups(rows: list[RankRow]) -> list[list[RankRow]]:
-    """The rows by pipeline stage: each stage's ranks reduce together (tensor parallelism stays inside a host)."""
-    stages: dict[int, list[RankRow]] = {}
-    for r in rows:
-        stages.setdefault(r.stage, []).append(r)
-    return list(stages.values())

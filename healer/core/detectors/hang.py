@@ -29,12 +29,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import numpy as np
+
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, RankSeries, Sample, prune, quantile
+from healer.core.detectors.history import JobSamples, RankHistory, prune, quantile
 from healer.core.detectors.silence import silent_hosts
 from healer.core.heartbeats import RankBeat
-from healer.core.jobview import Readings, beats_by_job
+from healer.core.jobview import Readings
 from healer.core.processes import ProcessState
+from healer.core.rank_columns import FINISHING
 
 
 STEP_TIMES_KEPT = 512
@@ -180,48 +183,37 @@ class Hang(Detector):
                 timeout, p99, phase = t, q, name
         return timeout, p99, phase
 
-    def _learn_step_times(self, new: list[tuple[RankSeries, Sample]], jobs: int) -> None:
-        """Each job's newest step times, at most STEP_TIMES_KEPT of them. NOTE: newest first, and no more than a job
-        keeps: at the largest a cycle brings 131,072 new samples of one job, and all but the last 512 would be pushed
-        out within the cycle."""
-        taken: dict[str, list[float]] = {}
-        full = 0
-        for series, sample in reversed(new):
-            if sample.step_seconds is None:
-                continue
-            got = taken.get(series.job)
-            if got is None:
-                got = taken[series.job] = []
-            elif len(got) >= STEP_TIMES_KEPT:
-                continue
+    def _learn_step_times(self, new: dict[str, np.ndarray], samples: dict[str, JobSamples]) -> None:
+        """Each job's newest step times, at most STEP_TIMES_KEPT of them (at the largest a cycle brings 131,072 new
+        samples of one job, and all but the last 512 would be pushed out within the cycle)."""
+        for job, slots in new.items():
+            held = samples[job]
             # A step that saved a checkpoint spent it in its `checkpoint` phase: that is a save's time, timed as a
             # phase of its own, not a step's.
-            got.append(max(0.0, sample.step_seconds - sample.checkpoint_s))
-            if len(got) == STEP_TIMES_KEPT:
-                full += 1
-                if full == jobs:
-                    break
-        for job, got in taken.items():
-            self._times.setdefault(job, deque(maxlen=STEP_TIMES_KEPT)).extend(reversed(got))
+            times = held.newest("step_seconds", slots) - held.newest("checkpoint_s", slots)
+            times = np.maximum(times[~np.isnan(times)][-STEP_TIMES_KEPT:], 0.0)
+            if times.size:
+                self._times.setdefault(job, deque(maxlen=STEP_TIMES_KEPT)).extend(times.tolist())
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         new = self.history.update(table, now)
-        beats = beats_by_job(table)
+        columns = table.columns()
         # NOTE: a job still in the view keeps its state however long it has been silent (a hang that lasts must not
         # start its clock again); a new attempt learns its step times afresh (its hosts, even its layout, may have
         # changed) but keeps how long a save or a first step took.
-        known = self.history.job_names() | set(beats) | set(table.processes.jobs())
+        known = self.history.job_names() | set(columns) | set(table.processes.jobs())
         prune(self._jobs, known, self.history.restarted)
         prune(self._times, known, self.history.restarted)
         prune(self._phases, known)
-        self._learn_step_times(new, len(known))
+        self._learn_step_times(new, self.history.jobs())
         firing, healthy = [], set()
         states = table.processes.states()
         # NOTE: a rank of the attempt that died is a crash, however long the crash detector waits to learn how it
         # died (torchrun's report can take its stop grace): its peers' stall is the crash's, not a second fault.
         died = {(e.job, e.attempt) for e in table.processes.exits() if e.failed}
-        for job in sorted(set(beats) | set(table.processes.jobs())):
-            job_beats = beats.get(job, [])
+        for job in sorted(set(columns) | set(table.processes.jobs())):
+            cols = columns.get(job)
+            counted = cols.counts if cols is not None else np.zeros(0, dtype=bool)
             attempt = table.processes.attempt(job)
             job_states = [st for st in states if st.job == job and st.attempt == attempt]
             if attempt is not None:
@@ -230,27 +222,31 @@ class Hang(Detector):
                     continue  # being stopped (its heartbeats are no longer shown): neither hung nor healthy
                 # Under a supervisor only the current attempt's ranks count: the heartbeats of the ranks it
                 # stopped linger in the sidecars (with their old steps) while the job restarts.
-                pids = {st.pid for st in job_states}
-                job_beats = [b for b in job_beats if b.entry.pid in pids]
+                if cols is not None:
+                    pids = np.fromiter({st.pid for st in job_states}, dtype=np.int64)
+                    counted = counted & np.isin(cols.pid, pids)
                 if not job_states:
                     continue
-            elif not job_beats:
+            elif not counted.any():
                 continue
-            steps = [b.entry.step for b in job_beats]
+            # NOTE: over the job's columns: at 131,072 ranks a pass over its heartbeats cost ~0.3 s a cycle.
+            steps = cols.step[counted] if cols is not None else np.zeros(0, dtype=np.int64)
+            reporting = len(steps)
             prog = self._jobs.get(job)
             stepped = prog is not None and prog.attempt == attempt and prog.low_step is not None
             # A rank that has not finished its first step (or not yet said hello): the attempt is starting. Under a
             # launcher that is timed too (its first step has a timeout of its own); without one, nothing tells a
             # rank starting from one that restarted, and it is left alone. In an attempt that has made steps, the
             # ranks that report are the ones that count.
-            unsure = any(s is None for s in steps) or not job_beats
-            starting = attempt is not None and not stepped and (unsure or len(job_beats) < len(job_states))
+            unsure = bool((steps < 0).any()) or not reporting
+            starting = attempt is not None and not stepped and (unsure or reporting < len(job_states))
             if unsure and not starting:
                 continue
-            if any(_finishing(b) for b in job_beats):
+            assert cols is not None or starting
+            if cols is not None and (cols.flags[counted] & FINISHING).any():
                 healthy.add(job)  # the final save and the teardown: the job is ending, not hanging
                 continue
-            low = None if starting else min(s for s in steps if s is not None)
+            low = None if starting else int(steps[steps >= 0].min())
             if prog is None or low != prog.low_step or attempt != prog.attempt:
                 if prog is not None and prog.low_step is None and low is not None and attempt == prog.attempt:
                     self._phases[job].add(FIRST_STEP, now - prog.since)
@@ -263,6 +259,7 @@ class Hang(Detector):
                 silent = silent_hosts(table, job, now, self.config.silent_after.total_seconds())
                 if silent and min(silent.values()) <= self.config.silent_host_hold.total_seconds():
                     continue  # held: neither firing nor healthy while host_lost makes up its mind
+                job_beats = cols.only(counted).counted_beats() if cols is not None else []
                 firing.append(self._finding(job, job_beats, job_states, stalled, timeout, p99, phase, low, now))
             else:
                 healthy.add(job)
@@ -299,13 +296,6 @@ def _rank_row(rank: int, beat: RankBeat | None, st: ProcessState | None, node: s
             "proc_state": st.state if st else (beat.entry.proc_state if beat else None),
             "phase": st.phase if st else None,
             "in_phase_s": round(now - st.phase_entered, 3) if st and st.phase_entered is not None else None}
-
-
-def _finishing(beat: RankBeat) -> bool:
-    """The rank left its training loop after its latest step (the trainer's `finishing` event)."""
-    event = beat.entry.last_event
-    # NOTE: an event's fields are free-form (whatever the trainer passed); `step` is the one finishing sets.
-    return event is not None and event.name == "finishing" and event.fields.get("step") == (beat.step or 0) + 1
 
 
 def suspect_ranks(beats: list[RankBeat], states: dict[int, ProcessState], now: float) -> tuple[list[int], str]:

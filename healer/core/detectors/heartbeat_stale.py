@@ -36,13 +36,24 @@ class HeartbeatStale(Detector):
 
     config: Config
 
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self._keys: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
+
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         after = self.config.after.total_seconds()
         firing = []
         healthy: set[str] = set()
+        keys = self._keys
+        if len(keys) > 65_536:  # NOTE: bounded; made again as nodes report
+            keys.clear()
         for node in table.nodes():
             if node.worst_staleness(now) <= after:  # the common case: one comparison per node
-                healthy.update(f"{job}/{node.node}" for job in node.jobs)
+                # NOTE: the node's keys made once per (node, jobs), not per cycle (16,384 nodes at the largest)
+                known = keys.get((node.node, node.jobs))
+                if known is None:
+                    known = keys[(node.node, node.jobs)] = tuple(f"{job}/{node.node}" for job in node.jobs)
+                healthy.update(known)
                 continue
             by_job: dict[str, list[RankBeat]] = defaultdict(list)
             for beat in node.ranks:

@@ -12,93 +12,172 @@ heard of for a while are forgotten, and with them the per-job state of the detec
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Hashable
+import weakref
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from msgspec import Struct
+import numpy as np
 
-from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
+from healer.core.rank_columns import NONFINITE, JobView
 
 T = TypeVar("T")
 
 
 # NOTE: not `grad_norm_clip`: the global gradient norm is all-reduced over the data-parallel and pipeline groups,
 # so that phase is mostly a wait for the other stages' reduce. Counted as compute, a slow link under one stage made
-# every rank of the other stage look slow (0.55 s of 0.6 s on the bed).
+# every rank of the other stage look slow (0.55 s of 0.6 s on the bed). healer/core/rank_columns.py sums them.
 COMPUTE_PHASES = ("forward_backward", "optimizer")
 """The phases of a step that are the rank's own work (healer/core/detectors/phases.py)."""
-_FORWARD_BACKWARD, _OPTIMIZER = COMPUTE_PHASES  # NOTE: Sample.of sums them by name, the cheapest way per rank
-NO_VALUES: dict[str, str] = {}
-"""The `nonfinite` of every sample without any (shared: never changed)."""
+RING_FIELDS = ("step_seconds", "compute_s", "data_wait_s", "dp_reduce_s", "checkpoint_s", "loss", "grad_norm",
+               "dp_reduce_lag_s")
+"""What a sample keeps of its step (the columns of healer/core/rank_columns.py; NaN: the record had none)."""
 
 
-class Sample(Struct, gc=False):
-    """One step of one rank, as its heartbeat carried it. Never changed once made.
-    NOTE: a gc=False struct: a history holds up to `keep` of them per rank (millions at 131,072 ranks), and as
-    objects the garbage collector tracks each full collection walked them all. They hold no reference cycles.
-    The step's phases are kept as the sums the detectors read, not as the record's dict: a dict of 7 phases is
-    ~0.4 KiB, kept 10 times for each of 131,072 ranks, and the phase table summed them again at every window."""
+class JobSamples:
+    """One job's samples: per rank (by the slots of the job's columns), its last `keep` steps, as ring arrays of
+    slots x keep (a rank's samples side by side: a window's medians sort short contiguous rows). NOTE: arrays, not an object per rank and step: at 131,072 ranks a cycle's new samples were a
+    second of Python; as arrays they are a few vectorised stores.
 
-    step: int
-    received_at: float
-    node: str
-    step_seconds: float | None
-    compute_s: float | None
-    """COMPUTE_PHASES summed; None: the record had no phases."""
-    data_wait_s: float
-    dp_reduce_s: float
-    """The data-parallel collectives (`dp_reduce` and `dp_gather`) summed."""
-    checkpoint_s: float
-    loss: float | None
-    grad_norm: float | None
-    nonfinite: dict[str, str]
-    dp_reduce_lag_s: float | None
+    A slot's samples are in step order from its oldest (at `pos - count`, modulo keep) to its newest (`pos - 1`);
+    `count` 0: the history does not know the rank (never seen, or forgotten)."""
 
-    @classmethod
-    def of(cls, beat: RankBeat) -> Sample:
-        e = beat.entry
-        phases = e.phases
-        if phases:
-            get = phases.get
-            compute: float | None = get(_FORWARD_BACKWARD, 0.0) + get(_OPTIMIZER, 0.0)
-            data, reduce, save = get("data_wait", 0.0), get("dp_reduce", 0.0) + get("dp_gather", 0.0), \
-                get("checkpoint", 0.0)
-        else:
-            compute, data, reduce, save = None, 0.0, 0.0, 0.0
-        # NOTE: positional: a keyword call costs ~1.5x as much, once per rank and step
-        return cls(e.step or 0, beat.received_at, beat.node, e.step_seconds, compute, data, reduce, save, e.loss,
-                   e.grad_norm, e.nonfinite or NO_VALUES, e.dp_reduce_lag_s)
+    def __init__(self, job: str, epoch: int, keep: int) -> None:
+        self.job, self.epoch, self.keep = job, epoch, keep
+        self.n = 0
+        self.rank = np.empty(0, dtype=np.int64)
+        self.node = np.empty(0, dtype=np.int64)
+        """Where each rank last made a step (an index into node_names)."""
+        self.stage = np.empty(0, dtype=np.int64)
+        """Each rank's pipeline stage (mesh `pp`): ranks of one stage do the same work."""
+        self.last_step = np.empty(0, dtype=np.int64)
+        self.count = np.empty(0, dtype=np.int64)
+        self.pos = np.empty(0, dtype=np.int64)
+        self.written = np.empty(0, dtype=np.int64)
+        """Samples ever added per slot: a sample is new to a reader that saw fewer."""
+        self.heard_at = np.empty(0)
+        """Healer time of each rank's newest record (when its batch came, less the record's age then)."""
+        self.steps = np.empty((0, keep), dtype=np.int64)
+        self.nonfinite = np.empty((0, keep), dtype=bool)
+        self.ring = {name: np.empty((0, keep)) for name in RING_FIELDS}
+        self.node_names: list[str] = []
+        self._order: np.ndarray | None = None
 
+    def grow(self, n: int) -> None:
+        if n <= self.n:
+            return
+        extra = n - self.n
 
-class RankSeries(Struct, gc=False):
-    """One rank's newest samples, oldest first.
-    NOTE: a gc=False struct holding a tuple, not a dataclass holding a deque: 131,072 ranks were 262,144 objects the
-    garbage collector tracked, and walked at each full collection (~0.3 s each, about twice a cycle). A tuple of
-    untracked samples is untracked itself; a new sample makes a new tuple of at most `keep` (10 by default)."""
+        def more(values: np.ndarray, fill: float | int | bool) -> np.ndarray:
+            return np.concatenate([values, np.full((extra, *values.shape[1:]), fill, dtype=values.dtype)])
 
-    job: str
-    rank: int
-    node: str
-    samples: tuple[Sample, ...] = ()
-    """Never empty once the history has it: a series is made with a rank's first sample, and a rollback drops the
-    samples from its step on only to add that step's."""
-    last_step: int = -1
-    """The step of the newest sample."""
-    stage: int = 0
-    """The rank's pipeline stage (mesh `pp` coordinate): ranks of one stage do the same work."""
-    heard_at: float = 0.0
-    """Healer time of the rank's newest record (when its batch came, less the record's age then)."""
+        self.rank, self.node, self.stage = more(self.rank, -1), more(self.node, -1), more(self.stage, 0)
+        self.last_step, self.count, self.pos = more(self.last_step, -1), more(self.count, 0), more(self.pos, 0)
+        self.written, self.heard_at = more(self.written, 0), more(self.heard_at, -math.inf)
+        self.steps, self.nonfinite = more(self.steps, -1), more(self.nonfinite, False)
+        self.ring = {name: more(values, math.nan) for name, values in self.ring.items()}
+        self.n = n
+
+    def known(self) -> np.ndarray:
+        """The slots of the ranks the history knows, by rank (made once per change of them)."""
+        if self._order is None:
+            slots = np.flatnonzero(self.count > 0)
+            self._order = slots[np.argsort(self.rank[slots], kind="stable")]
+        return self._order
+
+    def newest(self, name: str, slots: np.ndarray) -> np.ndarray:
+        """Each of `slots`' newest sample's `name` (slots the history knows)."""
+        at = (self.pos[slots] - 1) % self.keep
+        if name == "step":
+            return self.steps[slots, at]
+        if name == "nonfinite":
+            return self.nonfinite[slots, at]
+        return self.ring[name][slots, at]
+
+    def window(self, window: int, slots: np.ndarray) -> np.ndarray:
+        """len(slots) x keep: True where a slot's sample is among its newest `window`."""
+        age = (self.pos[slots, None] - 1 - np.arange(self.keep)[None, :]) % self.keep
+        return age < np.minimum(self.count[slots], window)[:, None]
+
+    def samples_of(self, slot: int) -> list[dict[str, float | int | None]]:
+        """One rank's samples, oldest first, as plain values (None for NaN): for the few ranks a detector follows."""
+        out = []
+        for i in range(int(self.count[slot])):
+            at = (int(self.pos[slot]) - int(self.count[slot]) + i) % self.keep
+            row: dict[str, float | int | None] = {"step": int(self.steps[slot, at])}
+            for name, values in self.ring.items():
+                x = float(values[slot, at])
+                row[name] = None if math.isnan(x) else x
+            out.append(row)
+        return out
+
+    def node_of(self, slot: int) -> str:
+        return self.node_names[int(self.node[slot])]
+
+    def forget(self, slots: np.ndarray) -> None:
+        self.count[slots] = 0
+        self.pos[slots] = 0
+        self.last_step[slots] = -1
+        self.heard_at[slots] = -math.inf
+        self.steps[slots] = -1
+        self._order = None
+
+    def add(self, cols: JobView, now: float, forget_after_s: float, started_at: float) -> np.ndarray:
+        """Take this cycle's columns of the job; returns the slots that got a new sample."""
+        self.grow(cols.n)
+        n = cols.n
+        self.node_names = cols.node_names
+        step = cols.step
+        heard = cols.heard_at
+        # NOTE: a sidecar goes on listing a dead rank for minutes, and the table keeps its last beat for an hour: a
+        # rank silent past forget_after_s is not brought back by its stale beat. A step from before the job's current
+        # attempt started is not this attempt's: after a warm restart the same processes (same pids, same ranks) are
+        # listed with their last step of the generation before until they report a new one, and a NaN of that one is
+        # not this one's. NOTE: the step's own time (the rank's host clock), not when the sidecar last heard the rank:
+        # other records (events) come in between.
+        step_at = np.where(np.isnan(cols.step_time), heard, cols.step_time)
+        ok = cols.counts & (step >= 0) & (now - heard <= forget_after_s) & (step_at >= started_at)
+        fresher = ok & (heard > self.heard_at[:n])
+        self.heard_at[:n][fresher] = heard[fresher]
+        slots = np.flatnonzero(ok & (step != self.last_step[:n]))
+        if not slots.size:
+            return slots
+        if (self.count[slots] == 0).any():
+            self._order = None  # ranks the history did not know
+        new_step = step[slots]
+        back = slots[new_step < self.last_step[slots]]
+        if back.size:
+            # Restarted or rolled back: what comes after this step will be computed again.
+            held = self.steps[back]
+            drop = held >= step[back][:, None]
+            dropped = drop.sum(axis=1)
+            held[drop] = -1
+            self.steps[back] = held
+            self.pos[back] = (self.pos[back] - dropped) % self.keep
+            self.count[back] -= dropped
+        at = self.pos[slots]
+        self.steps[slots, at] = new_step
+        self.nonfinite[slots, at] = (cols.flags[slots] & NONFINITE).astype(bool)
+        for name, values in self.ring.items():
+            values[slots, at] = cols.arrays[name][slots]
+        self.pos[slots] = (at + 1) % self.keep
+        self.count[slots] = np.minimum(self.count[slots] + 1, self.keep)
+        self.written[slots] += 1
+        self.last_step[slots] = new_step
+        # NOTE: where a rank is, and its stage, are taken with its steps: they change only when it starts again
+        self.node[slots], self.stage[slots], self.rank[slots] = cols.node[slots], cols.stage[slots], cols.rank[slots]
+        return slots
 
 
 @dataclass(slots=True)
 class RankHistory:
-    """Per (job, rank), the last `keep` samples. `update` returns the samples that are new this cycle.
+    """Per job and rank, the last `keep` samples (JobSamples). `update` returns, per job, the slots that got a new
+    sample this cycle.
 
     Bounded: a rank not heard of for `forget_after_s` is forgotten (its job ended, moved, or came back smaller:
     a healer that runs for months sees every rank of every job it ever watched), and at most `max_series` ranks
-    are kept; past that, the one heard of longest ago makes room. A detector keeps its per-job state only for
+    are kept; past that, those heard of longest ago make room. A detector keeps its per-job state only for
     the jobs left here (`prune`).
     """
 
@@ -106,7 +185,7 @@ class RankHistory:
     forget_after_s: float = 1800.0
     max_series: int = 262_144
     """Room for a 131,072-rank job and the next attempt's or job's ranks beside it."""
-    series: dict[tuple[str, int], RankSeries] = field(default_factory=dict)
+    samples: dict[str, JobSamples] = field(default_factory=dict)
     evicted: int = 0
     """Ranks dropped to stay under max_series (not counting those forgotten for their silence)."""
     restarted: set[str] = field(default_factory=set)
@@ -115,148 +194,103 @@ class RankHistory:
     _attempts: dict[str, int] = field(default_factory=dict)
     _next_sweep: float = 0.0
     _shared: HistoryPool | None = None
-    _by_job: dict[str, dict[int, RankSeries]] = field(default_factory=dict)
-    """The same series by job, then rank. NOTE: kept as the series come and go, so that which jobs there are, and
-    each job's ranks in order, cost nothing per cycle (a pass over 131,072 series did, up to six times a cycle)."""
-    _ordered: dict[str, list[RankSeries]] = field(default_factory=dict)
-    """Per job, its series by rank, made when first asked for after the job's ranks changed."""
 
     def __post_init__(self) -> None:
         if self.keep < 1 or self.max_series < 1 or self.forget_after_s <= 0:
             raise ValueError(f"keep and max_series must be >= 1 and forget_after_s > 0, got {self.keep}, "
                              f"{self.max_series}, {self.forget_after_s}")
 
-    def update(self, table: Readings, now: float) -> list[tuple[RankSeries, Sample]]:
+    def update(self, table: Readings, now: float) -> dict[str, np.ndarray]:
         pool = getattr(table, "histories", None)
         if isinstance(pool, HistoryPool) and pool.serves(self):
-            # NOTE: every learning detector reads the same samples: one pass over the ranks per cycle, not one per
-            # detector (at 131,072 ranks each pass costs ~0.1 s). This history then is a view of the pool's.
+            # NOTE: every learning detector reads the same samples: one update per cycle, not one per detector.
+            # This history then is a view of the pool's.
             new = pool.update(table, now)
-            self.series, self.restarted = pool.history.series, pool.history.restarted
+            self.samples, self.restarted = pool.history.samples, pool.history.restarted
             self._shared = pool
             return new
         return self._update(table, now)
 
-    def _update(self, table: Readings, now: float) -> list[tuple[RankSeries, Sample]]:
-        new: list[tuple[RankSeries, Sample]] = []
-        self._new_attempts(table)
-        since: dict[str, float] = {}
-        series, forget_after_s, keep = self.series, self.forget_after_s, self.keep
-        # NOTE: one pass over every rank per cycle (131,072 at the largest): the entry's fields are read once each,
-        # straight from the struct, not through RankBeat's properties.
-        for beat in table.ranks():
-            e = beat.entry
-            step = e.step
-            heard_at = beat.received_at - e.last_seen_age_s
-            # NOTE: a sidecar goes on listing a dead rank for minutes, and the table keeps its last beat for an hour:
-            # a rank silent past forget_after_s is not brought back by its stale beat.
-            if step is None or now - heard_at > forget_after_s:
-                continue
-            job = e.job
-            start = since.get(job)
-            if start is None:
-                start = since[job] = table.processes.placement(job)[1]
-            step_at = e.step_time if e.step_time is not None else heard_at
-            if step_at < start:
-                # A step from before the job's current attempt started: after a warm restart the same processes
-                # (same pids, same ranks) are listed with their last step of the generation before until they
-                # report a new one, and a NaN of that one is not this one's. NOTE: the step's own time (the rank's
-                # host clock), not when the sidecar last heard the rank: other records (events) come in between.
-                continue
-            key = (job, e.rank)
-            s = series.get(key)
-            if s is None:
-                self._make_room(now)
-                s = self._add(RankSeries(job, e.rank, beat.node))
-            if heard_at > s.heard_at:
-                s.heard_at = heard_at
-            if step == s.last_step:
-                continue
-            # NOTE: where a rank is, and its stage, are taken with its steps: they change only when it starts again
-            s.node = beat.node
-            s.stage = e.mesh.get("pp", s.stage)
-            kept = s.samples
-            if step < s.last_step:
-                # Restarted or rolled back: what comes after this step will be computed again.
-                n = len(kept)
-                while n and kept[n - 1].step >= step:
-                    n -= 1
-                kept = kept[:n]
-            sample = Sample.of(beat)
-            s.samples = (*kept[1:], sample) if len(kept) >= keep else (*kept, sample)
-            s.last_step = step
-            new.append((s, sample))
+    def _update(self, table: Readings, now: float) -> dict[str, np.ndarray]:
+        columns = table.columns()
+        self._new_attempts(table, columns)
+        new: dict[str, np.ndarray] = {}
+        for job, cols in columns.items():
+            held = self.samples.get(job)
+            if held is None or held.epoch != cols.epoch:
+                # NOTE: the table renumbered the job's ranks (it had forgotten all of them): start it afresh
+                held = self.samples[job] = JobSamples(job, cols.epoch, self.keep)
+            slots = held.add(cols, now, self.forget_after_s, table.processes.placement(job)[1])
+            if slots.size:
+                new[job] = slots
+        self._make_room(now, new)
         if now >= self._next_sweep:
             self.forget(now)
+        for job in [j for j, held in self.samples.items() if not held.known().size]:
+            del self.samples[job]
+            new.pop(job, None)
         return new
 
-    def _new_attempts(self, table: Readings) -> None:
+    def _new_attempts(self, table: Readings, columns: Mapping[str, JobView]) -> None:
         """Drop the samples of every job whose attempt (as its launcher numbers them) is not the one seen before."""
         self.restarted = set()
         attempts: dict[str, int] = {}
         if not table.processes.jobs():  # no launcher (the service alone): a restart shows only as a lower step
             self._attempts = attempts
             return
-        for job in {s.job for s in self.series.values()} | {b.job for b in table.ranks()}:
+        for job in set(self.samples) | set(columns):
             attempt = table.processes.attempt(job)
             if attempt is None:  # no launcher (the service alone): a restart shows only as a lower step
                 continue
             if self._attempts.get(job, attempt) != attempt:
                 self.restarted.add(job)
-                for rank in list(self._by_job.get(job, ())):
-                    self._drop((job, rank))
+                self.samples.pop(job, None)
             attempts[job] = attempt
-        self._attempts = attempts  # NOTE: only the jobs still known: bounded like the series
+        self._attempts = attempts  # NOTE: only the jobs still known: bounded like the samples
 
     def forget(self, now: float) -> int:
         """Drop the ranks not heard of for forget_after_s; returns how many."""
         # NOTE: a sweep costs a pass over every rank: at most a few times per forget_after_s, not every cycle.
         self._next_sweep = now + min(60.0, self.forget_after_s / 4)
-        old = [key for key, s in self.series.items() if now - s.heard_at > self.forget_after_s]
-        for key in old:
-            self._drop(key)
-        return len(old)
+        gone = 0
+        for held in self.samples.values():
+            old = np.flatnonzero((held.count > 0) & (now - held.heard_at > self.forget_after_s))
+            if old.size:
+                held.forget(old)
+                gone += old.size
+        return gone
 
-    def _add(self, s: RankSeries) -> RankSeries:
-        self.series[(s.job, s.rank)] = s
-        self._by_job.setdefault(s.job, {})[s.rank] = s
-        self._ordered.pop(s.job, None)
-        return s
-
-    def _drop(self, key: tuple[str, int]) -> None:
-        job, rank = key
-        del self.series[key]
-        ranks = self._by_job[job]
-        del ranks[rank]
-        if not ranks:
-            del self._by_job[job]
-        self._ordered.pop(job, None)
-
-    def _make_room(self, now: float) -> None:
-        if len(self.series) < self.max_series:
+    def _make_room(self, now: float, new: dict[str, np.ndarray]) -> None:
+        total = sum(int((held.count > 0).sum()) for held in self.samples.values())
+        if total <= self.max_series:
             return
-        if self.forget(now) == 0:
-            # NOTE: the oldest sixteenth at once, by one sort: one by one, each new rank of a job larger than the
-            # room would scan every series (a cycle of hours at 131,072 ranks).
-            oldest = sorted(self.series, key=lambda k: self.series[k].heard_at)[:max(1, self.max_series // 16)]
-            for key in oldest:
-                self._drop(key)
-            self.evicted += len(oldest)
+        total -= self.forget(now)
+        if total <= self.max_series:
+            return
+        # NOTE: those heard of longest ago, a sixteenth of the room at a time, by one sort over every rank.
+        chunk = max(1, self.max_series // 16)
+        excess = -(-(total - self.max_series) // chunk) * chunk
+        jobs = list(self.samples.values())
+        slots = [np.flatnonzero(held.count > 0) for held in jobs]
+        heard = np.concatenate([held.heard_at[s] for held, s in zip(jobs, slots)])
+        owner = np.concatenate([np.full(s.size, i) for i, s in enumerate(slots)])
+        where = np.concatenate(slots)
+        oldest = np.argsort(heard, kind="stable")[:excess]
+        for i, held in enumerate(jobs):
+            gone = where[oldest[owner[oldest] == i]]
+            if gone.size:
+                held.forget(gone)
+                if held.job in new:
+                    new[held.job] = np.setdiff1d(new[held.job], gone)
+        self.evicted += len(oldest)
 
-    def jobs(self) -> dict[str, list[RankSeries]]:
-        """Per job, its ranks' series by rank (shared with the pool's other readers: not to be changed)."""
-        if self._shared is not None:
-            return self._shared.jobs()
-        return self._jobs()
+    def jobs(self) -> dict[str, JobSamples]:
+        """Per job, its samples (shared with the pool's other readers: not to be changed)."""
+        return self.samples
 
-    def _jobs(self) -> dict[str, list[RankSeries]]:
-        out: dict[str, list[RankSeries]] = {}
-        for job, ranks in self._by_job.items():
-            ordered = self._ordered.get(job)
-            if ordered is None:
-                ordered = self._ordered[job] = [ranks[r] for r in sorted(ranks)]
-            out[job] = ordered
-        return out
+    def keys(self) -> set[tuple[str, int]]:
+        """(job, rank) of every rank the history knows (a pass in Python: for tests and tools, not every cycle)."""
+        return {(job, int(r)) for job, held in self.samples.items() for r in held.rank[held.known()]}
 
     def memo(self, key: Hashable, make: Callable[[], T]) -> T:
         """make(), made once per cycle for all the detectors that share this history's pool under the same key
@@ -266,26 +300,26 @@ class RankHistory:
         return make()
 
     def low_step(self, job: str) -> int:
-        """The lowest newest step of the job's ranks (a job of `jobs()`; every series has a sample)."""
-        return self.memo(("low_step", job), lambda: min(s.last_step for s in self.jobs()[job]))
+        """The lowest newest step of the job's ranks (a job of `jobs()`)."""
+        held = self.samples[job]
+        return self.memo(("low_step", job), lambda: int(held.last_step[held.known()].min()))
 
     def job_names(self) -> set[str]:
-        if self._shared is not None:
-            return self._shared.history.job_names()
-        return set(self._by_job)
+        return set(self.samples)
 
 
 class HistoryPool:
     """One RankHistory that the learning detectors of one healer share, updated once per detection cycle: the
-    first detector to ask in a cycle (a TickView carrying the pool) does the pass over the ranks, the others get
-    its new samples. Its keep is the largest any of them asked for; each reads only the samples it needs
-    (the last one, or a window of the last ones), so a longer history does not change what they find."""
+    first detector to ask in a cycle (a TickView carrying the pool) updates it, the others get its new samples.
+    Its keep is the largest any of them asked for; each reads only the samples it needs (the last one, or a window
+    of the last ones), so a longer history does not change what they find."""
 
     def __init__(self, keep: int) -> None:
         self.history = RankHistory(keep=keep)
-        self._view: object | None = None
-        self._new: list[tuple[RankSeries, Sample]] = []
-        self._jobs: dict[str, list[RankSeries]] | None = None
+        self._view: weakref.ref[object] | None = None
+        """The view this cycle's update was made on. NOTE: a weak reference: holding the last view kept the
+        previous second's heartbeats alive until the next cycle, which then freed them (131,072 of them, ~0.2 s)."""
+        self._new: dict[str, np.ndarray] = {}
         self._memo: dict[Hashable, object] = {}
 
     @classmethod
@@ -298,21 +332,16 @@ class HistoryPool:
         return (history.keep <= self.history.keep and history.forget_after_s == self.history.forget_after_s
                 and history.max_series == self.history.max_series)
 
-    def update(self, view: object, now: float) -> list[tuple[RankSeries, Sample]]:
-        if view is not self._view:
-            self._new = self.history._update(view, now)  # type: ignore[arg-type]  # noqa: SLF001 - its own pass
-            self._view, self._jobs, self._memo = view, None, {}
+    def update(self, view: object, now: float) -> dict[str, np.ndarray]:
+        if self._view is None or self._view() is not view:
+            self._new = self.history._update(view, now)  # type: ignore[arg-type]  # noqa: SLF001 - its own update
+            self._view, self._memo = weakref.ref(view), {}
         return self._new
 
     def memo(self, key: Hashable, make: Callable[[], T]) -> T:
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]  # type: ignore[return-value]
-
-    def jobs(self) -> dict[str, list[RankSeries]]:
-        if self._jobs is None:
-            self._jobs = self.history._jobs()  # noqa: SLF001
-        return self._jobs
 
 
 def prune(state: dict[str, T], jobs: Collection[str], restarted: Collection[str] = ()) -> None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, RankSeries, Sample, median, prune
+from healer.core.detectors.history import JobSamples, RankHistory, median, prune
 from healer.core.jobview import Readings
 
 MAD_TO_SIGMA = 1.4826
@@ -35,8 +37,8 @@ class _Lead:
     rank: int
     node: str
     losses: deque[tuple[int, float | None]]
-    last: Sample | None = None
-    """The rank history's sample followed last."""
+    last: int = 0
+    """How many samples of the rank the history had added when it was followed last (JobSamples.written)."""
 
 
 @dataclass(slots=True)
@@ -95,15 +97,13 @@ class LossSpike(Detector):
         self.history.update(table, now)
         prune(self._spikes, self.history.job_names(), self.history.restarted)
         prune(self._leads, self.history.job_names(), self.history.restarted)
-        for job, series in self.history.jobs().items():
-            lead = series[0]  # the lowest rank
+        for job, held in self.history.jobs().items():
+            lead = int(held.known()[0])  # the lowest rank's slot
             spike = self._spikes.get(job)
-            # NOTE: the lead's newest sample, when it came this cycle (a sample is never changed, so it is new when it
-            # is not the one followed last): not a map of every rank's new sample (131,072) to read one.
-            sample = lead.samples[-1] if lead.samples else None
+            # NOTE: the lead's newest sample, when it came since it was followed last: not every rank's (131,072).
             track = self._leads.get(job)
-            if sample is not None and (track is None or track.rank != lead.rank or track.last is not sample):
-                spike = self._observe(job, self._follow(job, lead, sample), spike)
+            if track is None or track.rank != held.rank[lead] or track.last != held.written[lead]:
+                spike = self._observe(job, self._follow(job, held, lead), spike)
             if spike is None:
                 healthy.add(job)
                 continue
@@ -117,18 +117,21 @@ class LossSpike(Detector):
                 labels={"first_step": str(spike.step)}))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
-    def _follow(self, job: str, lead: RankSeries, sample: Sample) -> _Lead:
-        """The job's lead losses with this cycle's new sample of it, dropped from a lower step on as the rank history
+    def _follow(self, job: str, held: JobSamples, lead: int) -> _Lead:
+        """The job's lead losses with the lead's newest sample, dropped from a lower step on as the rank history
         drops samples (a restart or rollback: those steps are redone)."""
         track = self._leads.get(job)
-        if track is None or track.rank != lead.rank:  # first seen, or another rank is the lowest now
-            track = self._leads[job] = _Lead(lead.rank, lead.node, deque(
-                ((x.step, x.loss) for x in lead.samples), maxlen=self._keep), sample)
+        rank, node, written = int(held.rank[lead]), held.node_of(lead), int(held.written[lead])
+        if track is None or track.rank != rank:  # first seen, or another rank is the lowest now
+            track = self._leads[job] = _Lead(rank, node, deque(
+                ((int(x["step"] or 0), x["loss"]) for x in held.samples_of(lead)), maxlen=self._keep), written)
             return track
-        while track.losses and track.losses[-1][0] >= sample.step:
+        step = int(held.last_step[lead])
+        loss = float(held.newest("loss", np.array([lead]))[0])
+        while track.losses and track.losses[-1][0] >= step:
             track.losses.pop()
-        track.losses.append((sample.step, sample.loss))
-        track.node, track.last = lead.node, sample
+        track.losses.append((step, None if loss != loss else loss))  # NaN: the record had no loss
+        track.node, track.last = node, written
         return track
 
     def _observe(self, job: str, lead: _Lead, spike: _Spike | None) -> _Spike | None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.history import RankHistory, prune
 from healer.core.jobview import Readings
@@ -45,30 +47,41 @@ class NonFinite(Detector):
         new = self.history.update(table, now)
         prune(self._bad, self.history.job_names(), self.history.restarted)
         fields = self.config.fields
-        for series, sample in new:
-            if not sample.nonfinite and not self._bad:
-                continue  # NOTE: the common case, one test per new sample (131,072 a cycle at the largest)
-            which = {k: v for k, v in sample.nonfinite.items() if k in fields}
-            bad = self._bad.get(series.job)
-            if which:
-                if bad is None:
-                    bad = self._bad[series.job] = _Bad(first_step=sample.step, last_step=sample.step)
-                bad.first_step = min(bad.first_step, sample.step)
-                bad.last_step = max(bad.last_step, sample.step)
-                bad.ranks[series.rank] = which
-                bad.nodes.add(series.node)
-            elif bad is not None and sample.step < bad.first_step:
+        samples = self.history.jobs()
+        columns = table.columns()
+        for job, slots in new.items():
+            held = samples[job]
+            flagged = held.newest("nonfinite", slots)
+            bad = self._bad.get(job)
+            if not flagged.any() and bad is None:
+                continue  # NOTE: the common case, one vectorised test per job (131,072 new samples at the largest)
+            steps = held.newest("step", slots)
+            if bad is not None and (steps[~flagged] < bad.first_step).any():
                 # Rolled back to before the bad steps: what comes next is judged afresh (a NaN that comes back
                 # is a new finding, not this one still open).
-                del self._bad[series.job]
+                del self._bad[job]
+            beats = columns[job].beats
+            for slot, step in zip(slots[flagged].tolist(), steps[flagged].tolist()):
+                beat = beats[slot]
+                which = {k: v for k, v in beat.entry.nonfinite.items() if k in fields} if beat is not None else {}
+                if not which:
+                    continue
+                bad = self._bad.get(job)
+                if bad is None:
+                    bad = self._bad[job] = _Bad(first_step=step, last_step=step)
+                bad.first_step = min(bad.first_step, step)
+                bad.last_step = max(bad.last_step, step)
+                bad.ranks[int(held.rank[slot])] = which
+                bad.nodes.add(held.node_of(slot))
         firing, healthy = [], set()
-        for job, ranks in self.history.jobs().items():
+        for job, held in samples.items():
             bad = self._bad.get(job)
             if bad is None:
                 healthy.add(job)
                 continue
-            recovered = all(r.samples and r.samples[-1].step > bad.last_step and not r.samples[-1].nonfinite
-                            for r in ranks)
+            slots = held.known()
+            recovered = bool(np.all((held.newest("step", slots) > bad.last_step)
+                                    & ~held.newest("nonfinite", slots)))
             if recovered:
                 del self._bad[job]
                 healthy.add(job)

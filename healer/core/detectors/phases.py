@@ -10,22 +10,23 @@ starts late) has the longest compute and the *shortest* collective time: everyon
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Collection
+from dataclasses import dataclass
 
+import numpy as np
 from msgspec import Struct
 
-from healer.core.detectors.history import COMPUTE_PHASES, RankHistory, RankSeries, median
+from healer.core.detectors.history import COMPUTE_PHASES, JobSamples, RankHistory
 
-__all__ = ["COMPUTE_PHASES", "EVIDENCE_ROWS", "RankRow", "evidence_rows", "phase_table", "shared_phase_table"]
+__all__ = ["COMPUTE_PHASES", "EVIDENCE_ROWS", "PhaseTable", "RankRow", "evidence_rows", "masked_median",
+           "phase_table", "shared_phase_table"]
 
 EVIDENCE_ROWS = 64
 """The most phase-table rows an incident's evidence holds (hang's per-rank list holds as many)."""
 
 
 class RankRow(Struct, frozen=True, kw_only=True, gc=False):
-    """One rank's medians over a window. NOTE: a struct, not a frozen dataclass: a table at 131,072 ranks makes that
-    many, and a frozen dataclass sets each field through object.__setattr__ (~3x the cost)."""
+    """One rank's medians over a window: a row of a PhaseTable, as an incident's evidence shows it."""
 
     rank: int
     node: str
@@ -45,55 +46,103 @@ class RankRow(Struct, frozen=True, kw_only=True, gc=False):
                 "reduce_lag_s": round(self.reduce_lag_s, 4) if self.reduce_lag_s is not None else None}
 
 
-def phase_table(series: list[RankSeries], window: int, since_step: int | None = None) -> list[RankRow]:
+@dataclass(frozen=True, slots=True)
+class PhaseTable:
+    """Per rank (by rank), its medians over a window, as columns: what the straggler and collective-slowdown
+    detectors reason with. reduce_lag_s is NaN for a rank that reported no lag in the window."""
+
+    rank: np.ndarray
+    node: np.ndarray
+    """Indices into node_names."""
+    node_names: list[str]
+    stage: np.ndarray
+    samples: np.ndarray
+    step_s: np.ndarray
+    compute_s: np.ndarray
+    data_wait_s: np.ndarray
+    dp_reduce_s: np.ndarray
+    reduce_lag_s: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def row(self, i: int) -> RankRow:
+        lag = float(self.reduce_lag_s[i])
+        return RankRow(rank=int(self.rank[i]), node=self.node_names[int(self.node[i])], samples=int(self.samples[i]),
+                       step_s=float(self.step_s[i]), compute_s=float(self.compute_s[i]),
+                       data_wait_s=float(self.data_wait_s[i]), dp_reduce_s=float(self.dp_reduce_s[i]),
+                       reduce_lag_s=None if np.isnan(lag) else lag, stage=int(self.stage[i]))
+
+    def rows(self, which: Collection[int] | np.ndarray | None = None) -> list[RankRow]:
+        """Rows as objects: those at the indices `which` (all when None; a pass in Python, for small tables)."""
+        return [self.row(int(i)) for i in (range(len(self)) if which is None else which)]
+
+    def index_of(self, rank: int) -> int | None:
+        found = np.flatnonzero(self.rank == rank)
+        return int(found[0]) if found.size else None
+
+    def stages(self) -> list[np.ndarray]:
+        """The row indices of each pipeline stage, the stages in the order their first row comes."""
+        values, first = np.unique(self.stage, return_index=True)
+        return [np.flatnonzero(self.stage == values[k]) for k in np.argsort(first, kind="stable")]
+
+
+def masked_median(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of `values` (ranks x samples), the median of the entries `valid` marks (the mean of the two middle
+    ones for an even count, as statistics.median), and how many there were (NaN where none)."""
+    held = np.where(valid, values, np.nan)
+    held.sort(axis=1)  # NaN sorts last
+    n = valid.sum(axis=1)
+    rows = np.arange(len(values))
+    med = (held[rows, np.maximum((n - 1) // 2, 0)] + held[rows, n // 2]) / 2
+    return np.where(n > 0, med, np.nan), n
+
+
+def phase_table(samples: JobSamples, window: int, since_step: int | None = None) -> PhaseTable:
     """One row per rank with at least one timed sample among its last `window` (after `since_step`).
-    NOTE: at 131,072 ranks a window's close reads ~650,000 samples: one pass over each rank's, reading the sums
-    each sample already holds."""
-    rows = []
+    NOTE: at 131,072 ranks a window's close reads ~650,000 samples: a sort of each rank's few, side by side."""
+    slots = samples.known()
     since = -1 if since_step is None else since_step
-    for s in series:
-        steps, computes, waits, reduces, lags = [], [], [], [], []
-        for x in s.samples[-window:]:
-            if x.step > since and x.step_seconds is not None and x.compute_s is not None:
-                steps.append(x.step_seconds)
-                computes.append(x.compute_s)
-                waits.append(x.data_wait_s)
-                reduces.append(x.dp_reduce_s)
-                if x.dp_reduce_lag_s is not None:
-                    lags.append(x.dp_reduce_lag_s)
-        if steps:
-            rows.append(RankRow(rank=s.rank, node=s.node, samples=len(steps), step_s=median(steps),
-                                compute_s=median(computes), data_wait_s=median(waits), dp_reduce_s=median(reduces),
-                                reduce_lag_s=median(lags) if lags else None, stage=s.stage))
-    return rows
+    ring = samples.ring
+    step_s, compute = ring["step_seconds"][slots], ring["compute_s"][slots]
+    valid = samples.window(window, slots) & (samples.steps[slots] > since) & ~np.isnan(step_s) & ~np.isnan(compute)
+    kept = valid.any(axis=1)
+    if not kept.all():
+        valid, slots, step_s, compute = valid[kept], slots[kept], step_s[kept], compute[kept]
+    step_med, n = masked_median(step_s, valid)
+    lags = ring["dp_reduce_lag_s"][slots]
+    return PhaseTable(rank=samples.rank[slots], node=samples.node[slots], node_names=samples.node_names,
+                      stage=samples.stage[slots], samples=n, step_s=step_med,
+                      compute_s=masked_median(compute, valid)[0],
+                      data_wait_s=masked_median(ring["data_wait_s"][slots], valid)[0],
+                      dp_reduce_s=masked_median(ring["dp_reduce_s"][slots], valid)[0],
+                      reduce_lag_s=masked_median(lags, valid & ~np.isnan(lags))[0])
 
 
-def shared_phase_table(history: RankHistory, job: str, series: list[RankSeries], window: int,
-                       since_step: int | None) -> list[RankRow]:
+def shared_phase_table(history: RankHistory, job: str, window: int, since_step: int | None) -> PhaseTable:
     """phase_table, made once per cycle for the detectors that share `history`'s pool (straggler and
-    collective_slowdown close their windows at the same steps: ~0.5 s each at 131,072 ranks)."""
-    return history.memo(("phase_table", job, window, since_step), lambda: phase_table(series, window, since_step))
+    collective_slowdown close their windows at the same steps)."""
+    return history.memo(("phase_table", job, window, since_step),
+                        lambda: phase_table(history.jobs()[job], window, since_step))
 
 
-def evidence_rows(rows: list[RankRow], named: Collection[int] = (),
+def evidence_rows(table: PhaseTable, named: Collection[int] = (),
                   keep: int = EVIDENCE_ROWS) -> list[dict[str, object]]:
     """The phase table as an incident's evidence, by rank: every row of a job of up to `keep` ranks. Past that, the
     `named` ranks' rows and the ranks furthest from their stage's median compute or data-parallel reduce (each as a
     share of that median), `keep` in all: the rows on-call reads to see why, where the whole table of a
     131,072-rank job made one incident ~22 MB. The evidence's `ranks_in_table` says how many there were."""
-    if len(rows) <= keep:
-        return [r.to_payload() for r in rows]
-    stages: dict[int, list[RankRow]] = {}
-    for r in rows:
-        stages.setdefault(r.stage, []).append(r)
-    norm = {stage: (median([r.compute_s for r in group]) or 1.0, median([r.dp_reduce_s for r in group]) or 1.0)
-            for stage, group in stages.items()}
-
-    def unusual(r: RankRow) -> float:
-        compute, reduce = norm[r.stage]
-        return max(abs(r.compute_s - compute) / compute, abs(r.dp_reduce_s - reduce) / reduce)
-
-    chosen = [r for r in rows if r.rank in named][:keep]
-    taken = {r.rank for r in chosen}
-    chosen += heapq.nlargest(keep - len(chosen), (r for r in rows if r.rank not in taken), key=unusual)
-    return [r.to_payload() for r in sorted(chosen, key=lambda r: r.rank)]
+    if len(table) <= keep:
+        return [r.to_payload() for r in table.rows()]
+    unusual = np.zeros(len(table))
+    for rows in table.stages():
+        compute = float(np.median(table.compute_s[rows])) or 1.0
+        reduce = float(np.median(table.dp_reduce_s[rows])) or 1.0
+        unusual[rows] = np.maximum(np.abs(table.compute_s[rows] - compute) / compute,
+                                   np.abs(table.dp_reduce_s[rows] - reduce) / reduce)
+    is_named = np.isin(table.rank, np.fromiter(named, dtype=np.int64))
+    chosen = np.flatnonzero(is_named)[:keep]
+    others = np.flatnonzero(~is_named)
+    by_unusual = others[np.argsort(-unusual[others], kind="stable")][: keep - len(chosen)]
+    picked = np.sort(np.concatenate([chosen, by_unusual]))  # rows are by rank
+    return [r.to_payload() for r in table.rows(picked)]

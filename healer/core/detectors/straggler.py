@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.detectors.history import RankHistory, RankSeries, median, prune
-from healer.core.detectors.phases import RankRow, evidence_rows, shared_phase_table
+from healer.core.detectors.history import RankHistory, prune
+from healer.core.detectors.phases import PhaseTable, evidence_rows, shared_phase_table
 from healer.core.jobview import Readings
 
 
@@ -34,46 +36,51 @@ class Attribution:
     detail: dict[str, float] = field(default_factory=dict)
 
 
-def attribute(rows: list[RankRow], ratio: float, share: float) -> Attribution:
-    """Pure: the elimination over one window's phase table."""
+def _median_without(values: np.ndarray, i: int) -> float:
+    return float(np.median(np.delete(values, i)))
+
+
+def attribute(table: PhaseTable, rows: np.ndarray, ratio: float, share: float) -> Attribution:
+    """Pure: the elimination over one window's phase table, the rows at the indices `rows` (one stage's).
+    NOTE: over the table's columns: at 131,072 ranks a pass over row objects cost most of a second per window."""
     if len(rows) < 2:
         return Attribution(None, "none", {"ranks": float(len(rows))})
-    step = median([r.step_s for r in rows])
-    top = max(rows, key=lambda r: r.compute_s)
+    rank = table.rank[rows]
+    compute, data, reduce = table.compute_s[rows], table.data_wait_s[rows], table.dp_reduce_s[rows]
+    step = float(np.median(table.step_s[rows]))
+    top = int(np.argmax(compute))
     # NOTE: against the median of the *other* ranks: with two ranks a median that includes the slow one is
     # their mean, which would halve any slowdown.
-    compute_med = median([r.compute_s for r in rows if r is not top])
-    if compute_med > 0 and top.compute_s > ratio * compute_med:
-        return Attribution(top.rank, "compute", {"compute_s": top.compute_s, "median_compute_s": compute_med,
-                                                 "ratio": top.compute_s / compute_med})
-    top = max(rows, key=lambda r: r.data_wait_s)
-    data_med = median([r.data_wait_s for r in rows if r is not top])
-    if top.data_wait_s - data_med > share * step:
-        return Attribution(top.rank, "data", {"data_wait_s": top.data_wait_s, "median_data_wait_s": data_med,
-                                              "step_s": step})
-    reduce_med = median([r.dp_reduce_s for r in rows])
-    low = min(rows, key=lambda r: r.dp_reduce_s)
-    others = [r for r in rows if r.rank != low.rank]
+    compute_med = _median_without(compute, top)
+    if compute_med > 0 and compute[top] > ratio * compute_med:
+        return Attribution(int(rank[top]), "compute", {"compute_s": float(compute[top]),
+                                                       "median_compute_s": compute_med,
+                                                       "ratio": float(compute[top]) / compute_med})
+    top = int(np.argmax(data))
+    data_med = _median_without(data, top)
+    if data[top] - data_med > share * step:
+        return Attribution(int(rank[top]), "data", {"data_wait_s": float(data[top]), "median_data_wait_s": data_med,
+                                                    "step_s": step})
+    reduce_med = float(np.median(reduce))
+    low = int(np.argmin(reduce))
+    others = reduce[rank != rank[low]]
     # Everyone else waits (their reduce is long) while one rank's is short: that rank arrives last.
-    if reduce_med - low.dp_reduce_s > share * step and all(r.dp_reduce_s - low.dp_reduce_s > share * step
-                                                            for r in others):
-        return Attribution(low.rank, "late-reduce", {"dp_reduce_s": low.dp_reduce_s,
-                                                     "median_dp_reduce_s": reduce_med, "step_s": step})
-    lagged = [r for r in rows if r.reduce_lag_s is not None]
-    if lagged:
-        late = max(lagged, key=lambda r: r.reduce_lag_s or 0.0)
-        if (late.reduce_lag_s or 0.0) > share * step:
-            return Attribution(late.rank, "late-reduce", {"reduce_lag_s": late.reduce_lag_s or 0.0, "step_s": step})
+    if reduce_med - reduce[low] > share * step and bool((others - reduce[low] > share * step).all()):
+        return Attribution(int(rank[low]), "late-reduce", {"dp_reduce_s": float(reduce[low]),
+                                                           "median_dp_reduce_s": reduce_med, "step_s": step})
+    lags = table.reduce_lag_s[rows]
+    if not np.isnan(lags).all():
+        late = int(np.nanargmax(lags))
+        if lags[late] > share * step:
+            return Attribution(int(rank[late]), "late-reduce", {"reduce_lag_s": float(lags[late]), "step_s": step})
     return Attribution(None, "none", {"step_s": step, "median_compute_s": compute_med})
 
 
-def attribute_by_stage(rows: list[RankRow], ratio: float, share: float) -> Attribution:
+def attribute_by_stage(table: PhaseTable, ratio: float, share: float) -> Attribution:
     """Pure: `attribute` within each pipeline stage (ranks of different stages do different work, and a rank
     waiting for another stage's activations waits inside its forward/backward); the strongest finding wins."""
-    stages: dict[int, list[RankRow]] = {}
-    for row in rows:
-        stages.setdefault(row.stage, []).append(row)
-    found = [a for group in stages.values() if (a := attribute(group, ratio, share)).rank is not None]
+    stages = table.stages()
+    found = [a for rows in stages if (a := attribute(table, rows, ratio, share)).rank is not None]
     if not found:
         return Attribution(None, "none", {"stages": float(len(stages))})
     return max(found, key=lambda a: max(a.detail.values(), default=0.0))
@@ -86,7 +93,7 @@ class _JobWindows:
     streak_rank: int | None = None
     streak: int = 0
     last: Attribution | None = None
-    rows: list[RankRow] = field(default_factory=list)
+    rows: PhaseTable | None = None
     evidence: list[dict[str, object]] | None = None
     """`rows` as evidence, made once per window while it fires (every cycle asks)."""
 
@@ -128,23 +135,23 @@ class Straggler(Detector):
         self.history.update(table, now)
         prune(self._jobs, self.history.job_names(), self.history.restarted)
         firing, healthy = [], set()
-        for job, series in self.history.jobs().items():
+        for job in self.history.jobs():
             low = self.history.low_step(job)
             state = self._jobs.setdefault(job, _JobWindows(window_end=low))
             if low < state.window_end:
                 # Restarted or rolled back: other processes now, so the streak starts again.
                 self._jobs[job] = state = _JobWindows(window_end=low)
             if low - state.window_end >= self.config.window:
-                self._close_window(job, state, series, low)
+                self._close_window(job, state, low)
             if state.streak_rank is not None and state.streak >= self.config.consecutive:
                 firing.append(self._finding(job, state))
             elif state.last is not None and state.last.rank is None:
                 healthy.add(job)
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
-    def _close_window(self, job: str, state: _JobWindows, series: list[RankSeries], low: int) -> None:
+    def _close_window(self, job: str, state: _JobWindows, low: int) -> None:
         # NOTE: only samples of this window's steps: an older slowdown must not keep a rank named.
-        rows = shared_phase_table(self.history, job, series, self.config.window * 2, state.window_end)
+        rows = shared_phase_table(self.history, job, self.config.window * 2, state.window_end)
         state.window_end = low
         verdict = attribute_by_stage(rows, self.config.ratio, self.config.share)
         state.last, state.rows, state.evidence = verdict, rows, None
@@ -154,8 +161,9 @@ class Straggler(Detector):
             state.streak_rank, state.streak = verdict.rank, 1 if verdict.rank is not None else 0
 
     def _finding(self, job: str, state: _JobWindows) -> Finding:
-        assert state.last is not None and state.streak_rank is not None
-        row = next((r for r in state.rows if r.rank == state.streak_rank), None)
+        assert state.last is not None and state.streak_rank is not None and state.rows is not None
+        at = state.rows.index_of(state.streak_rank)
+        row = state.rows.row(at) if at is not None else None
         if state.evidence is None:
             state.evidence = evidence_rows(state.rows, named=(state.streak_rank,))
         node = row.node if row is not None else None
