@@ -8,9 +8,11 @@ With --per-relay K the nodes reach the healer through relays of K nodes each (`m
 per relay per second. Relay 0 is a real relay process fed by its K nodes (its CPU and RSS are reported); the other
 relays are simulated by the load processes, which post the batches such a relay would.
 
-A real `megaheal healer` (SQLite, the heartbeat_stale rule, detection every second) receives one heartbeat
-batch per node per second over HTTP, from --clients load processes (asyncio, 8 keep-alive connections each) that post each
-node's batch at its own slot in every second. Batches are built with the sidecar's structs (all rank fields).
+A real `megaheal healer` (SQLite, the heartbeat_stale rule or with --rules default the shipped rule set, detection
+every second) receives one heartbeat batch per node per second over HTTP, from --clients load processes (asyncio,
+8 keep-alive connections each) that post each node's batch at its own slot in every second. Batches are built with
+the sidecar's structs (all rank fields), and each second every rank reports the next step (so that the detectors
+that learn from new steps, and the straggler and collective-slowdown windows, do their real work under load too).
 Measured over the window after a warm-up:
 - records/s and batches/s the healer accepted (its own counters), against the offered rate;
 - the healer's CPU share (of one core, from /proc) and its peak RSS;

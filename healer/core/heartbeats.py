@@ -210,7 +210,7 @@ class HeartbeatTable:
             old = [key for key, beat in self._ranks.items() if beat.received_at < cutoff]
             for key in old:
                 del self._ranks[key]
-                self._columns.drop(*key)
+            self._columns.drop(old)
             for name in [n for n, b in self._nodes.items() if b.received_at < cutoff]:
                 del self._nodes[name]
         return len(old)

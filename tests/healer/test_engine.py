@@ -143,3 +143,33 @@ def test_one_silent_node_among_twelve_thousand_ranks_is_the_only_incident(tmp_pa
     assert len(healer.table) == 12288
     assert [(i["node"], i["evidence"]["stale_ranks"]) for i in healer.store.list_incidents()] == [("n700", 8)]
     assert healer.metrics.detection_cycle._sum.get() > 0
+
+
+GPU = "- name: gpu\n  when: {detector: gpu_fault}\n  severity: critical\n"
+
+
+def test_a_faulty_gpus_incident_resolves_once_its_node_reports_it_clean_and_healthy_keys_are_made_only_then(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from healer.core.detectors import base
+
+    made = []
+    real = base.LazyKeys._made
+    monkeypatch.setattr(base.LazyKeys, "_made", lambda self: made.append(self._make is not None) or real(self))
+    clock = ManualClock()
+    healer = make_healer(tmp_path, GPU, clock)
+    body = batch("n1", [0, 1])
+    body["gpus"] = [{"gpu": 0}, {"gpu": 1}]
+    healer.ingest_heartbeats(body)
+    healer.tick_detect()
+    assert healer.store.list_incidents() == [] and made == [], "no open incident: no healthy key was looked up"
+    body["gpus"][1] = {"gpu": 1, "xid_counts": {"79": 1}}  # fell off the bus
+    healer.ingest_heartbeats({**body, "seq": 1})
+    healer.tick_detect()
+    (incident,) = healer.store.list_incidents()
+    assert incident["node"] == "n1" and incident["state"] == "open"
+    body["gpus"][1] = {"gpu": 1}  # reset, and clean again
+    healer.ingest_heartbeats({**body, "seq": 2})
+    healer.tick_detect()
+    got = healer.store.get(incident["id"])
+    assert got["state"] == "resolved" and got["events"][-1]["evidence"]["key"] == "n1/gpu1"
+    assert True in made, "the open incident's key was looked up among the healthy ones"

@@ -11,17 +11,15 @@ node without NVML ("absent") says nothing either way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 
 import msgspec
 
 from exporters.schema import GpuEntry
 from healer.core.catalogue import CRITICAL_XIDS
-from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.detectors.base import Detector, Evaluation, Finding, LazyKeys
 from healer.core.heartbeats import gpu_flagged
 from healer.core.jobview import Readings
 
-_INDEX = attrgetter("gpu")
 RECOVERY_ACTIONS = {1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset"}
 
 
@@ -61,29 +59,12 @@ class GpuFault(Detector):
             why.append(f"driver asks for recovery: {RECOVERY_ACTIONS.get(int(action), f'action {action:g}')}")
         return why
 
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self._keys: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
-        """node -> its GPUs' indices and keys, as last seen (made once: 131,072 keys a cycle cost ~50 ms)."""
-
-    def _healthy_keys(self, node: str, gpus: tuple[GpuEntry, ...]) -> tuple[str, ...]:
-        indices = tuple(map(_INDEX, gpus))
-        known = self._keys.get(node)
-        if known is None or known[0] != indices:
-            known = self._keys[node] = (indices, tuple(f"{node}/gpu{i}" for i in indices))
-        return known[1]
-
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         firing, healthy = [], set()
         nodes = table.nodes()
-        if len(self._keys) > 2 * len(nodes) + 1024:  # NOTE: bounded: nodes gone for good are forgotten
-            seen = {n.node for n in nodes}
-            self._keys = {k: v for k, v in self._keys.items() if k in seen}
         for node in nodes:
             if not node.gpus_flagged:
-                # NOTE: nearly every node, every cycle (16,384 of them at scale): one test, not one per GPU
-                healthy.update(self._healthy_keys(node.node, node.gpus))
-                continue
+                continue  # NOTE: nearly every node, every cycle (16,384 of them at scale): one test, not one per GPU
             for gpu in node.gpus:
                 key = f"{node.node}/gpu{gpu.gpu}"
                 why = self.faults(gpu)
@@ -96,7 +77,9 @@ class GpuFault(Detector):
                     summary=f"GPU {gpu.gpu} on {node.node} is faulty: {'; '.join(why)}",
                     evidence={"gpu": msgspec.to_builtins(gpu), "reasons": why, "jobs": list(node.jobs)},
                     labels={"gpu": str(gpu.gpu), "suspect_node": node.node}))
-        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+        # Healthy: every GPU of a node without a flagged one, and the flagged nodes' GPUs found healthy above.
+        return Evaluation(firing=tuple(firing), healthy=LazyKeys(
+            lambda: healthy.union(f"{n.node}/gpu{g.gpu}" for n in nodes if not n.gpus_flagged for g in n.gpus)))
 
 
 def _positive(value: float | None) -> bool:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
-from healer.core.detectors.base import Detector, Evaluation, Finding
+from healer.core.detectors.base import Detector, Evaluation, Finding, LazyKeys
 from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
 
@@ -36,24 +36,13 @@ class HeartbeatStale(Detector):
 
     config: Config
 
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self._keys: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
-
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         after = self.config.after.total_seconds()
         firing = []
         healthy: set[str] = set()
-        keys = self._keys
-        if len(keys) > 65_536:  # NOTE: bounded; made again as nodes report
-            keys.clear()
-        for node in table.nodes():
+        nodes = table.nodes()
+        for node in nodes:
             if node.worst_staleness(now) <= after:  # the common case: one comparison per node
-                # NOTE: the node's keys made once per (node, jobs), not per cycle (16,384 nodes at the largest)
-                known = keys.get((node.node, node.jobs))
-                if known is None:
-                    known = keys[(node.node, node.jobs)] = tuple(f"{job}/{node.node}" for job in node.jobs)
-                healthy.update(known)
                 continue
             by_job: dict[str, list[RankBeat]] = defaultdict(list)
             for beat in node.ranks:
@@ -65,7 +54,9 @@ class HeartbeatStale(Detector):
                     healthy.add(key)
                 elif len(found) >= self.config.min_ranks:
                     firing.append(self._finding(key, job, node.node, found, len(beats)))
-        return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
+        # Healthy: every job of a node none of whose ranks is stale, and the stale nodes' jobs found healthy above.
+        return Evaluation(firing=tuple(firing), healthy=LazyKeys(lambda: healthy.union(
+            f"{job}/{n.node}" for n in nodes if n.worst_staleness(now) <= after for job in n.jobs)))
 
     def _finding(self, key: str, job: str, node: str, found: list[tuple[RankBeat, float]], total: int) -> Finding:
         found.sort(key=lambda item: item[0].rank)

@@ -87,14 +87,17 @@ class PhaseTable:
         return [np.flatnonzero(self.stage == values[k]) for k in np.argsort(first, kind="stable")]
 
 
-def masked_median(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def masked_median(values: np.ndarray, valid: np.ndarray, invalid: np.ndarray | None = None,
+                  n: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per row of `values` (ranks x samples), the median of the entries `valid` marks (the mean of the two middle
-    ones for an even count, as statistics.median), and how many there were (NaN where none)."""
-    held = np.where(valid, values, np.nan)
-    held.sort(axis=1)  # NaN sorts last
-    n = valid.sum(axis=1)
+    ones for an even count, as statistics.median), and how many there were (NaN where none). `values` is a copy
+    the caller gives up (it is sorted in place); `invalid` (~valid) and `n` (valid's count per row) are for a
+    caller that has them."""
+    np.copyto(values, np.nan, where=~valid if invalid is None else invalid)
+    values.sort(axis=1)  # NaN sorts last
+    n = valid.sum(axis=1) if n is None else n
     rows = np.arange(len(values))
-    med = (held[rows, np.maximum((n - 1) // 2, 0)] + held[rows, n // 2]) / 2
+    med = (values[rows, np.maximum((n - 1) // 2, 0)] + values[rows, n // 2]) / 2
     return np.where(n > 0, med, np.nan), n
 
 
@@ -104,18 +107,20 @@ def phase_table(samples: JobSamples, window: int, since_step: int | None = None)
     slots = samples.known()
     since = -1 if since_step is None else since_step
     ring = samples.ring
-    step_s, compute = ring["step_seconds"][slots], ring["compute_s"][slots]
+    step_s, compute = ring["step_seconds"][slots], ring["compute_s"][slots]  # copies (fancy indexing)
     valid = samples.window(window, slots) & (samples.steps[slots] > since) & ~np.isnan(step_s) & ~np.isnan(compute)
     kept = valid.any(axis=1)
     if not kept.all():
         valid, slots, step_s, compute = valid[kept], slots[kept], step_s[kept], compute[kept]
-    step_med, n = masked_median(step_s, valid)
+    invalid = ~valid
+    step_med, n = masked_median(step_s, valid, invalid)
+    # NOTE: the same samples count for each phase: their count and mask are made once
     lags = ring["dp_reduce_lag_s"][slots]
     return PhaseTable(rank=samples.rank[slots], node=samples.node[slots], node_names=samples.node_names,
                       stage=samples.stage[slots], samples=n, step_s=step_med,
-                      compute_s=masked_median(compute, valid)[0],
-                      data_wait_s=masked_median(ring["data_wait_s"][slots], valid)[0],
-                      dp_reduce_s=masked_median(ring["dp_reduce_s"][slots], valid)[0],
+                      compute_s=masked_median(compute, valid, invalid, n)[0],
+                      data_wait_s=masked_median(ring["data_wait_s"][slots], valid, invalid, n)[0],
+                      dp_reduce_s=masked_median(ring["dp_reduce_s"][slots], valid, invalid, n)[0],
                       reduce_lag_s=masked_median(lags, valid & ~np.isnan(lags))[0])
 
 
