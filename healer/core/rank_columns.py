@@ -4,8 +4,10 @@ as each batch is stored (healer/core/heartbeats.py) and copied once per detectio
 Why columns beside the table's RankBeat objects: a detection cycle that reads 131,072 rank objects spends most of
 a second on that alone (a Python step per rank and field), where the same reads over arrays take milliseconds. So
 the numbers each cycle needs (step, step and phase times, loss, pid, pipeline stage, node, a few flags) are
-written at ingest (~0.6 us a rank: one packed record), and the cycle works on a copy of them as arrays. What only an incident's evidence needs (mesh, events, the non-finite values' names) stays in the
-RankBeat, which each job's columns also hold by slot, so a detector can turn the few ranks it names into objects.
+written at ingest (~1 us a rank, most of it reading the entry: one packed record per rank), and the cycle works on
+a copy of them as arrays. What only an incident's evidence needs (mesh, events, the non-finite values' names) stays
+in the RankBeat, which each job's columns also hold by slot, so a detector can turn the few ranks it names into
+objects.
 
 Slots: a job's ranks get a slot each in the order they are first seen (a dict rank -> slot, so a sparse or huge
 rank number costs one slot, not an array that long). A slot is never reused while its job's columns live; a rank
@@ -36,7 +38,12 @@ FLOATS = ("heard_at", "step_time", "step_seconds", "compute_s", "data_wait_s", "
 INTS = ("rank", "step", "pid", "stage", "node")
 """step and pid -1 where the record had none; node: an index into RankColumns.node_names."""
 _STOPPED_STATES = ("T", "t")
-_FORWARD_BACKWARD, _OPTIMIZER = "forward_backward", "optimizer"  # healer/core/detectors/history.py's COMPUTE_PHASES
+# NOTE: not `grad_norm_clip`: the global gradient norm is all-reduced over the data-parallel and pipeline groups,
+# so that phase is mostly a wait for the other stages' reduce. Counted as compute, a slow link under one stage made
+# every rank of the other stage look slow (0.55 s of 0.6 s on the bed).
+COMPUTE_PHASES = ("forward_backward", "optimizer")
+"""The phases of a step that are the rank's own work, summed into `compute_s` (healer/core/detectors/phases.py)."""
+_FORWARD_BACKWARD, _OPTIMIZER = COMPUTE_PHASES
 _NAN = math.nan
 _epochs = itertools.count(1)
 

@@ -22,7 +22,8 @@ from tests.healer.helpers import ManualClock, batch
 from tests.selfheal.streams import JobStream
 
 
-def _entry(rank: int, step: int, step_s: float | None, compute: float | None, lag: float | None = None) -> dict[str, Any]:
+def _entry(rank: int, step: int, step_s: float | None, compute: float | None,
+           lag: float | None = None) -> dict[str, Any]:
     """A heartbeat batch of one rank at `step`: compute as its forward/backward (None: no phases at all), a tenth of
     it waiting for data and a quarter in the reduce."""
     body = batch("n1" if rank < 2 else "n2", [rank], job="j")

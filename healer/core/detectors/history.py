@@ -20,16 +20,13 @@ from typing import TypeVar
 import numpy as np
 
 from healer.core.jobview import Readings
-from healer.core.rank_columns import NONFINITE, JobView
+from healer.core.rank_columns import COMPUTE_PHASES, NONFINITE, JobView
+
+__all__ = ["COMPUTE_PHASES", "HistoryPool", "JobSamples", "RankHistory", "median", "prune", "quantile"]
 
 T = TypeVar("T")
 
 
-# NOTE: not `grad_norm_clip`: the global gradient norm is all-reduced over the data-parallel and pipeline groups,
-# so that phase is mostly a wait for the other stages' reduce. Counted as compute, a slow link under one stage made
-# every rank of the other stage look slow (0.55 s of 0.6 s on the bed). healer/core/rank_columns.py sums them.
-COMPUTE_PHASES = ("forward_backward", "optimizer")
-"""The phases of a step that are the rank's own work (healer/core/detectors/phases.py)."""
 RING_FIELDS = ("step_seconds", "compute_s", "data_wait_s", "dp_reduce_s", "checkpoint_s", "loss", "grad_norm",
                "dp_reduce_lag_s")
 """What a sample keeps of its step (the columns of healer/core/rank_columns.py; NaN: the record had none)."""
@@ -37,8 +34,9 @@ RING_FIELDS = ("step_seconds", "compute_s", "data_wait_s", "dp_reduce_s", "check
 
 class JobSamples:
     """One job's samples: per rank (by the slots of the job's columns), its last `keep` steps, as ring arrays of
-    slots x keep (a rank's samples side by side: a window's medians sort short contiguous rows). NOTE: arrays, not an object per rank and step: at 131,072 ranks a cycle's new samples were a
-    second of Python; as arrays they are a few vectorised stores.
+    slots x keep (a rank's samples side by side: a window's medians sort short contiguous rows). NOTE: arrays, not
+    an object per rank and step: at 131,072 ranks a cycle's new samples were a second of Python; as arrays they are
+    a few vectorised stores.
 
     A slot's samples are in step order from its oldest (at `pos - count`, modulo keep) to its newest (`pos - 1`);
     `count` 0: the history does not know the rank (never seen, or forgotten)."""
