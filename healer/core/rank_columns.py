@@ -37,7 +37,8 @@ FLOATS = ("heard_at", "step_time", "step_seconds", "compute_s", "data_wait_s", "
 """NaN where the record had no value (compute_s: no phases at all)."""
 INTS = ("rank", "step", "pid", "stage", "node")
 """step and pid -1 where the record had none; node: an index into RankColumns.node_names."""
-_STOPPED_STATES = ("T", "t")
+STOPPED_STATES = ("T", "t")
+"""The kernel's states of a process that was stopped (by a signal, or by a tracer)."""
 # NOTE: not `grad_norm_clip`: the global gradient norm is all-reduced over the data-parallel and pipeline groups,
 # so that phase is mostly a wait for the other stages' reduce. Counted as compute, a slow link under one stage made
 # every rank of the other stage look slow (0.55 s of 0.6 s on the bed).
@@ -108,7 +109,7 @@ class JobColumns:
         flags = ALIVE if e.alive else 0
         if e.nonfinite:
             flags |= NONFINITE
-        if e.proc_state in _STOPPED_STATES:
+        if e.proc_state in STOPPED_STATES:
             flags |= STOPPED
         event = e.last_event
         # NOTE: an event's fields are free-form (whatever the trainer passed); `step` is the one finishing sets.

@@ -123,6 +123,8 @@ def test_the_history_is_arrays_with_no_object_per_rank_and_a_rollback_keeps_the_
     history.update(table, 0.0)
     gc.collect()
     assert len(gc.get_objects()) - before < 200 and len(history.jobs()["j"].known()) == 4000
+    # One row per rank in each of the job's ring arrays, `keep` samples wide.
+    assert held.steps.shape == (4000, 4) and {v.shape for v in held.ring.values()} == {(4000, 4)}
 
 
 def test_a_large_jobs_straggler_evidence_is_its_most_unusual_rows_with_the_suspect_not_the_whole_table() -> None:

@@ -37,13 +37,11 @@ from healer.core.detectors.silence import silent_hosts
 from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
 from healer.core.processes import ProcessState
-from healer.core.rank_columns import FINISHING
+from healer.core.rank_columns import FINISHING, STOPPED_STATES
 
 
 STEP_TIMES_KEPT = 512
 """Per job, the newest step times the p99 is learned from (of any of its ranks)."""
-STOPPED = ("T", "t")
-"""The kernel's states of a process that was stopped (by a signal, or by a tracer)."""
 FIRST_STEP = "first_step"
 """Not a phase a rank names: the time from an attempt's ranks being seen to the end of their first step."""
 DEFAULT_PHASE_FLOORS = {"startup": timedelta(minutes=5), "restore": timedelta(minutes=5),
@@ -175,7 +173,7 @@ class Hang(Detector):
         # NOTE: a long phase is waited out because its work goes on (a slow store is still written to). A rank the
         # kernel has stopped does no work in any phase, and the job waits on it whatever its peers are in (a save's
         # commit gathers from every rank): it is timed as a step, as when it is stopped between saves.
-        if any(s.state in STOPPED for s in states):
+        if any(s.state in STOPPED_STATES for s in states):
             return timeout, p99, phase
         for name in sorted({s.phase for s in states if s.phase in self.config.phase_floors}):
             t, q = self.phase_timeout_s(job, name)
@@ -303,8 +301,8 @@ def suspect_ranks(beats: list[RankBeat], states: dict[int, ProcessState], now: f
     first step while others are, then the lowest step, then the oldest heartbeat record. Every rank when nothing
     singles one out. The kernel state comes from the node agents' reports under a launcher, else from the
     sidecars' heartbeats (each reads its ranks' /proc: the healer on its own has no other way to tell)."""
-    stopped = sorted({r for r, s in states.items() if s.state in STOPPED}
-                     | {b.rank for b in beats if b.entry.proc_state in STOPPED})
+    stopped = sorted({r for r, s in states.items() if s.state in STOPPED_STATES}
+                     | {b.rank for b in beats if b.entry.proc_state in STOPPED_STATES})
     if stopped:
         return stopped, "process stopped (state T)"
     ranks = sorted({b.rank for b in beats} | set(states))
