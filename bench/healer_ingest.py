@@ -26,12 +26,14 @@ cores with the healer; their CPU is reported too.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import multiprocessing as mp
 import os
 import platform
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -70,16 +72,28 @@ def node_body(node: int, ranks_per_node: int, job: str = "bench") -> bytes:
 
 
 def relay_body(relay: int, per_relay: int, ranks_per_node: int) -> bytes:
-    """What a relay of `per_relay` nodes posts each second (exporters/relay.py's RelayBatch), every node's batch
-    half an interval old."""
-    import msgspec
-
-    from exporters.schema import HEARTBEAT_SCHEMA, RelayBatchOut, RelayedNodeOut
+    """What a relay of `per_relay` nodes posts each second (exporters/relay.py, by the relay's own code: its nodes'
+    ranks by column), every node's batch half an interval old."""
+    from exporters.relay_wire import columns_of, encode_relay
+    from exporters.schema import decode_batch
 
     nodes = range(relay * per_relay, (relay + 1) * per_relay)
-    return msgspec.json.encode(RelayBatchOut(
-        schema=HEARTBEAT_SCHEMA, relay=f"relay-{relay:04d}", seq=0, sent_at=time.time(),
-        nodes=[RelayedNodeOut(age_s=0.5, batch=msgspec.Raw(node_body(n, ranks_per_node))) for n in nodes]))
+    return encode_relay(columns_of(f"relay-{relay:04d}", 0, time.time(),
+                                   [(0.5, decode_batch(node_body(n, ranks_per_node))) for n in nodes]))
+
+
+def next_steps(request: bytes, second: int) -> bytes:
+    """`request` with every rank at step 1200 + second (the same length: Content-Length holds)."""
+    if second == 0:
+        return request
+    column = request.find(b'"step":"')
+    if column < 0:  # a node's batch: one "step" per rank entry
+        return request.replace(b'"step":1200', b'"step":%d' % (1200 + second))
+    # A relay's batch by column (exporters/relay_wire.py): the step column is n little-endian int64s in base64.
+    start = column + len(b'"step":"')
+    end = request.index(b'"', start)
+    n = len(base64.b64decode(request[start:end])) // 8
+    return request[:start] + base64.b64encode(struct.pack(f"<{n}q", *[1200 + second] * n)) + request[end:]
 
 
 def client(port: int, senders: list[int], ranks_per_node: int, seconds: float, start_at: float, out: Any,
@@ -106,7 +120,7 @@ def client(port: int, senders: list[int], ranks_per_node: int, seconds: float, s
                 began = time.perf_counter()
                 # NOTE: every batch one step further on each second (same digits, same length), so that the
                 # detectors that learn from new steps do their real work in the loaded healer too.
-                writer.write(request.replace(b'"step":1200', b'"step":%d' % (1200 + second)) if second else request)
+                writer.write(next_steps(request, second))
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
                 await reader.readexactly(length)

@@ -4,9 +4,11 @@ At 16,384 nodes, one request per node per second is more than one healer process
 alone costs more than a core at that rate (bench/healer_ingest.py). A relay per group of nodes (a rack, a
 scalable unit) takes its nodes' batches on the same path and with the same token as the healer
 (POST /v1/heartbeats), checks each as the healer would (a bad one is refused to its sender, with the field
-named), keeps each node's latest, and every interval posts all of them in one RelayBatch to the healer's
+named), keeps each node's latest, and every interval posts all of them in one batch to the healer's
 /v1/heartbeats/relayed, each with how long ago it came (by the relay's clock: the healer needs no clock
-agreement). Nothing else changes: orders still go from the healer to each node agent directly.
+agreement). The batch carries the group's rank entries by column (exporters/relay_wire.py's RelayColumns): the
+relay decodes each node's batch anyway, and the healer takes columns ~9x cheaper than one JSON object per rank.
+Nothing else changes: orders still go from the healer to each node agent directly.
 
 What may be lost: nothing a batch carries, since every batch holds its node's whole current state (the rank
 entries, the attempt report with its exits). A relay that is down costs its nodes two intervals: their
@@ -22,23 +24,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters.heartbeat import urllib_post
-from exporters.schema import (HEARTBEAT_SCHEMA, MAX_NODES_PER_RELAY, RelayBatchOut, RelayedNodeOut, SchemaError,
-                              decode_batch)
+from exporters.relay_wire import MAX_NODES_PER_RELAY, NodeColumns, columns_of, encode_relay
+from exporters.schema import SchemaError, decode_batch
 from megaheal.names import check_name
 
 log = logging.getLogger(__name__)
 
 RELAYED_PATH = "/v1/heartbeats/relayed"
-_encode = msgspec.json.Encoder().encode
 
 
 @dataclass(frozen=True, slots=True)
 class _Held:
-    body: bytes
+    node: NodeColumns
     received: float
     """time.monotonic() when it came."""
 
@@ -93,6 +93,7 @@ class HeartbeatRelay:
         (the field named) for a batch the healer would refuse, and OverflowError past max_nodes nodes."""
         try:
             batch = decode_batch(body)
+            node = NodeColumns(batch)  # NOTE: now, so that a value no column holds is refused to this node alone
         except SchemaError:
             self.refused.labels("schema").inc()
             raise
@@ -100,14 +101,14 @@ class HeartbeatRelay:
             if batch.node not in self._held and len(self._held) >= self.max_nodes:
                 self.refused.labels("full").inc()
                 raise OverflowError(f"relay {self.name} already holds {self.max_nodes} nodes (max_nodes)")
-            self._held[batch.node] = _Held(body, time.monotonic())
+            self._held[batch.node] = _Held(node, time.monotonic())
         self.batches_in.inc()
         return len(batch.ranks)
 
     # ---- out ------------------------------------------------------------------------------------------------
 
     def build(self) -> bytes | None:
-        """The RelayBatch of every node heard of within forget_after_s (None: none)."""
+        """The batch (RelayColumns) of every node heard of within forget_after_s (None: none)."""
         now = time.monotonic()
         with self._lock:
             for node in [n for n, h in self._held.items() if now - h.received > self.forget_after_s]:
@@ -116,10 +117,8 @@ class HeartbeatRelay:
         if not held:
             return None
         self._seq += 1
-        return _encode(RelayBatchOut(
-            schema=HEARTBEAT_SCHEMA, relay=self.name, seq=self._seq, sent_at=time.time(),
-            nodes=[RelayedNodeOut(age_s=round(max(0.0, now - h.received), 4), batch=msgspec.Raw(h.body))
-                   for h in held]))
+        return encode_relay(columns_of(self.name, self._seq, time.time(),
+                                       [(round(max(0.0, now - h.received), 4), h.node) for h in held]))
 
     def forward(self) -> bool:
         """Post the group's batch now; False when the healer did not take it (the next interval sends the then

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from msgspec import Struct
 
-from exporters.schema import (GpuEntry, HeartbeatBatch, RankEntry, SchemaError, convert_batch, decode_batch,
-                              decode_relay_batch)
+from exporters.relay_wire import Relayed, Rows, decode_relay_batch
+from exporters.schema import GpuEntry, HeartbeatBatch, RankEntry, SchemaError, convert_batch, decode_batch
 from healer.errors import BadRequest
 from healer.core.processes import ProcessView
 from healer.core.rank_columns import JobView, RankColumns
@@ -28,40 +29,52 @@ from healer.core.rank_columns import JobView, RankColumns
 # them every second. As objects the garbage collector tracks, 131,072 of them made it run a full collection (~90 ms)
 # about three times a second, ~40% of the healer's time (bench/healer_ingest.py). They hold no reference cycles
 # (strings, numbers and the sidecar's own gc=False structs), so the collector need not look at them.
+def _read(name: str) -> property:
+    """A RankBeat's field `name`, read from its entry, or from the relay batch's column at its row."""
+
+    def get(beat: RankBeat) -> Any:
+        source, row = beat.source, beat.row
+        return getattr(source, name) if row < 0 else source.value(name, row)  # type: ignore[union-attr]
+
+    return property(get, doc=f"The rank's {name}, as RankEntry.{name}.")
+
+
 class RankBeat(Struct, frozen=True, gc=False):
-    """The latest heartbeat of one rank, as the healer keeps it: the sidecar's typed entry and where and when
-    it arrived."""
+    """The latest heartbeat of one rank, as the healer keeps it: the rank's entry and where and when it arrived.
+
+    NOTE: a rank that came by column (a relay's batch, exporters/relay_wire.py) keeps only a reference to the batch's
+    rows and its row, not an entry of its own: `entry` builds that when asked (~3 us; for evidence), while the few
+    fields every cycle may read (job, rank, pid, step, ...) are read from the columns directly."""
 
     node: str
     received_at: float
     """Healer clock (unix seconds) when the batch carrying it arrived."""
-    entry: RankEntry
-    """The rank's entry as the sidecar sent it (step, phases, loss, pid, last event, ...)."""
+    source: RankEntry | Rows
+    """The rank's entry as its node's batch carried it, or the rows of the relay batch that hold it (at `row`)."""
+    row: int = -1
+
+    @property
+    def entry(self) -> RankEntry:
+        """The rank's entry as the sidecar sent it (step, phases, loss, pid, last event, ...)."""
+        source = self.source
+        return source if self.row < 0 else source.entry(self.row)  # type: ignore[union-attr,return-value]
+
+    rank = _read("rank")
+    alive = _read("alive")
+    pid = _read("pid")
+    step = _read("step")
+    last_seen_age_s = _read("last_seen_age_s")
+    """How old the rank's newest record was when the sidecar sent the batch."""
+    proc_state = _read("proc_state")
 
     @property
     def job(self) -> str:
-        return self.entry.job
-
-    @property
-    def rank(self) -> int:
-        return self.entry.rank
-
-    @property
-    def alive(self) -> bool:
-        return self.entry.alive
-
-    @property
-    def step(self) -> int | None:
-        return self.entry.step
-
-    @property
-    def last_seen_age_s(self) -> float:
-        """How old the rank's newest record was when the sidecar sent the batch."""
-        return self.entry.last_seen_age_s
+        source, row = self.source, self.row
+        return source.job if row < 0 else source.job(row)  # type: ignore[union-attr,operator]
 
     def staleness(self, now: float) -> float:
         """Seconds since this rank last reported a record, as far as the healer can tell."""
-        return max(0.0, now - self.received_at) + self.entry.last_seen_age_s
+        return max(0.0, now - self.received_at) + self.last_seen_age_s
 
 
 class NodeBeat(Struct, frozen=True, kw_only=True, gc=False):
@@ -137,21 +150,28 @@ class HeartbeatTable:
         return taken
 
     def ingest_relayed(self, body: bytes) -> tuple[int, int]:
-        """Decode and store a relay's batch (exporters/schema.py's RelayBatch): each node's batch as if it had come
-        `age_s` before now. Returns (nodes, rank entries) taken. Raises BadRequest naming the field, and then
-        stores none of it (a relay passes on only batches it checked: a bad one is a relay's bug, not a node's)."""
+        """Decode and store a relay's batch (exporters/relay_wire.py, by column or, from an older relay, each node's
+        batch whole): each node's part as if it had come `age_s` before now. Returns (nodes, rank entries) taken.
+        Raises BadRequest naming the field, and then stores none of it (a relay passes on only batches it checked: a
+        bad one is a relay's bug, not a node's)."""
         try:
             relayed = decode_relay_batch(body)
         except SchemaError as exc:
             raise BadRequest(exc.field or "body", exc.reason) from exc
         now = self._clock()
-        taken = 0
-        with self._lock:
-            for item in relayed.nodes:
-                taken += self._store(item.batch, now - item.age_s, relayed.relay)
-        for item in relayed.nodes:
-            if item.batch.attempt is not None:
-                self.processes.report(item.batch.node, item.batch.attempt, now - item.age_s)
+        if isinstance(relayed, Relayed):
+            with self._lock:
+                taken = self._store_rows(relayed, now)
+            reports = [(head.node, head.attempt, head.age_s) for head in relayed.nodes]
+        else:
+            taken = 0
+            with self._lock:
+                for item in relayed.nodes:
+                    taken += self._store(item.batch, now - item.age_s, relayed.relay)
+            reports = [(item.batch.node, item.batch.attempt, item.age_s) for item in relayed.nodes]
+        for node, attempt, age_s in reports:
+            if attempt is not None:
+                self.processes.report(node, attempt, now - age_s)
         return len(relayed.nodes), taken
 
     def _store(self, batch: HeartbeatBatch, received_at: float, relay: str | None) -> int:
@@ -179,6 +199,43 @@ class HeartbeatTable:
         self.batches += 1
         self.records += len(beats)
         return len(beats)
+
+    def _store_rows(self, relayed: Relayed, now: float) -> int:
+        """Called with the lock held: _store for every node of a relay batch by column. Per rank, only a RankBeat
+        that points at its row and the table's key; the numbers go into the columns with numpy."""
+        rows, relay = relayed.rows, relayed.relay
+        columns = rows.columns
+        jobs, job_of, rank_of = rows.jobs, columns["job"].tolist(), columns["rank"].tolist()
+        ages = columns["last_seen_age_s"].tolist()
+        ranks, nodes, table = self._ranks, self._nodes, self._columns
+        n = len(rows)
+        row_beats: list[RankBeat | None] = [None] * n
+        received = np.full(n, np.nan)
+        node_ids = np.zeros(n, dtype=np.int64)
+        start = taken = 0
+        for head in relayed.nodes:
+            stop = start + head.ranks
+            received_at = now - head.age_s
+            held = nodes.get(head.node)
+            if held is None or held.received_at <= received_at:
+                node = head.node
+                beats = tuple([RankBeat(node, received_at, rows, i) for i in range(start, stop)])
+                nodes[node] = NodeBeat(node=node, received_at=received_at, seq=head.seq, ranks=beats,
+                                       max_age_s=max(ages[start:stop], default=0.0),
+                                       jobs=tuple(sorted({jobs[j] for j in job_of[start:stop]})),
+                                       gpus=tuple(head.gpus), gpus_flagged=any(gpu_flagged(g) for g in head.gpus),
+                                       agent_url=head.agent_url, relay=relay)
+                for i, beat in enumerate(beats, start):
+                    ranks[(jobs[job_of[i]], rank_of[i])] = beat
+                row_beats[start:stop] = beats
+                received[start:stop] = received_at
+                node_ids[start:stop] = table.node_id(node)
+                taken += stop - start
+                self.batches += 1
+            start = stop
+        table.write_rows(rows, received, node_ids, row_beats)
+        self.records += taken
+        return taken
 
     def ranks(self) -> list[RankBeat]:
         """A snapshot of every rank's latest heartbeat (the list is a copy; the entries are not changed later)."""

@@ -46,8 +46,6 @@ class TickView:
     """Per job, its ranks' columns, counting what `beats` holds."""
     histories: object | None = None
     """The healer's HistoryPool (healer/core/detectors/history.py): the detectors' samples, taken once per cycle."""
-    _by_job: dict[str, list[RankBeat]] = field(default_factory=dict, compare=False, repr=False)
-    """beats_by_job's, made by the first detector to ask."""
 
     @classmethod
     def of(cls, table: HeartbeatTable, histories: object | None = None) -> TickView:
@@ -62,8 +60,8 @@ class TickView:
             return cls(tuple(ranks), tuple(node_beats), view, job_columns, histories)
 
         def counts(beat: RankBeat) -> bool:
-            pids = keep.get(beat.entry.job)
-            return pids is None or beat.entry.pid in pids
+            pids = keep.get(beat.job)
+            return pids is None or beat.pid in pids
 
         beats = tuple(b for b in ranks if counts(b))
         nodes = []
@@ -100,19 +98,3 @@ class TickView:
     def steps(self, job: str) -> list[int]:
         """The steps the job's counted ranks last reported (none yet: empty)."""
         return [b.step for b in self.beats if b.job == job and b.step is not None]
-
-
-def beats_by_job(readings: Readings) -> dict[str, list[RankBeat]]:
-    """Per job, the heartbeats of its ranks that count. Made once per cycle on a tick's view, shared by the detectors
-    that ask (not to be changed): a pass over every rank (131,072 at the largest) costs ~40 ms."""
-    out: dict[str, list[RankBeat]] = readings._by_job if isinstance(readings, TickView) else {}  # noqa: SLF001
-    if out:
-        return out  # made by a detector before in this cycle
-    for beat in readings.ranks():
-        job = beat.entry.job
-        group = out.get(job)
-        if group is None:
-            out[job] = [beat]
-        else:
-            group.append(beat)
-    return out

@@ -5,9 +5,10 @@ Why columns beside the table's RankBeat objects: a detection cycle that reads 13
 a second on that alone (a Python step per rank and field), where the same reads over arrays take milliseconds. So
 the numbers each cycle needs (step, step and phase times, loss, pid, pipeline stage, node, a few flags) are
 written at ingest (~1 us a rank, most of it reading the entry: one packed record per rank), and the cycle works on
-a copy of them as arrays. What only an incident's evidence needs (mesh, events, the non-finite values' names) stays
-in the RankBeat, which each job's columns also hold by slot, so a detector can turn the few ranks it names into
-objects.
+a copy of them as arrays. A relay's batch by column (exporters/relay_wire.py) is written with numpy for all its
+rows at once (RankColumns.write_rows: ~0.6 us a rank, most of it finding each rank's slot). What only an
+incident's evidence needs (mesh, events, the non-finite values' names) stays in the RankBeat, which each job's
+columns also hold by slot, so a detector can turn the few ranks it names into objects.
 
 Slots: a job's ranks get a slot each in the order they are first seen (a dict rank -> slot, so a sparse or huge
 rank number costs one slot, not an array that long). A slot is never reused while its job's columns live; a rank
@@ -25,7 +26,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from exporters.relay_wire import MISSING
+
 if TYPE_CHECKING:
+    from exporters.relay_wire import Rows
+    from exporters.schema import EventBody
     from healer.core.heartbeats import RankBeat
 
 NONFINITE, FINISHING, STOPPED, ALIVE = 1, 2, 4, 8
@@ -111,9 +116,7 @@ class JobColumns:
             flags |= NONFINITE
         if e.proc_state in STOPPED_STATES:
             flags |= STOPPED
-        event = e.last_event
-        # NOTE: an event's fields are free-form (whatever the trainer passed); `step` is the one finishing sets.
-        if event is not None and event.name == "finishing" and event.fields.get("step") == (step or 0) + 1:
+        if finishing_after(e.last_event, step):
             flags |= FINISHING
         # NOTE: in the order of FLOATS, then INTS, flags, present
         _pack(self._buffer, slot * _SIZE, beat.received_at - e.last_seen_age_s,
@@ -122,6 +125,24 @@ class JobColumns:
               _NAN if e.grad_norm is None else e.grad_norm, _NAN if e.dp_reduce_lag_s is None else e.dp_reduce_lag_s,
               rank, -1 if step is None else step, -1 if e.pid is None else e.pid, e.mesh.get("pp", 0), node_id, flags,
               1)
+
+    def write_rows(self, rank: list[int], rows: np.ndarray, values: dict[str, np.ndarray],
+                   row_beats: list[RankBeat | None]) -> None:
+        """Store the rows `rows` of a relay batch (their ranks in `rank`, by row): `values` has every field of the
+        record as an array by row (RankColumns.write_rows made them)."""
+        slot_of, beats = self.slot_of, self.beats
+        slots = []
+        for i in rows.tolist():
+            slot = slot_of.get(rank[i])
+            if slot is None:
+                slot = self.slot(rank[i])
+            beats[slot] = row_beats[i]
+            slots.append(slot)
+        at = np.array(slots, dtype=np.intp)
+        records = self.records  # NOTE: after slot(), which may have grown it
+        for name, column in values.items():
+            records[name][at] = column[rows]
+        records["present"][at] = 1
 
     def drop(self, rank: int) -> None:
         slot = self.slot_of.get(rank)
@@ -160,6 +181,26 @@ class RankColumns:
             cols = self.jobs[job] = JobColumns(job)
         return cols
 
+    def write_rows(self, rows: Rows, received: np.ndarray, node_ids: np.ndarray,
+                   row_beats: list[RankBeat | None]) -> None:
+        """Store a relay batch's rows (exporters/relay_wire.py) at once: each field converted to an array over all
+        rows with numpy, then scattered into each job's records. Rows whose `received` is NaN are not stored (their
+        node's newer batch is already here)."""
+        n = len(rows)
+        if n == 0:
+            return
+        values = _row_values(rows, received, node_ids)
+        stored = ~np.isnan(received)
+        rank = rows.columns["rank"].tolist()
+        if len(rows.jobs) == 1:
+            self.job(rows.jobs[0]).write_rows(rank, np.flatnonzero(stored), values, row_beats)
+            return
+        job_of = rows.columns["job"]
+        for j, name in enumerate(rows.jobs):
+            mine = np.flatnonzero(stored & (job_of == j))
+            if len(mine):
+                self.job(name).write_rows(rank, mine, values, row_beats)
+
     def drop(self, keys: list[tuple[str, int]]) -> None:
         """Mark the ranks `keys` (job, rank) absent; a job with no rank left loses its columns."""
         for job, rank in keys:
@@ -173,6 +214,47 @@ class RankColumns:
 
     def snapshot(self) -> dict[str, JobView]:
         return {job: cols.snapshot(self.node_names) for job, cols in self.jobs.items()}
+
+
+def finishing_after(event: EventBody | None, step: int | None) -> bool:
+    """Whether `event` is the trainer's `finishing`, sent after the step `step` (the rank ends cleanly next)."""
+    # NOTE: an event's fields are free-form (whatever the trainer passed); `step` is the one finishing sets.
+    return event is not None and event.name == "finishing" and event.fields.get("step") == (step or 0) + 1
+
+
+def _row_values(rows: Rows, received: np.ndarray, node_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Every field of the packed record (but `present`), as an array over the rows of a relay batch: what
+    JobColumns.write computes for one entry, for all of them at once."""
+    n, col = len(rows), rows.columns
+    phases = rows.groups["phases"]
+    missing = np.full(n, np.nan)
+    some_phase = np.zeros(n, dtype=bool)
+    for column in phases.values():
+        some_phase |= ~np.isnan(column)
+
+    def phase(*names: str) -> np.ndarray:
+        return sum((np.nan_to_num(phases.get(name, missing)) for name in names), np.zeros(n))
+
+    def ints(column: np.ndarray | None, default: int) -> np.ndarray:
+        return np.full(n, default, dtype=np.int64) if column is None else np.where(column == MISSING, default, column)
+
+    compute = phase(*COMPUTE_PHASES)
+    compute[~some_phase] = np.nan
+    flags = np.where(col["alive"] != 0, ALIVE, 0).astype(np.uint8)
+    states = np.frombuffer(rows.proc_state.encode("utf-32-le"), dtype=np.uint32)
+    flags[np.isin(states, [ord(s) for s in STOPPED_STATES])] |= STOPPED
+    step = ints(col["step"], -1)
+    for row, extra in rows.extras.items():
+        if extra.nonfinite:
+            flags[row] |= NONFINITE
+        if finishing_after(extra.last_event, rows.value("step", row)):
+            flags[row] |= FINISHING
+    return {"heard_at": received - col["last_seen_age_s"], "step_time": col["step_time"],
+            "step_seconds": col["step_seconds"], "compute_s": compute, "data_wait_s": phase("data_wait"),
+            "dp_reduce_s": phase("dp_reduce", "dp_gather"), "checkpoint_s": phase("checkpoint"), "loss": col["loss"],
+            "grad_norm": col["grad_norm"], "dp_reduce_lag_s": col["dp_reduce_lag_s"], "rank": col["rank"],
+            "step": step, "pid": ints(col["pid"], -1), "stage": ints(rows.groups["mesh"].get("pp"), 0),
+            "node": node_ids, "flags": flags}
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ class LiveView:
         states = {s.rank: s.state for s in job.table.processes.states()}
         pids = set(a.ranks) if a else set()
         for b in sorted(job.table.ranks(), key=lambda b: b.rank):
-            if b.entry.pid not in pids:
+            if b.pid not in pids:
                 continue
             loss, secs = b.entry.loss, b.entry.step_seconds
             ranks.add_row(str(b.rank), b.node, str(b.step), f"{loss:.4f}" if isinstance(loss, float) else "nan",

@@ -160,7 +160,7 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
     with view.live(), Interrupts() as interrupts:
         def on_tick(j: SelfHealingJob) -> None:
             a = j.sup.attempt
-            steps = [b.step for b in j.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
+            steps = [b.step for b in j.table.ranks() if a and b.pid in a.ranks and b.step is not None]
             if chaos is not None and a is not None and len(steps) == len(a.ranks) == world:
                 chaos.tick(min(steps))
             view.refresh()

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-# NOTE: a relay's batch holds up to MAX_NODES_PER_RELAY nodes' batches (~6 KB each with 8 full rank entries).
+# NOTE: a relay's batch holds up to MAX_NODES_PER_RELAY nodes (by column ~1.5 KB a node of 8 ranks; ~6 KB in a
+# schema-1 batch, each node's batch whole).
 MAX_RELAY_BODY = 32 << 20
 
 

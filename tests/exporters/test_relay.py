@@ -36,15 +36,15 @@ def test_a_relay_passes_on_each_nodes_latest_batch_and_the_healer_ages_it_by_the
     body = relay.build()
     assert body is not None
     sent = json.loads(body)
-    assert (sent["relay"], sent["schema"]) == ("rack-1", 1)
-    assert sorted((n["batch"]["node"], n["batch"]["seq"]) for n in sent["nodes"]) == [("n1", 1), ("n2", 0)]
+    assert (sent["relay"], sent["schema"]) == ("rack-1", 2), "by column"
+    assert sorted((n["node"], n["seq"], n["ranks"]) for n in sent["nodes"]) == [("n1", 1, 2), ("n2", 0, 3)]
     assert all(0.2 <= n["age_s"] < 5 for n in sent["nodes"]), [n["age_s"] for n in sent["nodes"]]
 
     table = HeartbeatTable(clock=lambda: 1000.0)
     assert table.ingest_relayed(body) == (2, 5)
     n1 = next(n for n in table.nodes() if n.node == "n1")
     assert n1.relay == "rack-1" and n1.received_at == pytest.approx(1000.0 - next(
-        n["age_s"] for n in sent["nodes"] if n["batch"]["node"] == "n1"))
+        n["age_s"] for n in sent["nodes"] if n["node"] == "n1"))
     assert sorted((b.node, b.rank, b.step) for b in table.ranks()) == [
         ("n1", 0, 8), ("n1", 1, 8), ("n2", 2, 7), ("n2", 3, 7), ("n2", 4, 7)]
 

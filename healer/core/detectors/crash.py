@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
+
 from exporters.schema import RankEntry
 from healer.core.detectors.base import Detector, Evaluation, Finding
 from healer.core.detectors.logtail import classify, signal_name
@@ -71,7 +73,7 @@ class Crash(Detector):
             if current is not None and current > attempt:
                 healthy.add(key)  # a later attempt runs: this attempt's crash was dealt with
                 continue
-            finishing = {b.rank for b in table.ranks() if b.job == job and _finishing(b.entry)}
+            finishing = _finishing_ranks(table, job, {e.rank for e in exits if e.vanished and e.rank is not None})
             ended = view.ended_nodes(job)
             # A rank that vanished (its agent reaped it first) ended normally when it said it was finishing, or when
             # its host's part exited 0: torchrun exits 0 only when every worker did. Its last heartbeat may be lost.
@@ -140,6 +142,19 @@ class Crash(Detector):
                                  for e, c in classes[:MAX_LISTED]]},
             labels={"suspect_node": node, "category": "host-lost"},
         )
+
+
+def _finishing_ranks(table: Readings, job: str, ranks: set[int]) -> set[int]:
+    """Those of `ranks` (of `job`) whose latest heartbeat said they are finishing.
+
+    NOTE: looked up through the job's columns, and each named rank's entry read alone: a pass over every rank's
+    entry would build 131,072 of them (relayed ranks keep none of their own) in every cycle an exit stands."""
+    cols = table.columns().get(job)
+    if not ranks or cols is None:
+        return set()
+    wanted = np.fromiter(ranks, dtype=np.int64, count=len(ranks))
+    slots = np.flatnonzero(cols.counts & np.isin(cols.rank, wanted))
+    return {beat.rank for i in slots if (beat := cols.beats[i]) is not None and _finishing(beat.entry)}
 
 
 def _finishing(entry: RankEntry) -> bool:

@@ -281,7 +281,7 @@ class Hang(Detector):
                       "floor_s": self.config.floor.total_seconds(), "step": low,
                       "suspect_ranks": suspects, "suspect_nodes": nodes, "suspected_by": how,
                       "ranks": [_rank_row(r, beat_of.get(r), job_states.get(r), node_of.get(r), now)
-                                for r in sorted(set(beat_of) | set(job_states))][:64]},
+                                for r in sorted(set(beat_of) | set(job_states))[:64]]},
             labels={"suspect_node": nodes[0]} if len(nodes) == 1 else {},
         )
 
@@ -291,7 +291,7 @@ def _rank_row(rank: int, beat: RankBeat | None, st: ProcessState | None, node: s
     return {"rank": rank, "node": node, "step": beat.step if beat else None,
             "mesh": dict(beat.entry.mesh) if beat else {},
             "staleness_s": round(beat.staleness(now), 3) if beat else None,
-            "proc_state": st.state if st else (beat.entry.proc_state if beat else None),
+            "proc_state": st.state if st else (beat.proc_state if beat else None),
             "phase": st.phase if st else None,
             "in_phase_s": round(now - st.phase_entered, 3) if st and st.phase_entered is not None else None}
 
@@ -302,7 +302,7 @@ def suspect_ranks(beats: list[RankBeat], states: dict[int, ProcessState], now: f
     singles one out. The kernel state comes from the node agents' reports under a launcher, else from the
     sidecars' heartbeats (each reads its ranks' /proc: the healer on its own has no other way to tell)."""
     stopped = sorted({r for r, s in states.items() if s.state in STOPPED_STATES}
-                     | {b.rank for b in beats if b.entry.proc_state in STOPPED_STATES})
+                     | {b.rank for b in beats if b.proc_state in STOPPED_STATES})
     if stopped:
         return stopped, "process stopped (state T)"
     ranks = sorted({b.rank for b in beats} | set(states))

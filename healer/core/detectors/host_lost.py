@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from healer.core.detectors.base import Detector, Evaluation, Finding
-from healer.core.jobview import Readings, beats_by_job
+from healer.core.jobview import Readings
 
 
 @dataclass(slots=True)
@@ -61,8 +61,7 @@ class HostLost(Detector):
         if not jobs:
             return Evaluation()  # no launcher: no attempt placed on hosts to miss one of them
         heard = {n.node: n.received_at for n in table.nodes()}
-        steps = {job: max((s for b in beats if (s := b.entry.step) is not None), default=-1)
-                 for job, beats in beats_by_job(table).items()}
+        steps = {job: int(cols.step[cols.counts].max(initial=-1)) for job, cols in table.columns().items()}
         for job in jobs:
             attempt = view.attempt(job)
             nodes, started_at = view.placement(job)
