@@ -139,8 +139,8 @@ class Rows:
     def entry(self, i: int) -> RankEntry:
         """Row i as the RankEntry its node sent (for evidence, not for every rank: ~10 us)."""
         extra = self.extras.get(i)
-        values = {name: self.value(name, i) for name in _KINDS if name != "job"}
-        groups = {group: {key: v for key, column in self.groups[group].items()
+        values: dict[str, Any] = {name: self.value(name, i) for name in _KINDS if name != "job"}
+        groups: dict[str, Any] = {group: {key: v for key, column in self.groups[group].items()
                           if (v := _python(column[i], kind)) is not None} for group, kind in _GROUPS.items()}
         return RankEntry(job=self.job(i), proc_state=self.value("proc_state", i),
                          last_event=extra.last_event if extra else None,
@@ -255,7 +255,10 @@ def columns_of(relay: str, seq: int, sent_at: float,
     """The relay batch of `nodes`, each (age_s, its latest batch), in that order."""
     held = [(age_s, node if isinstance(node, NodeColumns) else NodeColumns(node)) for age_s, node in nodes]
     job_ids: dict[str, int] = {}
-    heads, jobs, states, extras = [], [], [], []
+    heads: list[RelayedNodeHead] = []
+    jobs: list[int] = []
+    states: list[str] = []
+    extras: list[RowExtras] = []
     n = 0
     for age_s, node in held:
         b = node.batch

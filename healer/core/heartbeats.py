@@ -70,7 +70,7 @@ class RankBeat(Struct, frozen=True, gc=False):
     @property
     def job(self) -> str:
         source, row = self.source, self.row
-        return source.job if row < 0 else source.job(row)  # type: ignore[union-attr,operator]
+        return source.job if row < 0 else source.job(row)  # type: ignore[union-attr,operator,return-value]
 
     def staleness(self, now: float) -> float:
         """Seconds since this rank last reported a record, as far as the healer can tell."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from healer.core.detectors.collective_slowdown import CollectiveSlowdown
 from healer.core.detectors.history import HistoryPool, RankHistory
-from healer.core.detectors.phases import EVIDENCE_ROWS, PhaseTable, evidence_rows, phase_table
+from healer.core.detectors.phases import EVIDENCE_ROWS, PhaseTable, evidence_rows, masked_median, phase_table
 from healer.core.detectors.straggler import Straggler
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.jobview import TickView
@@ -162,3 +162,18 @@ def test_a_small_jobs_evidence_keeps_every_row() -> None:
     assert [r["rank"] for r in evidence_rows(rows)] == list(range(10))
     # Past `keep`: the named rank, then the furthest from their stage's median compute or reduce, by rank.
     assert [r["rank"] for r in evidence_rows(rows, named=(0,), keep=3)] == [0, 4, 7]
+
+
+def test_the_masked_median_is_statistics_median_of_each_rows_valid_samples_for_any_window() -> None:
+    rng = np.random.default_rng(7)
+    for samples in range(0, 19):  # the sorting network is made per width: none, odd, even, powers of two and past
+        values = rng.normal(size=(40, samples)).round(2)  # ties too
+        valid = rng.random((40, samples)) < 0.6
+        medians, counts = masked_median(values.copy(), valid)
+        for row in range(40):
+            kept = values[row][valid[row]].tolist()
+            assert counts[row] == len(kept)
+            if kept:
+                assert medians[row] == statistics.median(kept), (samples, row)
+            else:
+                assert np.isnan(medians[row]), (samples, row)

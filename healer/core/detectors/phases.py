@@ -10,6 +10,7 @@ starts late) has the longest compute and the *shortest* collective time: everyon
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -91,14 +92,44 @@ def masked_median(values: np.ndarray, valid: np.ndarray, invalid: np.ndarray | N
                   n: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per row of `values` (ranks x samples), the median of the entries `valid` marks (the mean of the two middle
     ones for an even count, as statistics.median), and how many there were (NaN where none). `values` is a copy
-    the caller gives up (it is sorted in place); `invalid` (~valid) and `n` (valid's count per row) are for a
-    caller that has them."""
-    np.copyto(values, np.nan, where=~valid if invalid is None else invalid)
-    values.sort(axis=1)  # NaN sorts last
+    the caller gives up (it is overwritten); `invalid` (~valid) and `n` (valid's count per row) are for a
+    caller that has them. The valid entries are finite (the wire refuses anything else).
+
+    NOTE: sorted by a sorting network over the columns, not row by row: numpy sorts each of 131,072 rows of ~10 on
+    its own (~40 ms a median), where the network's few dozen minimum/maximum passes over whole columns take ~8."""
+    np.copyto(values, np.inf, where=~valid if invalid is None else invalid)  # NOTE: +inf sorts last
+    columns = np.ascontiguousarray(values.T)
+    for a, b in _comparators(columns.shape[0]):
+        low = np.minimum(columns[a], columns[b])
+        np.maximum(columns[a], columns[b], out=columns[b])
+        columns[a] = low
     n = valid.sum(axis=1) if n is None else n
-    rows = np.arange(len(values))
-    med = (values[rows, np.maximum((n - 1) // 2, 0)] + values[rows, n // 2]) / 2
+    rows = np.arange(columns.shape[1])
+    med = (columns[np.maximum((n - 1) // 2, 0), rows] + columns[n // 2 if columns.shape[0] else 0, rows]) / 2 \
+        if columns.shape[0] else np.full(len(rows), np.nan)
     return np.where(n > 0, med, np.nan), n
+
+
+@functools.cache
+def _comparators(size: int) -> tuple[tuple[int, int], ...]:
+    """Batcher's odd-even merge sort network for `size` inputs: the (low, high) pairs to compare and swap, in order.
+    Made for the next power of two; a pair that reaches past `size` is left out (as if that input were +inf there,
+    which would never move)."""
+    width = 1
+    while width < size:
+        width *= 2
+    pairs = []
+    merged = 1
+    while merged < width:
+        k = merged
+        while k >= 1:
+            for j in range(k % merged, width - k, 2 * k):
+                for i in range(min(k, width - j - k)):
+                    if (i + j) // (2 * merged) == (i + j + k) // (2 * merged):
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        merged *= 2
+    return tuple((a, b) for a, b in pairs if b < size)
 
 
 def phase_table(samples: JobSamples, window: int, since_step: int | None = None) -> PhaseTable:
