@@ -197,12 +197,17 @@ class RelayedNodeHead(Struct, frozen=True, kw_only=True, gc=False, omit_defaults
     agent_url: str | None = None
 
 
-class RelayColumns(Struct, frozen=True, kw_only=True, gc=False, tag_field="schema", tag=RELAY_COLUMNS_SCHEMA):
-    """A relay's batch, schema 2: its nodes' own fields, and all their ranks by column."""
+class _RelayHeader(Struct, frozen=True, kw_only=True, gc=False, tag_field="schema"):
+    """What a relay's batch of either schema starts with (`schema`, its tag, says which follows)."""
 
     relay: Name
     seq: Count
     sent_at: Finite
+
+
+class RelayColumns(_RelayHeader, tag=RELAY_COLUMNS_SCHEMA):
+    """A relay's batch, schema 2: its nodes' own fields, and all their ranks by column."""
+
     nodes: Annotated[list[RelayedNodeHead], Meta(max_length=MAX_NODES_PER_RELAY,
                                                  description=f"a list of at most {MAX_NODES_PER_RELAY} nodes")]
     rows: RankRows
@@ -295,12 +300,9 @@ class RelayedNode(Struct, frozen=True, kw_only=True, gc=False):
     batch: HeartbeatBatch
 
 
-class RelayBatch(Struct, frozen=True, kw_only=True, gc=False, tag_field="schema", tag=HEARTBEAT_SCHEMA):
+class RelayBatch(_RelayHeader, tag=HEARTBEAT_SCHEMA):
     """A relay's batch, schema 1: the latest heartbeat batch of each node of its group, whole."""
 
-    relay: Name
-    seq: Count
-    sent_at: Finite
     nodes: Annotated[list[RelayedNode], Meta(max_length=MAX_NODES_PER_RELAY,
                                              description=f"a list of at most {MAX_NODES_PER_RELAY} nodes")]
 
