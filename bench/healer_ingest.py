@@ -29,6 +29,7 @@ import argparse
 import base64
 import http.client
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -201,6 +202,21 @@ def histogram_quantile(q: float, before: list[tuple[float, float]], after: list[
             return lower + (le - lower) * (rank - prev) / max(count - prev, 1e-12)
         lower, prev = le, count
     return lower
+
+
+def cycles_by_bucket(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> dict[str, int]:
+    """How many of the window's cycles fell in each bucket of the healer's histogram ("50-75": over 50 ms, up to 75),
+    the empty ones left out: with a cycle a second a window's p99 is its slowest cycle, and this says how many were
+    near it."""
+    was = dict(before)
+    out, lower, prev = {}, 0.0, 0.0
+    for le, count in after:
+        count -= was.get(le, 0.0)
+        if count - prev:
+            upper = "inf" if math.isinf(le) else f"{1000 * le:g}"
+            out[f"{1000 * lower:g}-{upper}"] = int(count - prev)
+        lower, prev = le, count
+    return out
 
 
 def exact_cycles(nodes: int, ranks_per_node: int, rules: str = "stale") -> dict[str, Any]:
@@ -393,7 +409,8 @@ def run_load(args: argparse.Namespace, port: int, pid: int, relay: tuple[int, in
                    "tracked_ranks": counter(text1, "megaheal_healer_tracked_ranks")},
         "detection_cycle_loaded": {"p50_ms": _ms(histogram_quantile(0.5, b0, b1)), "p99_ms": _ms(p99),
                                    "cycles": int(b1[-1][1] - dict(b0).get(float("inf"), 0.0)) if b1 else 0,
-                                   "method": "histogram_quantile over the healer's own histogram"},
+                                   "method": "histogram_quantile over the healer's own histogram",
+                                   "cycles_by_bucket_ms": cycles_by_bucket(b0, b1)},
         "http": {"requests": sum(r["sent"] for r in results), "failed": sum(r["failed"] for r in results),
                  "first_failure": next((r["first_failure"] for r in results if r.get("first_failure")), None),
                  "late_over_500ms": sum(r["late"] for r in results),

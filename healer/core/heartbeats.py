@@ -97,9 +97,6 @@ class NodeBeat(Struct, frozen=True, kw_only=True, gc=False):
     relay: str | None = None
     """The relay that passed the batch on (exporters/relay.py); None: the node posted it to the healer itself."""
 
-    def worst_staleness(self, now: float) -> float:
-        return max(0.0, now - self.received_at) + self.max_age_s
-
 
 def gpu_flagged(gpu: GpuEntry) -> bool:
     """Whether the entry has any field set that may make the GPU faulty (what exactly is, the gpu_fault detector's

@@ -44,6 +44,11 @@ class HealerMetrics:
                                          registry=r)
         self.relay_batches = Counter("megaheal_healer_relay_batches", "Relay batches accepted (each carries many "
                                      "nodes' heartbeat batches, counted in heartbeat_batches).", registry=r)
+        self.heartbeats_held = Counter("megaheal_healer_heartbeats_held_seconds", "Seconds heartbeat requests waited "
+                                       "for a detection cycle to end (healer/service/detection_first.py).", registry=r)
+        self.heartbeats_held_past_limit = Counter("megaheal_healer_heartbeats_held_past_limit", "Heartbeat requests "
+                                                  "that waited their longest and went on while a cycle still ran.",
+                                                  registry=r)
         self.rejected = Counter("megaheal_healer_requests_rejected", "Requests refused, by endpoint and HTTP status.",
                                 ["endpoint", "status"], registry=r)
         self.alerts = Counter("megaheal_healer_alerts_received", "Alerts in Alertmanager webhooks, by status and "

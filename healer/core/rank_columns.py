@@ -62,6 +62,8 @@ _DTYPE = np.dtype([(name, "<f8") for name in FLOATS] + [(name, "<i8") for name i
                   + [("flags", "u1"), ("present", "u1")])
 assert _DTYPE.itemsize == _RECORD.size
 _SIZE = _RECORD.size
+_SNAPSHOT_BLOCK = 8192
+"""Records copied out to columns at a time (JobColumns.snapshot): ~1 MB of them."""
 _pack = _RECORD.pack_into
 
 
@@ -154,8 +156,14 @@ class JobColumns:
         return int(self.records["present"][: self.n].sum())
 
     def snapshot(self, node_names: list[str]) -> JobView:
-        records = self.records[: self.n]
-        arrays = {name: np.ascontiguousarray(records[name]) for name in _DTYPE.names or ()}
+        records, n = self.records, self.n
+        arrays = {name: np.empty(n, dtype=_DTYPE[name]) for name in _DTYPE.names or ()}
+        # NOTE: a block of records at a time (~1 MB, held in cache while each field is taken out of it): a whole
+        # field at once reads a cache line per rank for each of 17 fields (~13 ms at 131,072 ranks, ~4.5 by block).
+        for start in range(0, n, _SNAPSHOT_BLOCK):
+            block = records[start: min(n, start + _SNAPSHOT_BLOCK)]
+            for name, column in arrays.items():
+                column[start: start + len(block)] = block[name]
         return JobView(job=self.job, epoch=self.epoch, n=self.n, arrays=arrays,
                        counts=arrays.pop("present").astype(bool), beats=tuple(self.beats), node_names=node_names)
 

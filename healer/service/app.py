@@ -26,6 +26,7 @@ from starlette.applications import Starlette
 
 from healer.pages.views import Sources
 from healer.service.api import create_app
+from healer.service.detection_first import DetectionFirst
 from healer.service.pages import page_routes
 from healer.service.config import HealerConfig, read_db_password, read_token, split_listen
 from healer.core.db import default_db_url, ensure_schema, make_engine, safe_url
@@ -95,7 +96,9 @@ class Service:
         self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
         # One thread: cycles never overlap (each reads and updates the detectors' memory).
         self._detect_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="megaheal-detect")
-        self.app = create_app(self.healer, self.readiness, self.token, cfg.max_body_bytes)
+        self.detection_first = DetectionFirst(self.metrics.heartbeats_held, self.metrics.heartbeats_held_past_limit)
+        self.app = create_app(self.healer, self.readiness, self.token, cfg.max_body_bytes,
+                              detection_first=self.detection_first)
         # The incident and job pages (healer/service/pages.py), beside the API.
         self.app.router.routes.extend(page_routes(self.healer, self.readiness, self.token, Sources(
             engine=self.engine, run_roots=tuple(Path(r) for r in cfg.run_roots), grafana_url=cfg.grafana_url)))
@@ -156,13 +159,22 @@ class Service:
             if not (self.readiness.ready and self._started):
                 continue
             try:
-                await loop.run_in_executor(self._detect_thread, self._detect_once)
+                # NOTE: heartbeats wait while the cycle evaluates (healer/service/detection_first.py); the thread
+                # reopens the gate itself as soon as the detectors are done, before the database writes.
+                with self.detection_first.closed():
+                    await loop.run_in_executor(self._detect_thread, self._detect_once,
+                                               lambda: loop.call_soon_threadsafe(self.detection_first.open))
             except Exception:  # noqa: BLE001 - NOTE: this loop must outlive a bad cycle; the error is logged and counted
                 self.metrics.tick_errors.labels("detect").inc()
                 log.error("detection cycle failed", exc_info=True)
 
-    def _detect_once(self) -> None:
-        view, results = self.healer.evaluate_detectors()
+    def _detect_once(self, evaluated: Callable[[], object] = lambda: None) -> None:
+        """One cycle, on the detection thread; `evaluated` is called once the detectors are done (however that
+        went). NOTE: the view goes at the end, on this thread: freeing the heartbeats it held up is work too."""
+        try:
+            view, results = self.healer.evaluate_detectors()
+        finally:
+            evaluated()
         self._guard("detect", lambda: self.healer.apply_detections(view, results))()
 
     @asynccontextmanager

@@ -5,6 +5,7 @@ evidence holds the table's most unusual rows, not every rank's."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import statistics
@@ -15,7 +16,7 @@ import numpy as np
 from healer.core.detectors.collective_slowdown import CollectiveSlowdown
 from healer.core.detectors.history import HistoryPool, RankHistory
 from healer.core.detectors.phases import EVIDENCE_ROWS, PhaseTable, evidence_rows, masked_median, phase_table
-from healer.core.detectors.straggler import Straggler
+from healer.core.detectors.straggler import Straggler, _median_without_top
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.jobview import TickView
 from tests.healer.helpers import ManualClock, batch
@@ -123,8 +124,38 @@ def test_the_history_is_arrays_with_no_object_per_rank_and_a_rollback_keeps_the_
     history.update(table, 0.0)
     gc.collect()
     assert len(gc.get_objects()) - before < 200 and len(history.jobs()["j"].known()) == 4000
-    # One row per rank in each of the job's ring arrays, `keep` samples wide.
-    assert held.steps.shape == (4000, 4) and {v.shape for v in held.ring.values()} == {(4000, 4)}
+    # One row per ring position in each of the job's ring arrays, a column per rank.
+    assert held.steps.shape == (4, 4000) and {v.shape for v in held.ring.values()} == {(4, 4000)}
+
+
+def test_ranks_out_of_step_keep_each_their_own_newest_samples_in_order() -> None:
+    # Each cycle a different part of the ranks reports a new step (a batch late, a node that skipped one), so their
+    # ring positions part: most samples go in the row most ranks are at, the others one by one. Every rank's
+    # history is still its own newest `keep` steps, oldest first, with each step's own numbers.
+    rng = np.random.default_rng(11)
+    history, table, keep, ranks = RankHistory(keep=4), HeartbeatTable(), 4, 12
+    step = [0] * ranks
+    reported: dict[int, list[int]] = {r: [] for r in range(ranks)}
+    for _ in range(15):
+        for node in range(ranks // 4):
+            body = batch(f"n{node}", list(range(4 * node, 4 * node + 4)), job="j")
+            for r in body["ranks"]:
+                rank = r["rank"]
+                if rng.random() < 0.7:
+                    step[rank] += 1
+                    reported[rank].append(step[rank])
+                r.update(step=step[rank], step_seconds=float(step[rank]), phases={"forward_backward": rank / 10})
+            table.ingest(json.dumps(body).encode())
+        history.update(table, 0.0)
+    held = history.jobs()["j"]
+    slots = held.known()
+    for slot in slots.tolist():
+        rank = int(held.rank[slot])
+        want = [s for s in reported[rank] if s > 0][-keep:]
+        got = held.samples_of(slot)
+        assert [x["step"] for x in got] == want, rank
+        assert [x["step_seconds"] for x in got] == [float(s) for s in want] and {x["compute_s"] for x in got} <= {rank / 10}
+    assert len({int(p) for p in held.pos[slots]}) > 1  # they did part
 
 
 def test_a_large_jobs_straggler_evidence_is_its_most_unusual_rows_with_the_suspect_not_the_whole_table() -> None:
@@ -169,7 +200,7 @@ def test_the_masked_median_is_statistics_median_of_each_rows_valid_samples_for_a
     for samples in range(0, 19):  # the sorting network is made per width: none, odd, even, powers of two and past
         values = rng.normal(size=(40, samples)).round(2)  # ties too
         valid = rng.random((40, samples)) < 0.6
-        medians, counts = masked_median(values.copy(), valid)
+        medians, counts = masked_median(values.T.copy(), valid.T)
         for row in range(40):
             kept = values[row][valid[row]].tolist()
             assert counts[row] == len(kept)
@@ -177,3 +208,21 @@ def test_the_masked_median_is_statistics_median_of_each_rows_valid_samples_for_a
                 assert medians[row] == statistics.median(kept), (samples, row)
             else:
                 assert np.isnan(medians[row]), (samples, row)
+
+
+def test_the_median_without_the_top_value_is_that_of_the_others() -> None:
+    rng = np.random.default_rng(5)
+    for n in range(2, 24):
+        for _ in range(20):
+            values = rng.integers(0, 4, n).astype(float)  # ties of the top too
+            others = np.delete(values, int(np.argmax(values))).tolist()
+            assert _median_without_top(values) == statistics.median(others), values
+
+
+def test_a_tables_stages_are_its_rows_by_stage_in_the_order_their_first_row_comes() -> None:
+    for stage in ([2, 0, 2, 1, 0], [7000, 3, 7000], [5]):  # few small stages, then numbers too far apart to count
+        t = dataclasses.replace(_table([0.5] * len(stage), [0.1] * len(stage)), stage=np.array(stage))
+        want = {}
+        for i, s in enumerate(stage):
+            want.setdefault(s, []).append(i)
+        assert [g.tolist() for g in t.stages()] == list(want.values())

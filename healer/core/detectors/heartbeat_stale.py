@@ -11,6 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
+import numpy as np
+
 from healer.core.detectors.base import Detector, Evaluation, Finding, LazyKeys
 from healer.core.heartbeats import RankBeat
 from healer.core.jobview import Readings
@@ -41,9 +43,14 @@ class HeartbeatStale(Detector):
         firing = []
         healthy: set[str] = set()
         nodes = table.nodes()
-        for node in nodes:
-            if node.worst_staleness(now) <= after:  # the common case: one comparison per node
-                continue
+        # NOTE: each node's worst staleness (since its batch came, plus its oldest rank record's age then) as one
+        # array: a node whose every rank is fresh, nearly all of them, is then cleared in numpy; a loop over 16,384
+        # nodes cost ~10 ms a cycle.
+        received = np.fromiter((n.received_at for n in nodes), dtype=float, count=len(nodes))
+        max_age = np.fromiter((n.max_age_s for n in nodes), dtype=float, count=len(nodes))
+        fresh = np.maximum(now - received, 0.0) + max_age <= after
+        for i in np.flatnonzero(~fresh).tolist():
+            node = nodes[i]
             by_job: dict[str, list[RankBeat]] = defaultdict(list)
             for beat in node.ranks:
                 by_job[beat.job].append(beat)
@@ -56,7 +63,7 @@ class HeartbeatStale(Detector):
                     firing.append(self._finding(key, job, node.node, found, len(beats)))
         # Healthy: every job of a node none of whose ranks is stale, and the stale nodes' jobs found healthy above.
         return Evaluation(firing=tuple(firing), healthy=LazyKeys(lambda: healthy.union(
-            f"{job}/{n.node}" for n in nodes if n.worst_staleness(now) <= after for job in n.jobs)))
+            f"{job}/{nodes[i].node}" for i in np.flatnonzero(fresh).tolist() for job in nodes[i].jobs)))
 
     def _finding(self, key: str, job: str, node: str, found: list[tuple[RankBeat, float]], total: int) -> Finding:
         found.sort(key=lambda item: item[0].rank)

@@ -34,9 +34,10 @@ RING_FIELDS = ("step_seconds", "compute_s", "data_wait_s", "dp_reduce_s", "check
 
 class JobSamples:
     """One job's samples: per rank (by the slots of the job's columns), its last `keep` steps, as ring arrays of
-    slots x keep (a rank's samples side by side: a window's medians sort short contiguous rows). NOTE: arrays, not
-    an object per rank and step: at 131,072 ranks a cycle's new samples were a second of Python; as arrays they are
-    a few vectorised stores.
+    keep x slots (one row per ring position). NOTE: arrays, not an object per rank and step: at 131,072 ranks a
+    cycle's new samples were a second of Python; as arrays they are a few vectorised stores. NOTE: position-major:
+    the ranks of a job step together, so a cycle's new samples land in one row (8 ms of scattered stores as
+    slots x keep, ~3 as keep x slots), and a window's samples are gathered a row per age (newest_first).
 
     A slot's samples are in step order from its oldest (at `pos - count`, modulo keep) to its newest (`pos - 1`);
     `count` 0: the history does not know the rank (never seen, or forgotten)."""
@@ -56,20 +57,19 @@ class JobSamples:
         """Samples ever added per slot: a sample is new to a reader that saw fewer."""
         self.heard_at = np.empty(0)
         """Healer time of each rank's newest record (when its batch came, less the record's age then)."""
-        self.steps = np.empty((0, keep), dtype=np.int64)
-        self.nonfinite = np.empty((0, keep), dtype=bool)
-        self.ring = {name: np.empty((0, keep)) for name in RING_FIELDS}
+        self.steps = np.empty((keep, 0), dtype=np.int64)
+        self.nonfinite = np.empty((keep, 0), dtype=bool)
+        self.ring = {name: np.empty((keep, 0)) for name in RING_FIELDS}
         self.node_names: list[str] = []
         self._order: np.ndarray | None = None
-        self._ages: np.ndarray | None = None
 
     def grow(self, n: int) -> None:
         if n <= self.n:
             return
         extra = n - self.n
 
-        def more(values: np.ndarray, fill: float | int | bool) -> np.ndarray:
-            return np.concatenate([values, np.full((extra, *values.shape[1:]), fill, dtype=values.dtype)])
+        def more(values: np.ndarray, fill: float | int | bool) -> np.ndarray:  # slots are the last axis
+            return np.concatenate([values, np.full((*values.shape[:-1], extra), fill, dtype=values.dtype)], axis=-1)
 
         self.rank, self.node, self.stage = more(self.rank, -1), more(self.node, -1), more(self.stage, 0)
         self.last_step, self.count, self.pos = more(self.last_step, -1), more(self.count, 0), more(self.pos, 0)
@@ -87,29 +87,45 @@ class JobSamples:
 
     def newest(self, name: str, slots: np.ndarray) -> np.ndarray:
         """Each of `slots`' newest sample's `name` (slots the history knows)."""
-        at = (self.pos[slots] - 1) % self.keep
-        if name == "step":
-            return self.steps[slots, at]
-        if name == "nonfinite":
-            return self.nonfinite[slots, at]
-        return self.ring[name][slots, at]
+        # NOTE: by flat position (np.take): a fancy index of rows and columns took ~3 ms at 131,072 slots
+        at = (self.pos[slots] - 1) % self.keep * self.steps.shape[1] + slots
+        values = self.steps if name == "step" else self.nonfinite if name == "nonfinite" else self.ring[name]
+        return np.take(values, at)
 
-    def window(self, window: int, slots: np.ndarray) -> np.ndarray:
-        """len(slots) x keep: True where a slot's sample is among its newest `window`."""
-        # NOTE: each slot's ages by its ring position from a keep x keep table: the modulo over every rank's
-        # samples took ~20 ms at 131,072 ranks.
-        if self._ages is None:
-            self._ages = (np.arange(self.keep)[:, None] - 1 - np.arange(self.keep)[None, :]) % self.keep
-        return self._ages[self.pos[slots]] < np.minimum(self.count[slots], window)[:, None]
+    def newest_first(self, window: int, slots: np.ndarray, since_step: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """Where `slots`' newest `window` samples after step `since_step` lie, newest first, as ages x slots: their
+        flat positions in a ring array (for np.take: position x slots + slot) and whether each slot has a sample
+        there. Only as many ages as
+        some slot has a sample at: a slot's samples in the window are its newest few (its steps rise with its ring
+        positions), so the first age none has ends them.
+        NOTE: by age, one row per age: a window's medians then run over whole rows (phases.masked_median), and the
+        rows are gathered straight from the ring, not copied out row by row and transposed (~30 ms at 131,072)."""
+        count, width = self.count[slots], self.steps.shape[1]
+        steps = self.steps.reshape(-1)
+        flat = np.empty((min(window, self.keep), len(slots)), dtype=np.int64)
+        valid = np.empty(flat.shape, dtype=bool)
+        at = (self.pos[slots] - 1) % self.keep * width + slots  # the newest
+        ages = 0
+        for age in range(flat.shape[0]):
+            if age:  # one position older: a row up the ring, from its first row round to its last
+                at = np.subtract(flat[age - 1], width, out=flat[age])
+                np.add(at, self.keep * width, out=at, where=at < 0)
+            else:
+                flat[0] = at
+            np.logical_and(count > age, np.take(steps, at) > since_step, out=valid[age])
+            if not valid[age].any():
+                break
+            ages = age + 1
+        return flat[:ages], valid[:ages]
 
     def samples_of(self, slot: int) -> list[dict[str, float | int | None]]:
         """One rank's samples, oldest first, as plain values (None for NaN): for the few ranks a detector follows."""
         out = []
         for i in range(int(self.count[slot])):
             at = (int(self.pos[slot]) - int(self.count[slot]) + i) % self.keep
-            row: dict[str, float | int | None] = {"step": int(self.steps[slot, at])}
+            row: dict[str, float | int | None] = {"step": int(self.steps[at, slot])}
             for name, values in self.ring.items():
-                x = float(values[slot, at])
+                x = float(values[at, slot])
                 row[name] = None if math.isnan(x) else x
             out.append(row)
         return out
@@ -122,7 +138,7 @@ class JobSamples:
         self.pos[slots] = 0
         self.last_step[slots] = -1
         self.heard_at[slots] = -math.inf
-        self.steps[slots] = -1
+        self.steps[:, slots] = -1
         self._order = None
 
     def add(self, cols: JobView, now: float, forget_after_s: float, started_at: float) -> np.ndarray:
@@ -145,30 +161,43 @@ class JobSamples:
         slots = np.flatnonzero(ok & (step != self.last_step[:n]))
         if not slots.size:
             return slots
-        if (self.count[slots] == 0).any():
+        # NOTE: at scale nearly every cycle brings every rank of a job a new sample: then a slice, not a fancy index
+        # (each a copy of 131,072), picks them.
+        pick: slice | np.ndarray = slice(0, n) if slots.size == n else slots
+        if (self.count[pick] == 0).any():
             self._order = None  # ranks the history did not know
-        new_step = step[slots]
-        back = slots[new_step < self.last_step[slots]]
+        new_step = step[pick]
+        back = slots[new_step < self.last_step[pick]]
         if back.size:
             # Restarted or rolled back: what comes after this step will be computed again.
-            held = self.steps[back]
-            drop = held >= step[back][:, None]
-            dropped = drop.sum(axis=1)
+            held = self.steps[:, back]
+            drop = held >= step[back]
+            dropped = drop.sum(axis=0)
             held[drop] = -1
-            self.steps[back] = held
+            self.steps[:, back] = held
             self.pos[back] = (self.pos[back] - dropped) % self.keep
             self.count[back] -= dropped
-        at = self.pos[slots]
-        self.steps[slots, at] = new_step
-        self.nonfinite[slots, at] = (cols.flags[slots] & NONFINITE).astype(bool)
-        for name, values in self.ring.items():
-            values[slots, at] = cols.arrays[name][slots]
-        self.pos[slots] = (at + 1) % self.keep
-        self.count[slots] = np.minimum(self.count[slots] + 1, self.keep)
-        self.written[slots] += 1
-        self.last_step[slots] = new_step
+        at = self.pos[pick]
+        # NOTE: the ranks of a job step together, so nearly all new samples go in one row of the ring (the one most
+        # of them are at): copied into it under a mask, a pass along the row; the few others one by one (np.put).
+        # Scattered stores of all 131,072 cost ~7 ms a cycle, the masked row ~2.
+        row = int(np.bincount(at).argmax())
+        in_row = at == row
+        mask = np.zeros(n, dtype=bool)
+        mask[slots[in_row]] = True
+        rest = slots[~in_row]
+        flat = at[~in_row] * self.n + rest
+        for values, new in ((self.steps, step), (self.nonfinite, (cols.flags & NONFINITE).astype(bool)),
+                            *((self.ring[name], cols.arrays[name]) for name in self.ring)):
+            np.copyto(values[row, :n], new, where=mask)
+            if rest.size:
+                np.put(values, flat, new[rest])
+        self.pos[pick] = (at + 1) % self.keep
+        self.count[pick] = np.minimum(self.count[pick] + 1, self.keep)
+        self.written[pick] += 1
+        self.last_step[pick] = new_step
         # NOTE: where a rank is, and its stage, are taken with its steps: they change only when it starts again
-        self.node[slots], self.stage[slots], self.rank[slots] = cols.node[slots], cols.stage[slots], cols.rank[slots]
+        self.node[pick], self.stage[pick], self.rank[pick] = cols.node[pick], cols.stage[pick], cols.rank[pick]
         return slots
 
 

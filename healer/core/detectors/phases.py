@@ -84,29 +84,47 @@ class PhaseTable:
 
     def stages(self) -> list[np.ndarray]:
         """The row indices of each pipeline stage, the stages in the order their first row comes."""
-        values, first = np.unique(self.stage, return_index=True)
-        return [np.flatnonzero(self.stage == values[k]) for k in np.argsort(first, kind="stable")]
+        stage = self.stage
+        if not len(stage):
+            return []
+        low, high = int(stage.min()), int(stage.max())
+        if high - low < 4096:
+            # NOTE: pipeline stages are a few small numbers: counted, not sorted (np.unique sorts all 131,072 rows)
+            values = np.flatnonzero(np.bincount(stage - low)) + low
+        else:
+            values = np.unique(stage)
+        groups = [np.flatnonzero(stage == v) for v in values.tolist()]
+        return sorted(groups, key=lambda rows: int(rows[0]))
 
 
-def masked_median(values: np.ndarray, valid: np.ndarray, invalid: np.ndarray | None = None,
+def masked_median(columns: np.ndarray, valid: np.ndarray, invalid: np.ndarray | None = None,
                   n: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of `values` (ranks x samples), the median of the entries `valid` marks (the mean of the two middle
-    ones for an even count, as statistics.median), and how many there were (NaN where none). `values` is a copy
-    the caller gives up (it is overwritten); `invalid` (~valid) and `n` (valid's count per row) are for a
-    caller that has them. The valid entries are finite (the wire refuses anything else).
+    """Per column of `columns` (samples x ranks: one row per sample, one column per rank), the median of the
+    entries `valid` marks (the mean of the two middle ones for an even count, as statistics.median), and how many
+    there were (NaN where none). `columns` is a copy the caller gives up (it is sorted in place); `invalid` (~valid)
+    and `n` (valid's count per column) are for a caller that has them. The valid entries are finite (the wire
+    refuses anything else).
 
-    NOTE: sorted by a sorting network over the columns, not row by row: numpy sorts each of 131,072 rows of ~10 on
-    its own (~40 ms a median), where the network's few dozen minimum/maximum passes over whole columns take ~8."""
-    np.copyto(values, np.inf, where=~valid if invalid is None else invalid)  # NOTE: +inf sorts last
-    columns = np.ascontiguousarray(values.T)
-    for a, b in _comparators(columns.shape[0]):
-        low = np.minimum(columns[a], columns[b])
-        np.maximum(columns[a], columns[b], out=columns[b])
-        columns[a] = low
-    n = valid.sum(axis=1) if n is None else n
-    rows = np.arange(columns.shape[1])
-    med = (columns[np.maximum((n - 1) // 2, 0), rows] + columns[n // 2 if columns.shape[0] else 0, rows]) / 2 \
-        if columns.shape[0] else np.full(len(rows), np.nan)
+    NOTE: sorted by a sorting network over whole rows, not rank by rank: numpy sorts each of 131,072 ranks' few
+    samples on its own (~40 ms a median), where the network's dozen or so minimum/maximum passes take a few."""
+    np.copyto(columns, np.inf, where=~valid if invalid is None else invalid)  # NOTE: +inf sorts last
+    n = valid.sum(axis=0) if n is None else n
+    if not columns.shape[0]:
+        return np.full(columns.shape[1], np.nan), n
+    # NOTE: each compare-and-swap is two passes, the minimum into a spare row that then takes the low one's place
+    # (rows by reference), not three (a minimum, a maximum and a copy back).
+    rows, spare = list(columns), np.empty(columns.shape[1], dtype=columns.dtype)
+    for a, b in _comparators(len(rows)):
+        np.minimum(rows[a], rows[b], out=spare)
+        np.maximum(rows[a], rows[b], out=rows[b])
+        rows[a], spare = spare, rows[a]
+    # NOTE: each rank's two middle entries taken row by row (stacking the rows back for a fancy index is a copy)
+    low, high = np.maximum((n - 1) // 2, 0), n // 2
+    lower, upper = np.empty(columns.shape[1], dtype=columns.dtype), np.empty(columns.shape[1], dtype=columns.dtype)
+    for k, row in enumerate(rows):
+        np.copyto(lower, row, where=low == k)
+        np.copyto(upper, row, where=high == k)
+    med = (lower + upper) / 2
     return np.where(n > 0, med, np.nan), n
 
 
@@ -134,24 +152,26 @@ def _comparators(size: int) -> tuple[tuple[int, int], ...]:
 
 def phase_table(samples: JobSamples, window: int, since_step: int | None = None) -> PhaseTable:
     """One row per rank with at least one timed sample among its last `window` (after `since_step`).
-    NOTE: at 131,072 ranks a window's close reads ~650,000 samples: a sort of each rank's few, side by side."""
+    NOTE: at 131,072 ranks a window's close reads ~650,000 samples: gathered by age (JobSamples.newest_first) and
+    sorted side by side, a few rows of 131,072 (~5 at a window of 5 steps), not 131,072 rows of `window`."""
     slots = samples.known()
-    since = -1 if since_step is None else since_step
+    flat, valid = samples.newest_first(window, slots, -1 if since_step is None else since_step)
     ring = samples.ring
-    step_s, compute = ring["step_seconds"][slots], ring["compute_s"][slots]  # copies (fancy indexing)
-    valid = samples.window(window, slots) & (samples.steps[slots] > since) & ~np.isnan(step_s) & ~np.isnan(compute)
-    kept = valid.any(axis=1)
+    step_s, compute = np.take(ring["step_seconds"], flat), np.take(ring["compute_s"], flat)
+    valid &= ~np.isnan(step_s) & ~np.isnan(compute)
+    kept = valid.any(axis=0)
     if not kept.all():
-        valid, slots, step_s, compute = valid[kept], slots[kept], step_s[kept], compute[kept]
+        flat, valid, slots, step_s, compute = flat[:, kept], valid[:, kept], slots[kept], step_s[:, kept], \
+            compute[:, kept]
     invalid = ~valid
     step_med, n = masked_median(step_s, valid, invalid)
     # NOTE: the same samples count for each phase: their count and mask are made once
-    lags = ring["dp_reduce_lag_s"][slots]
+    lags = np.take(ring["dp_reduce_lag_s"], flat)
     return PhaseTable(rank=samples.rank[slots], node=samples.node[slots], node_names=samples.node_names,
                       stage=samples.stage[slots], samples=n, step_s=step_med,
                       compute_s=masked_median(compute, valid, invalid, n)[0],
-                      data_wait_s=masked_median(ring["data_wait_s"][slots], valid, invalid, n)[0],
-                      dp_reduce_s=masked_median(ring["dp_reduce_s"][slots], valid, invalid, n)[0],
+                      data_wait_s=masked_median(np.take(ring["data_wait_s"], flat), valid, invalid, n)[0],
+                      dp_reduce_s=masked_median(np.take(ring["dp_reduce_s"], flat), valid, invalid, n)[0],
                       reduce_lag_s=masked_median(lags, valid & ~np.isnan(lags))[0])
 
 
