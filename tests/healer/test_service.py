@@ -4,6 +4,7 @@ that is down and comes back, a healer killed with SIGKILL and restarted, and two
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import time
@@ -159,6 +160,10 @@ def test_heartbeats_posted_to_the_service_open_an_incident_when_a_node_goes_sile
         assert (incident["kind"], incident["node"], incident["job"]) == ("heartbeat_stale", "n9", "train")
         assert http("POST", f"{healer.url}/v1/heartbeats", beat(0.1, 2))[0] == 202  # they speak again
         wait_for("the incident to resolve", lambda: healer.incident(incident["id"])["state"] == "resolved", 20)
+        # Heartbeats wait only while a cycle evaluates (healer/service/detection_first.py): none waited its limit.
+        metrics = http("GET", f"{healer.url}/metrics")[1]
+        assert re.search(r"^megaheal_healer_detection_cycle_seconds_count [1-9]", metrics, re.M)
+        assert re.search(r"^megaheal_healer_heartbeats_held_past_limit_total 0\.0$", metrics, re.M)
     finally:
         healer.stop()
     assert "detection cycle failed" not in healer.log.read_text()

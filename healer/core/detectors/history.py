@@ -36,8 +36,8 @@ class JobSamples:
     """One job's samples: per rank (by the slots of the job's columns), its last `keep` steps, as ring arrays of
     keep x slots (one row per ring position). NOTE: arrays, not an object per rank and step: at 131,072 ranks a
     cycle's new samples were a second of Python; as arrays they are a few vectorised stores. NOTE: position-major:
-    the ranks of a job step together, so a cycle's new samples land in one row (8 ms of scattered stores as
-    slots x keep, ~3 as keep x slots), and a window's samples are gathered a row per age (newest_first).
+    the ranks of a job step together, so a cycle's new samples land in one row (`add`: 131,072 stores scattered
+    over slots x keep took ~8 ms a cycle), and a window's samples are gathered a row per age (newest_first).
 
     A slot's samples are in step order from its oldest (at `pos - count`, modulo keep) to its newest (`pos - 1`);
     `count` 0: the history does not know the rank (never seen, or forgotten)."""
@@ -94,10 +94,9 @@ class JobSamples:
 
     def newest_first(self, window: int, slots: np.ndarray, since_step: int = -1) -> tuple[np.ndarray, np.ndarray]:
         """Where `slots`' newest `window` samples after step `since_step` lie, newest first, as ages x slots: their
-        flat positions in a ring array (for np.take: position x slots + slot) and whether each slot has a sample
-        there. Only as many ages as
-        some slot has a sample at: a slot's samples in the window are its newest few (its steps rise with its ring
-        positions), so the first age none has ends them.
+        flat positions in a ring array (for np.take: position x width + slot) and whether each slot has a sample
+        there. Only as many ages as some slot has a sample at: a slot's samples in the window are its newest few
+        (its steps rise with its ring positions), so the first age none has ends them.
         NOTE: by age, one row per age: a window's medians then run over whole rows (phases.masked_median), and the
         rows are gathered straight from the ring, not copied out row by row and transposed (~30 ms at 131,072)."""
         count, width = self.count[slots], self.steps.shape[1]

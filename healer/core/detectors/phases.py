@@ -101,7 +101,7 @@ def masked_median(columns: np.ndarray, valid: np.ndarray, invalid: np.ndarray | 
                   n: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per column of `columns` (samples x ranks: one row per sample, one column per rank), the median of the
     entries `valid` marks (the mean of the two middle ones for an even count, as statistics.median), and how many
-    there were (NaN where none). `columns` is a copy the caller gives up (it is sorted in place); `invalid` (~valid)
+    there were (NaN where none). `columns` is a copy the caller gives up (it is overwritten); `invalid` (~valid)
     and `n` (valid's count per column) are for a caller that has them. The valid entries are finite (the wire
     refuses anything else).
 
