@@ -27,6 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from exporters import phase_now
+from healer.core.detectors.hang import DEFAULT_PHASE_FLOORS
 from healer.launchers import kill
 from megaheal.typedconfig import ConfigError, from_mapping, read_yaml
 from testbed import freezer
@@ -52,7 +54,8 @@ class Fault:
     hang-spin, hang-data, hang-collective, hang-syscall (`rank` hangs as it reaches `at_step`, once per run:
     spinning in compute, blocked in data loading, waiting in a collective no peer enters, blocked in a read(2);
     set when the job starts, TrainConfig.inject_hangs), freeze (`rank` is frozen by the cgroup v1 freezer: state D,
-    and SIGKILL waits; as a rank stuck in a driver or on a dead mount; root, and hosts on this machine, only; it is
+    and SIGKILL waits; as a rank stuck in a driver or on a dead mount; root, and hosts on this machine, only; not
+    while the rank is in a save or a restore, as its phase file says: it waits for the rank to leave it; it is
     thawed, and so dies, when the run ends)."""
     rank: int = 0
     """The global rank it hits."""
@@ -168,7 +171,17 @@ class Chaos:
             entry["pid"] = self._kill(fault.rank, signal.SIGKILL)
         elif fault.kind == "freeze":
             pid = self._kill(fault.rank, signal.SIGCONT)  # resolves the pid (SIGCONT to a running rank is a no-op)
-            freezer.freeze(self._frozen, [pid], f"rank-{fault.rank}")
+            group = freezer.freeze(self._frozen, [pid], f"rank-{fault.rank}")
+            phase = self._phase_of(fault.rank, pid)  # NOTE: read frozen, so it cannot change under the read
+            if phase in DEFAULT_PHASE_FLOORS:
+                # NOTE: frozen inside a save (or a restore) the rank looks like one writing to a slow store, which the
+                # hang detector rightly waits out for that phase's minutes: the fault is a rank stuck in a step. The
+                # heartbeats that say the step come up to a second late, and a few steps on the rank can be in a save
+                # (one in a run's tests was throttled, ~11 s): it is thawed at once and frozen at a later tick.
+                freezer.thaw(group)
+                self.pending.insert(0, fault)
+                log.info("chaos: rank %d is in %s: its freeze waits for it to leave", fault.rank, phase)
+                return
             entry["pid"] = pid
         elif fault.kind in ("kill", "stop"):
             entry["pid"] = self._kill(fault.rank, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
@@ -180,6 +193,14 @@ class Chaos:
         log.warning("chaos: %s", entry)
         self.fired.append(entry)
 
+
+    def _phase_of(self, rank: int, pid: int) -> str | None:
+        """The phase rank `rank` (process `pid`) says it is in (exporters/phase_now.py: the file its node agent set it
+        on the host's scratch disk); None when it keeps none."""
+        found = sorted((self._scratch_of(rank) / "megaheal-phase").glob(f"*/{pid}.phase"),
+                       key=lambda p: p.stat().st_mtime)
+        now = phase_now.read(found[-1]) if found else None
+        return now.phase if now is not None else None
 
     def close(self) -> None:
         """Thaw what it froze (a frozen rank's pending SIGKILL lands then) and remove its freezer groups."""

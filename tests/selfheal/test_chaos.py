@@ -130,3 +130,43 @@ def test_break_node_turns_the_scratch_directory_into_a_file_and_kills_the_rank(t
     assert scratch.is_file() and killed == [(2, signal.SIGKILL)]
     assert chaos.fired[0]["broken"] == str(scratch) and chaos.fired[0]["pid"] == 4242
     assert break_scratch(scratch) == scratch and scratch.is_file()  # breaking it again is harmless
+
+
+def test_a_freeze_waits_while_the_rank_saves_and_then_leaves_it_stuck_in_the_kernel(tmp_path: Path) -> None:
+    # A rank frozen inside a save looks like one writing to a slow store (the hang detector waits that out for
+    # minutes): the fault is frozen only once the rank is out of its save, as its phase file says.
+    scratch = tmp_path / "nodes" / "n2" / "tmp"
+    phase_dir = scratch / "megaheal-phase" / "job-attempt-001"
+    marker = tmp_path / "saved"
+    rank = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, pathlib\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from exporters.phase_now import PhaseBeacon\n"
+        f"beacon = PhaseBeacon({str(phase_dir)!r}, rank=3)\n"
+        f"marker = pathlib.Path({str(marker)!r})\n"
+        "beacon.enter('checkpoint_save', step=28)\n"
+        "while not marker.exists(): time.sleep(0.01)\n"
+        "beacon.enter('forward_backward', step=29)\n"
+        "while True: time.sleep(0.01)\n")])
+    chaos = Chaos(Schedule(faults=[Fault(at_step=29, kind="freeze", rank=3)]),
+                  lambda r, sig: (rank.send_signal(sig), rank.pid)[1], tmp_path / "checkpoints",
+                  scratch_of=lambda r: scratch)
+    try:
+        deadline = time.monotonic() + 20
+        while not list(phase_dir.glob(f"{rank.pid}.phase")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # in its save now
+        chaos.tick(29)
+        assert chaos.fired == [] and len(chaos.pending) == 1, "not frozen while it saves"
+        state = procfs.stat(rank.pid)
+        assert state is not None and state.state in ("R", "S"), state
+        marker.touch()
+        time.sleep(0.5)  # it left the save for a step
+        chaos.tick(30)
+        assert [f["kind"] for f in chaos.fired] == ["freeze"] and not chaos.pending
+        state = procfs.stat(rank.pid)
+        assert state is not None and state.state == "D", state
+    finally:
+        rank.kill()
+        chaos.close()  # thawed: the SIGKILL lands
+        rank.wait(timeout=10)
