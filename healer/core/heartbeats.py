@@ -22,6 +22,7 @@ from exporters.relay_wire import Relayed, Rows, decode_relay_batch
 from exporters.schema import GpuEntry, HeartbeatBatch, RankEntry, SchemaError, convert_batch, decode_batch
 from healer.errors import BadRequest
 from healer.core.processes import ProcessView
+from healer.core.node_times import NodeTimes
 from healer.core.rank_columns import JobView, RankColumns
 
 
@@ -127,6 +128,8 @@ class HeartbeatTable:
         self._forget_after_s = forget_after_s
         self._ranks: dict[tuple[str, int], RankBeat] = {}
         self._nodes: dict[str, NodeBeat] = {}
+        self._node_times = NodeTimes()
+        """The nodes' batch times and oldest record ages as arrays, in _nodes' order (healer/core/node_times.py)."""
         self._columns = RankColumns()
         """The same ranks' numbers as arrays per job (healer/core/rank_columns.py): what a detection cycle reads."""
         self._lock = threading.Lock()
@@ -179,8 +182,9 @@ class HeartbeatTable:
         if held is not None and held.received_at > received_at:
             return 0
         beats = tuple([RankBeat(node, received_at, e) for e in batch.ranks])
-        self._nodes[node] = NodeBeat(node=node, received_at=received_at, seq=batch.seq, ranks=beats,
-                                     max_age_s=max((e.last_seen_age_s for e in batch.ranks), default=0.0),
+        max_age = max((e.last_seen_age_s for e in batch.ranks), default=0.0)
+        self._node_times.set(node, received_at, max_age)
+        self._nodes[node] = NodeBeat(node=node, received_at=received_at, seq=batch.seq, ranks=beats, max_age_s=max_age,
                                      jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus),
                                      gpus_flagged=any(gpu_flagged(g) for g in batch.gpus),
                                      agent_url=batch.agent_url, relay=relay)
@@ -217,8 +221,9 @@ class HeartbeatTable:
             if held is None or held.received_at <= received_at:
                 node = head.node
                 beats = tuple([RankBeat(node, received_at, rows, i) for i in range(start, stop)])
-                nodes[node] = NodeBeat(node=node, received_at=received_at, seq=head.seq, ranks=beats,
-                                       max_age_s=max(ages[start:stop], default=0.0),
+                max_age = max(ages[start:stop], default=0.0)
+                self._node_times.set(node, received_at, max_age)
+                nodes[node] = NodeBeat(node=node, received_at=received_at, seq=head.seq, ranks=beats, max_age_s=max_age,
                                        jobs=tuple(sorted({jobs[j] for j in job_of[start:stop]})),
                                        gpus=tuple(head.gpus), gpus_flagged=any(gpu_flagged(g) for g in head.gpus),
                                        agent_url=head.agent_url, relay=relay)
@@ -243,10 +248,16 @@ class HeartbeatTable:
         with self._lock:
             return list(self._nodes.values())
 
-    def snapshot(self) -> tuple[list[RankBeat], list[NodeBeat], dict[str, JobView]]:
-        """ranks(), nodes() and columns() of one moment (a detection cycle's view: all three agree)."""
+    def node_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """(received_at, max_age_s) of each node of nodes(), as arrays in its order."""
         with self._lock:
-            return list(self._ranks.values()), list(self._nodes.values()), self._columns.snapshot()
+            return self._node_times.snapshot()
+
+    def snapshot(self) -> tuple[list[RankBeat], list[NodeBeat], tuple[np.ndarray, np.ndarray], dict[str, JobView]]:
+        """ranks(), nodes(), node_times() and columns() of one moment (a detection cycle's view: all agree)."""
+        with self._lock:
+            return (list(self._ranks.values()), list(self._nodes.values()), self._node_times.snapshot(),
+                    self._columns.snapshot())
 
     def columns(self) -> dict[str, JobView]:
         """Per job, a copy of its ranks' columns, every present rank counted (healer/core/rank_columns.py)."""
@@ -265,8 +276,11 @@ class HeartbeatTable:
             for key in old:
                 del self._ranks[key]
             self._columns.drop(old)
-            for name in [n for n, b in self._nodes.items() if b.received_at < cutoff]:
+            gone = [n for n, b in self._nodes.items() if b.received_at < cutoff]
+            for name in gone:
                 del self._nodes[name]
+            if gone:
+                self._node_times.keep_only(list(self._nodes))
         return len(old)
 
     def __len__(self) -> int:

@@ -34,6 +34,8 @@ class Readings(Protocol):
 
     def nodes(self) -> list[NodeBeat]: ...
 
+    def node_times(self) -> tuple[np.ndarray, np.ndarray]: ...
+
     def columns(self) -> dict[str, JobView]: ...
 
 
@@ -46,6 +48,9 @@ class TickView:
     """Per job, its ranks' columns, counting what `beats` holds."""
     histories: object | None = None
     """The healer's HistoryPool (healer/core/detectors/history.py): the detectors' samples, taken once per cycle."""
+    node_received: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    node_max_age: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Each of node_beats' received_at and max_age_s, as arrays (healer/core/node_times.py)."""
 
     @classmethod
     def of(cls, table: HeartbeatTable, histories: object | None = None) -> TickView:
@@ -53,11 +58,11 @@ class TickView:
         # job -> the pids that count (empty: none, the attempt is being stopped), for the jobs a launcher started.
         # Every other job's heartbeats all count.
         keep = {job: frozenset() if view.is_stopping(job) else view.pids(job) for job in view.jobs()}
-        ranks, node_beats, job_columns = table.snapshot()
+        ranks, node_beats, (received, max_age), job_columns = table.snapshot()
         if not keep:
             # NOTE: the service alone (no launcher): nothing to filter, so the view is two copies made in C. Filtering
             # 131,072 ranks one by one took most of a detection cycle (~165 ms of 186 ms, bench/healer_ingest.py).
-            return cls(tuple(ranks), tuple(node_beats), view, job_columns, histories)
+            return cls(tuple(ranks), tuple(node_beats), view, job_columns, histories, received, max_age)
 
         def counts(beat: RankBeat) -> bool:
             pids = keep.get(beat.job)
@@ -65,7 +70,7 @@ class TickView:
 
         beats = tuple(b for b in ranks if counts(b))
         nodes = []
-        for node in node_beats:
+        for i, node in enumerate(node_beats):
             if not any(job in keep for job in node.jobs):
                 nodes.append(node)  # none of its ranks belongs to a launched job: all count
                 continue
@@ -73,6 +78,7 @@ class TickView:
             if len(kept) != len(node.ranks):
                 node = replace(node, ranks=kept, max_age_s=max((b.last_seen_age_s for b in kept), default=0.0),
                                jobs=tuple(sorted({b.job for b in kept})))
+                max_age[i] = node.max_age_s  # NOTE: the snapshot's own copy
             nodes.append(node)
         columns = {}
         for job, cols in job_columns.items():
@@ -81,13 +87,16 @@ class TickView:
                 columns[job] = cols
             elif pids:
                 columns[job] = cols.only(np.isin(cols.pid, np.fromiter(pids, dtype=np.int64, count=len(pids))))
-        return cls(beats, tuple(nodes), view, columns, histories)
+        return cls(beats, tuple(nodes), view, columns, histories, received, max_age)
 
     def ranks(self) -> list[RankBeat]:
         return list(self.beats)
 
     def nodes(self) -> list[NodeBeat]:
         return list(self.node_beats)
+
+    def node_times(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.node_received, self.node_max_age
 
     def columns(self) -> dict[str, JobView]:
         return self.job_columns

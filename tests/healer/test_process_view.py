@@ -69,9 +69,14 @@ def test_the_tick_view_counts_every_heartbeat_without_a_launcher_and_only_the_at
     from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, RankEntry
 
     def batch(node: str, job: str, pids: list[int]) -> HeartbeatBatch:
+        # NOTE: a lower pid's record is older: a node's oldest record changes when the view leaves pids out
         return HeartbeatBatch(schema=HEARTBEAT_SCHEMA, node=node, seq=1, sent_at=1.0, ranks=[
-            RankEntry(job=job, rank=i, pid=pid, local_rank=i, world_size=len(pids), alive=True, last_seen_age_s=0.1)
-            for i, pid in enumerate(pids)])
+            RankEntry(job=job, rank=i, pid=pid, local_rank=i, world_size=len(pids), alive=True,
+                      last_seen_age_s=0.1 + len(pids) - i) for i, pid in enumerate(pids)])
+
+    def times(view: TickView) -> list[tuple[float, float]]:
+        received, max_age = view.node_times()
+        return list(zip(received.tolist(), max_age.tolist()))
 
     table = HeartbeatTable(clock=lambda: 100.0)
     table.ingest(batch("a", "j", [100, 101]))
@@ -84,5 +89,7 @@ def test_the_tick_view_counts_every_heartbeat_without_a_launcher_and_only_the_at
     assert sorted((b.job, b.entry.pid) for b in launched.ranks()) == [("j", 101), ("other", 200)]
     a, b = launched.nodes()
     assert [r.entry.pid for r in a.ranks] == [101] and b is table.nodes()[1]
+    # The view's node times follow its nodes: node a's oldest record is now pid 101's, pid 100's left out.
+    assert times(launched) == [(100.0, 1.1), (100.0, 1.1)] and times(plain) == [(100.0, 2.1), (100.0, 1.1)]
     table.processes.stopping("j")
     assert [b.job for b in TickView.of(table).ranks()] == ["other"]

@@ -59,3 +59,29 @@ def test_ranks_the_table_forgets_leave_its_columns_and_a_job_heard_again_starts_
     assert sorted(int(r) for r in both.rank[both.counts]) == [2, 3] and both.beats[0] is None
     table.ingest(batch("n1", [0, 1], job="old"))
     assert table.columns()["old"].epoch != epoch, "its ranks numbered afresh: whoever kept state by slot starts again"
+
+
+def test_the_node_times_are_each_nodes_batch_time_and_oldest_record_age_in_the_tables_order_after_forgetting_too(
+) -> None:
+    clock = ManualClock()
+    table = HeartbeatTable(clock=clock, forget_after_s=60)
+
+    def times() -> list[tuple[float, float]]:
+        received, max_age = table.node_times()
+        return list(zip(received.tolist(), max_age.tolist()))
+
+    def beats() -> list[tuple[float, float]]:
+        return [(n.received_at, n.max_age_s) for n in table.nodes()]
+
+    for i, node in enumerate(["n1", "n2", "n3", "n4"]):
+        body = batch(node, [2 * i, 2 * i + 1], job="j")
+        body["ranks"][1]["last_seen_age_s"] = 0.5 + i  # the oldest record of the node's batch
+        table.ingest(body)
+        clock.now += 10
+    assert times() == beats() and [age for _, age in times()] == [0.5, 1.5, 2.5, 3.5]
+    table.ingest(batch("n1", [0, 1], job="j"))  # a later batch keeps the node's place
+    clock.now += 45  # n2 and n3 are past 60 s
+    assert table.forget_old() == 4
+    assert [n.node for n in table.nodes()] == ["n1", "n4"] and times() == beats()
+    table.ingest(batch("n5", [9], job="j"))
+    assert [n.node for n in table.nodes()] == ["n1", "n4", "n5"] and times() == beats()
