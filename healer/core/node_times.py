@@ -23,9 +23,6 @@ class NodeTimes:
         self._received = np.zeros(capacity)
         self._max_age = np.zeros(capacity)
 
-    def __len__(self) -> int:
-        return len(self._slot)
-
     def set(self, node: str, received_at: float, max_age_s: float) -> None:
         """The node's batch just stored (a node not seen before goes last, as it does in the table's dict)."""
         slot = self._slot.get(node)

@@ -193,7 +193,6 @@ class Chaos:
         log.warning("chaos: %s", entry)
         self.fired.append(entry)
 
-
     def _phase_of(self, rank: int, pid: int) -> str | None:
         """The phase rank `rank` (process `pid`) says it is in (exporters/phase_now.py: the file its node agent set it
         on the host's scratch disk); None when it keeps none."""

@@ -168,7 +168,7 @@ class Service:
                 self.metrics.tick_errors.labels("detect").inc()
                 log.error("detection cycle failed", exc_info=True)
 
-    def _detect_once(self, evaluated: Callable[[], object] = lambda: None) -> None:
+    def _detect_once(self, evaluated: Callable[[], object]) -> None:
         """One cycle, on the detection thread; `evaluated` is called once the detectors are done (however that
         went). NOTE: the view goes at the end, on this thread: freeing the heartbeats it held up is work too."""
         try:

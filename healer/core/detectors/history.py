@@ -36,7 +36,7 @@ class JobSamples:
     """One job's samples: per rank (by the slots of the job's columns), its last `keep` steps, as ring arrays of
     keep x slots (one row per ring position). NOTE: arrays, not an object per rank and step: at 131,072 ranks a
     cycle's new samples were a second of Python; as arrays they are a few vectorised stores. NOTE: position-major:
-    the ranks of a job step together, so a cycle's new samples land in one row (`add`: 131,072 stores scattered
+    the ranks of a job step together, so a cycle's new samples land mostly in one row (`add`: 131,072 stores scattered
     over slots x keep took ~8 ms a cycle), and a window's samples are gathered a row per age (newest_first).
 
     A slot's samples are in step order from its oldest (at `pos - count`, modulo keep) to its newest (`pos - 1`);
@@ -177,9 +177,11 @@ class JobSamples:
             self.pos[back] = (self.pos[back] - dropped) % self.keep
             self.count[back] -= dropped
         at = self.pos[pick]
-        # NOTE: the ranks of a job step together, so nearly all new samples go in one row of the ring (the one most
-        # of them are at): copied into it under a mask, a pass along the row; the few others one by one (np.put).
-        # Scattered stores of all 131,072 cost ~7 ms a cycle, the masked row ~2.
+        # NOTE: the ranks of a job step together, so the new samples go mostly in one row of the ring (the one most of
+        # them are at): copied into it under a mask, a pass along the row; the others one by one (np.put). Scattered
+        # stores of all 131,072 cost ~7 ms a cycle, the masked row ~2. But a rank that misses a batch stays a ring
+        # position behind for good: in the loaded bench many do, and the np.put part is most of the ~19 ms hang
+        # costs there (py-spy). A ring position set by the step number would keep them in one row.
         row = int(np.bincount(at).argmax())
         in_row = at == row
         mask = np.zeros(n, dtype=bool)
