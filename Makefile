@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal run --config configs/demo.yaml --chaos configs/chaos-demo.yaml --warm
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal run --config configs/demo.yaml --chaos configs/chaos-demo.yaml --warm \
+		--rules configs/rules/default.yaml --rules configs/demo/remediation.yaml
 
 # The real services tests run against (Prometheus, Alertmanager, PostgreSQL), from Debian when missing.
 system-deps:

@@ -103,6 +103,8 @@ class HeartbeatForwarder:
         self._buffer_max = buffer_batches
         self._seq = 0
         self.sent = 0
+        self.last_taken_at: float | None = None
+        """When a batch was last taken (time.monotonic()); None: none yet."""
         self.failures = 0
         self.dropped = 0
         self._stop = threading.Event()
@@ -112,6 +114,10 @@ class HeartbeatForwarder:
     def retarget(self, healer_url: str) -> None:
         """Send to another healer from now on (one that took the job over)."""
         self.url = healer_url.rstrip("/") + HEARTBEAT_PATH
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def buffered(self) -> int:
@@ -179,6 +185,7 @@ class HeartbeatForwarder:
             return None
         if 200 <= status < 300:
             self.sent += 1
+            self.last_taken_at = time.monotonic()
             return True
         if 400 <= status < 500 and status not in (408, 429):
             # Refused for good (bad schema, bad token): retrying it would never succeed.

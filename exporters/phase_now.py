@@ -123,27 +123,35 @@ class PhaseNow:
 
 
 def read(path: Path, attempts: int = 5) -> PhaseNow | None:
-    """The phase recorded in `path`; None when there is no such file, it is not one, or it never read whole."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
+    """The phase recorded in `path`; None when there is no such file, it is not one, or it never read whole.
+
+    NOTE: the file goes away while it is read whenever its rank ends a trainer (a rank that exits, a warm worker
+    between two generations: PhaseBeacon.close unlinks it), so every read of it may fail: each one is guarded. A
+    reader that raised here once killed a node agent's poll thread (tests/exporters/test_phase_now.py)."""
+    raw = _read_whole(path)
     for _ in range(attempts):
-        if len(raw) < SIZE:
+        if raw is None or len(raw) < SIZE:
             return None
         magic, seq = _HEAD.unpack_from(raw, 0)
         if magic != MAGIC or seq == 0:
             return None  # not a beacon, or one that has recorded no phase yet
         if seq % 2 == 0:
             step, at_ns, rank, name = _BODY.unpack_from(raw, _HEAD.size)
-            again = path.read_bytes()
+            again = _read_whole(path)
+            if again is None:
+                return None  # gone between the two reads: the rank left the phase with its trainer
             if again[:_HEAD.size] == raw[:_HEAD.size]:
                 return PhaseNow(rank=rank, step=step, phase=name.rstrip(b"\0").decode("ascii", "replace"),
                                 since_ns=at_ns)
             raw = again
         else:
-            try:
-                raw = path.read_bytes()
-            except OSError:
-                return None
+            raw = _read_whole(path)
     return None
+
+
+def _read_whole(path: Path) -> bytes | None:
+    """The file's bytes; None when it cannot be read (removed, replaced by a directory, not ours to read)."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None

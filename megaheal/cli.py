@@ -135,6 +135,7 @@ def agent(
     scratch_dir: Annotated[Optional[str], typer.Option("--scratch-dir", help="the host's local disk: the ranks' TMPDIR [default: WORK_DIR/tmp]")] = None,
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics")] = "127.0.0.1:0",
     url_file: Annotated[Optional[str], typer.Option("--url-file", help="write the orders API's URL here once it serves")] = None,
+    orphan_exit_s: Annotated[float, typer.Option("--orphan-exit-s", help="exit after this long with nothing heard from the healer while no rank runs here (0: never)")] = 300.0,
 ) -> None:
     """Run this host's node agent: the sidecar, the host's rank processes, and the healer's orders."""
     import logging
@@ -152,7 +153,8 @@ def agent(
         cfg = NodeAgent.Config(node=name, listen=listen, advertise=advertise, healer_url=healer_url,
                                relay_url=relay_url, token=token,
                                work_dir=work, scratch_dir=scratch,
-                               socket_path=socket_path or agent_socket_path(name, work), metrics_addr=metrics_addr)
+                               socket_path=socket_path or agent_socket_path(name, work), metrics_addr=metrics_addr,
+                               orphan_exit_s=orphan_exit_s)
         node_agent = NodeAgent(cfg)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

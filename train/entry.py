@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 import yaml
 
 from train.config import TrainConfig, load_config
@@ -54,6 +55,11 @@ def leave_process_group() -> None:
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
+    # NOTE: a group without an explicit name is named by a process-wide counter, which destroy_process_group resets
+    # but a failed init_process_group leaves counted (torch 2.13): a warm worker whose generation was aborted while
+    # its group formed then named its next generation's group "1" while its peers named theirs "0", and every rank
+    # waited in the rendezvous for keys nobody wrote (tests/distributed/test_warm_generations.py).
+    distributed_c10d._world.group_count = 0
     gc.collect()
 
 

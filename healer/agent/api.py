@@ -73,7 +73,8 @@ def create_app(agent: NodeAgent) -> Starlette:
         return JSONResponse(agent.state())
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "node": agent.cfg.node})
+        health = agent.health()
+        return JSONResponse(health, status_code=200 if health["status"] == "ok" else 503)
 
     return Starlette(routes=[
         Route("/v1/orders", post_order, methods=["POST"]),

@@ -82,6 +82,10 @@ class NodeAgent:
         """Where torchrun and the runbooks run (the checkout, so `-m train` imports)."""
         extra_env: dict[str, str] = field(default_factory=dict)
         """Added to the environment of every rank and runbook (an agent in the healer's process cannot use its own)."""
+        orphan_exit_s: float = 300.0
+        """An agent that has heard nothing from its healer (no batch taken, no order) for this long while no rank of
+        its runs here exits, saying why: nothing is left for it to keep, and a healer that comes back starts agents
+        anew. While ranks run it waits for a take-over however long. 0: it never exits by itself."""
 
         def __post_init__(self) -> None:
             if len(self.token) < 16:
@@ -90,6 +94,8 @@ class NodeAgent:
                 raise ValueError("poll_interval_s must be in (0, 10] and heartbeat_interval_s in (0, 60]")
             if self.relay_url and not self.healer_url:
                 raise ValueError("relay_url needs healer_url (where the batches go while the relay is down)")
+            if self.orphan_exit_s < 0:
+                raise ValueError(f"orphan_exit_s must be >= 0, got {self.orphan_exit_s}")
 
     def __init__(self, cfg: Config, nvml: Any = AUTO) -> None:
         self.cfg = cfg
@@ -109,6 +115,12 @@ class NodeAgent:
         self._stop = threading.Event()
         self._shutdown = threading.Event()
         self._poller = threading.Thread(target=self._poll_forever, name="megaheal-agent-poll", daemon=True)
+        self.poll_failures = 0
+        """Looks at the host's ranks that raised (each logged with its traceback; the loop went on)."""
+        self.thread_restarts = 0
+        self._heard_at = time.monotonic()
+        """When the healer was last heard from (an order came, a batch was taken), on the monotonic clock."""
+        self.exit_reason: str | None = None
         self._server: Any = None
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -153,23 +165,80 @@ class NodeAgent:
 
     def _poll_forever(self) -> None:
         while not self._stop.wait(self.cfg.poll_interval_s):
-            with self._lock:
-                attempt = self.attempt
-                if attempt is None:
-                    continue
-                before = (len(attempt.exits), attempt.ended)
-                attempt.poll()
-                changed = (len(attempt.exits), attempt.ended) != before
-                heartbeat = self.heartbeat
-            # NOTE: an exit is what the healer acts on at once (a crash): it goes out now, not at the next interval
-            # (half a second on average of every crash's detection).
-            if changed and heartbeat is not None:
-                heartbeat.nudge()
+            try:
+                self._poll_once()
+            except Exception:  # noqa: BLE001 - NOTE: one bad look (a /proc entry or a file gone) is not the end
+                # of the agent's eyes: an agent whose poll thread died went on sending batches of ranks it no longer
+                # looked at, and the healer saw its job fall silent (tests/agent/test_node_agent.py).
+                self.poll_failures += 1
+                log.error("agent %s: a look at the host's ranks failed (%d so far); the next one goes on",
+                          self.cfg.node, self.poll_failures, exc_info=True)
+
+    def _poll_once(self) -> None:
+        self._exit_if_orphaned()
+        with self._lock:
+            attempt = self.attempt
+            if attempt is None:
+                return
+            before = (len(attempt.exits), attempt.ended)
+            attempt.poll()
+            changed = (len(attempt.exits), attempt.ended) != before
+            heartbeat = self.heartbeat
+        # NOTE: an exit is what the healer acts on at once (a crash): it goes out now, not at the next interval
+        # (half a second on average of every crash's detection).
+        if changed and heartbeat is not None:
+            heartbeat.nudge()
+
+    def _exit_if_orphaned(self) -> None:
+        """Leave when neither the healer nor a rank needs this agent any more (Config.orphan_exit_s)."""
+        if not self.cfg.orphan_exit_s or self._shutdown.is_set():
+            return
+        if self.heartbeat is not None and self.heartbeat.last_taken_at is not None:
+            self._heard_at = max(self._heard_at, self.heartbeat.last_taken_at)
+        silent_s = time.monotonic() - self._heard_at
+        if silent_s < self.cfg.orphan_exit_s or self._ranks_run_here():
+            return
+        self.exit_reason = (f"nothing heard from the healer for {silent_s:.0f} s (orphan_exit_s "
+                            f"{self.cfg.orphan_exit_s:g}) and no rank runs here")
+        log.warning("agent %s exits: %s", self.cfg.node, self.exit_reason)
+        if self.warm is not None:
+            self.warm.stop(5.0, threading.Event())  # its idle standbys: nobody would ever give them a rank
+        self._shutdown.set()
+
+    def _ranks_run_here(self) -> bool:
+        """Whether the host's part of an attempt still runs (a rank trains, or torchrun restarts them)."""
+        with self._lock:
+            return self.attempt is not None and not self.attempt.ended
+
+    def threads(self) -> dict[str, bool]:
+        """Whether each of the agent's own loops runs (the API server's thread is its own: it answers, or not)."""
+        out = {"poll": self._poller.is_alive(), "orders": self.orders.alive}
+        if self.heartbeat is not None:
+            out["heartbeat"] = self.heartbeat.alive
+        return out
+
+    def _watch_threads(self) -> None:
+        """A loop that died anyway (not of an Exception: those are caught in it) is said once and started again: an
+        agent that looks at nothing must not look healthy. Called with each batch, so at the heartbeat interval."""
+        if self._stop.is_set() or self._poller.is_alive() or not self._poller.ident:
+            return
+        self.thread_restarts += 1
+        log.error("agent %s: its poll thread died; started again (%d restart(s))", self.cfg.node, self.thread_restarts)
+        self._poller = threading.Thread(target=self._poll_forever, name="megaheal-agent-poll", daemon=True)
+        self._poller.start()
+
+    def health(self) -> dict[str, Any]:
+        """/healthz's answer: ok, or degraded with the loops that do not run and how often a look failed."""
+        threads = self.threads()
+        dead = sorted(name for name, alive in threads.items() if not alive)
+        return {"status": "degraded" if dead else "ok", "node": self.cfg.node, "threads": threads,
+                "dead_threads": dead, "poll_failures": self.poll_failures, "thread_restarts": self.thread_restarts}
 
     # ---- what it reports -----------------------------------------------------------------------------
 
     def batch(self, seq: int, sent_at: float) -> HeartbeatBatch:
         """The sidecar's batch, with the host's part of the current attempt and where to send orders."""
+        self._watch_threads()
         with self._lock:
             report = self.attempt.report() if self.attempt is not None else None
         base = self.sidecar.heartbeat_batch(seq, sent_at)
@@ -179,7 +248,7 @@ class NodeAgent:
         with self._lock:
             report = self.attempt.report() if self.attempt is not None else None
         return {"node": self.cfg.node, "url": self.url, "pid": os.getpid(),
-                "attempt": msgspec.to_builtins(report) if report is not None else None}
+                "attempt": msgspec.to_builtins(report) if report is not None else None, "health": self.health()}
 
     # ---- orders --------------------------------------------------------------------------------------
 
@@ -194,6 +263,7 @@ class NodeAgent:
         return self.orders.submit(order)
 
     def _execute(self, order: Order) -> Any:
+        self._heard_at = time.monotonic()  # NOTE: only the healer holds the token an order needs
         if isinstance(order, StartOrder):
             return self._start(order)
         if isinstance(order, StopOrder):

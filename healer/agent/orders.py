@@ -165,6 +165,10 @@ class OrderBook:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         with self._lock:
             self._stopped = True

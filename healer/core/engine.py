@@ -24,7 +24,7 @@ from healer.core.detectors.history import HistoryPool
 from healer.core.jobview import TickView
 from healer.core.metrics import HealerMetrics
 from healer.core.promql import PromqlEvaluator
-from healer.core.remediator import Diagnoser, Remediator
+from healer.core.remediator import Diagnoser, JobState, Remediator
 from healer.core.recovery import recover, take_over
 from healer.core.respond import Responder
 from healer.core.rules import AlertCondition, DetectorCondition, PromqlCondition, Rule, RuleSet
@@ -143,11 +143,17 @@ class Healer:
         reporting: set[str] | None = None  # the jobs with a rank that reported a step: taken once, when first needed
         # NOTE: a host the healer left out of its job is known to be bad: its faults (a GPU that keeps its Xid) are
         # no longer the job's, and must not open an incident every cycle.
-        left_out = set(self.remediator.state().excluded) if self.remediator is not None else set()
+        state = self.remediator.state() if self.remediator is not None else None
+        left_out = set(state.excluded) if state is not None else set()
+        acting = _acted_on(state)
         results = []
         for rule, detector in self.detectors:
             result = detector.evaluate(view, now)
             kept = tuple(f for f in result.firing if f.node not in left_out)
+            if kept and detector.measures_silence and acting is not None:
+                # NOTE: while the healer stops, diagnoses or starts the job, its silence and its lack of progress are
+                # the healer's own doing: a diagnosis of 50 s opened heartbeat_stale incidents in `make demo`.
+                kept = tuple(f for f in kept if f.job != acting)
             if kept and not detector.reads_processes:
                 # NOTE: until a restarted job's new attempt reports a step, a heartbeat detector only remembers the
                 # old attempt (its NaN, its slow phase table): it may not speak for the job then.
@@ -282,6 +288,16 @@ class Healer:
 
 def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, timezone.utc)
+
+
+def _acted_on(state: JobState | None) -> str | None:
+    """The job whose attempt the healer is replacing now (an order in flight: a stop, a diagnosis with the job
+    stopped, a restart; or the job stopped between two attempts), None when it is left to run."""
+    if state is None or state.attempt is None:
+        return None
+    if state.busy or not (state.running or state.succeeded):
+        return state.job
+    return None
 
 
 def _matches(rule: Rule, alert: WebhookAlert) -> bool:

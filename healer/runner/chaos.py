@@ -10,7 +10,9 @@
       - {at_step: 60, kind: hang-spin, rank: 1}                 # a hang that is not SIGSTOP (train/hang_faults.py)
       - {at_step: 70, kind: freeze, rank: 3}                    # stuck in the kernel (cgroup freezer): state D
 
-A fault fires once, when every rank of the running attempt has reported `at_step`. Signals go through the
+A fault fires once, when every rank of the running attempt has reported `at_step`; a rollback that takes the job
+back before a fault's step only delays it (it fires when the job gets there again), and one that took the job back
+past a fault already fired does not play it twice. The report lists the faults that never fired. Signals go through the
 coordinator (so they need the run's token) to the rank's node agent; nothing from the schedule reaches a shell.
 """
 
@@ -200,6 +202,12 @@ class Chaos:
                        key=lambda p: p.stat().st_mtime)
         now = phase_now.read(found[-1]) if found else None
         return now.phase if now is not None else None
+
+    def summary(self) -> dict[str, Any]:
+        """What the report says of the schedule: the faults that fired (with when and on what) and those that did
+        not (the job ended, or never came back to their step, first)."""
+        return {"fired": list(self.fired),
+                "not_fired": [{"kind": f.kind, "rank": f.rank, "at_step": f.at_step} for f in self.pending]}
 
     def close(self) -> None:
         """Thaw what it froze (a frozen rank's pending SIGKILL lands then) and remove its freezer groups."""

@@ -118,14 +118,21 @@ def render_hosts(hosts: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
-def report(run_dir: Path, incidents: list[dict[str, Any]], quiet: bool = False) -> Ledger:
+def report(run_dir: Path, incidents: list[dict[str, Any]], quiet: bool = False,
+           chaos: dict[str, Any] | None = None) -> Ledger:
+    """`chaos`: the schedule's faults that fired and those that did not (Chaos.summary), when one was played."""
     ledger = compute(run_dir, incidents)
     hosts = host_table(run_dir, incidents)
+    extra = {"chaos": chaos} if chaos is not None else {}
     (run_dir / "report.json").write_text(json.dumps(ledger.to_payload() | {"hosts": hosts,
-                                                                            "restarts": restart_modes(incidents)},
-                                                    indent=2, default=str))
+                                                                            "restarts": restart_modes(incidents)}
+                                                    | extra, indent=2, default=str))
     if not quiet:
         render(ledger)
         if hosts:
             render_hosts(hosts)
+        if chaos is not None:
+            missed = ", ".join(f"{f['kind']} at step {f['at_step']}" for f in chaos["not_fired"]) or "none"
+            print(f"chaos: {len(chaos['fired'])} of {len(chaos['fired']) + len(chaos['not_fired'])} fault(s) fired; "
+                  f"not fired: {missed}")
     return ledger

@@ -188,7 +188,7 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
             if metrics is not None:
                 metrics.stop()
     record_states(run_dir, job.agents, [*spec.nodes, *spec.spares])  # Slurm's say on each host, for the report
-    ledger = report(run_dir, incidents())
+    ledger = report(run_dir, incidents(), chaos=chaos.summary() if chaos is not None else None)
     job.close()
     html = write_html(run_dir, run_dir / "report.html", db_url)
     if outcome == "interrupted":

@@ -55,3 +55,19 @@ def test_no_directory_in_the_environment_means_no_beacon_and_an_unwritable_one_c
     blocker.write_text("not a directory")
     monkeypatch.setenv(phase_now.ENV, str(blocker / "phase"))
     assert PhaseBeacon.from_env(0) is None
+
+
+def test_a_file_removed_between_the_two_reads_reads_as_nothing_and_raises_nothing(tmp_path: Path) -> None:
+    # The rank ends its trainer (PhaseBeacon.close unlinks the file) right after the reader's first read: as a
+    # warm worker does between two generations, and a rank as it exits. That read once killed an agent's poll thread.
+    class VanishingAfterRead(type(Path())):  # type: ignore[misc]
+        def read_bytes(self) -> bytes:
+            data = super().read_bytes()
+            self.unlink(missing_ok=True)
+            return data
+
+    beacon = PhaseBeacon(tmp_path, rank=1)
+    beacon.enter("forward_backward", 3)
+    path = VanishingAfterRead(beacon.path)
+    assert phase_now.read(path) is None and not beacon.path.exists()
+    beacon.close()

@@ -39,9 +39,13 @@ def _closed() -> Iterator[None]:
 
 
 def warm_loop(tmp_path: Path, overrides: tuple[str, ...] = ()) -> SelfHealingJob:
+    # NOTE: ranks silent for 15 s are a fault here (60 s shipped): above the hang's 10 s floor, so the hang is named
+    # first, and below what a restart takes from its stop to the next first step (~20 s cold), so silence that the
+    # healer's own stop, diagnosis or start caused would open an incident of its own.
     spec = JobSpec(job="warm", config=str(REPO / "configs" / "demo.yaml"), run_dir=tmp_path / "run",
                    nodes=("n1", "n2"), overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
-                   rules=rule_set(skip_steps=2), grace=timedelta(seconds=20), warm=WarmSettings(standbys=1))
+                   rules=rule_set(skip_steps=2, heartbeat_stale={"after": "15s"}), grace=timedelta(seconds=20),
+                   warm=WarmSettings(standbys=1))
     job = build_job(spec)
     _built.append(job)
     job.start()
@@ -78,7 +82,10 @@ def test_a_killed_rank_and_a_poisoned_batch_each_restart_warm_with_the_survivors
     loop = warm_loop(tmp_path, ("inject_nan_at_sample=224",))
     fired, hook = signal_at([(0, 6, 3, signal.SIGKILL), (2, 19, 1, signal.SIGSTOP)])
     assert loop.run(timedelta(seconds=400), on_tick=hook) == "finished"
-    crash, nan, hang = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    # One incident per fault: the two warm restarts and the cold one opened no silence incident of their own.
+    incidents = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    assert [i.kind for i in incidents] == ["crash", "nonfinite", "hang"], [(i.kind, i.summary) for i in incidents]
+    crash, nan, hang = incidents
     assert crash.kind == "crash" and crash.state == "resolved" and crash.suspect_ranks == [3]
     # Its host was diagnosed without stopping the survivors (node-health-live), and passed.
     assert crash.stages == ["detected", "diagnosed", "decided", "restarted", "recovered"], crash.stages

@@ -36,7 +36,7 @@ class Restart:
 
     generation: int
     kind: str
-    """warm or cold."""
+    """warm, cold or rollback."""
     why: str
     died_at: float
     planned_at: float
@@ -177,6 +177,14 @@ class WarmPool:
             self._refills += len(failed)
             kind = "warm"
         self.restarts.append(Restart(self.generation, kind, why, died_at, time.monotonic()))
+
+    def rollback(self, at_most_step: int, why: str) -> None:
+        """Every rank back to a state it holds in memory at or before `at_most_step` (a bad batch, not a bad
+        process): the next generation keeps every worker and its rank; the running one (or the one still forming)
+        is aborted in each of them as they read the plan."""
+        self._plan(list(sorted(self.assign, key=self.assign.__getitem__)), resume="memory", at_most_step=at_most_step)
+        now = time.monotonic()
+        self.restarts.append(Restart(self.generation, "rollback", why, now, now))
 
     def run(self, timeout: timedelta, poll_s: float = 0.02, on_poll: object = None) -> str:
         deadline = time.monotonic() + timeout.total_seconds()

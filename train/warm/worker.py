@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,10 +42,12 @@ signal's Python handler runs only between bytecodes, and a SIGTERM must end a wa
 
 
 class Worker:
-    def __init__(self, control: dist.Store, worker: str, watch: dist.Store | None = None) -> None:
+    def __init__(self, control: dist.Store, worker: str, watch: dist.Store | None = None,
+                 connect: Callable[[], dist.Store] | None = None) -> None:
         """`watch`: a second client of the pool's store, for the thread that watches for the next generation (a
-        store client is not shared between threads)."""
-        self.control, self.worker, self.watch = control, worker, watch
+        store client is not shared between threads). `connect`: opens a new client of the pool's store, one per
+        generation for its process group (without it the group uses `control`)."""
+        self.control, self.worker, self.watch, self.connect = control, worker, watch, connect
         self.replicas: Replicas | None = None
         self.trainer: Trainer | None = None
         self.stop_requested = False
@@ -65,6 +68,12 @@ class Worker:
             plan = Plan.from_json(self.control.get(key("plan", generation)))
             if plan.stop:
                 return 0
+            if self.control.check([key("plan", generation + 1)]):
+                # NOTE: planned over already (a rollback while a replacement formed): its peers abort it as they
+                # read the next plan, so joining it would only wait for them.
+                self.control.set(key("end", generation, self.worker), "skipped: a later generation is planned")
+                generation += 1
+                continue
             if self.worker in plan.assign:
                 outcome = self._train(plan)
                 self.control.set(key("end", generation, self.worker), outcome)
@@ -78,13 +87,18 @@ class Worker:
         # NOTE: the disk is where a generation without a common snapshot (or the first) starts from.
         disk = [f"checkpoint.resume={plan.disk_resume}"] if plan.disk_resume else []
         cfg = load_config(plan.config, [*plan.overrides, *disk])
-        store = dist.PrefixStore(f"gen/{plan.generation}/", self.control)
         started = time.monotonic()
         sockets = GenerationSockets()
+        # NOTE: the generation's rendezvous goes through a store connection of its own, opened after the sockets
+        # were counted: an abort shuts it down with the group's, so a rank waiting in the rendezvous for a peer
+        # that died or moved on is released at once, not at the timeout (the pool's own connections stay up).
+        store = dist.PrefixStore(f"gen/{plan.generation}/", self.connect() if self.connect else self.control)
         over = threading.Event()
+        watcher = None
         if self.watch is not None:
-            threading.Thread(target=self._abort_when_replaced, args=(plan, sockets, over), daemon=True,
-                             name="megaheal-warm-watch").start()
+            watcher = threading.Thread(target=self._abort_when_replaced, args=(plan, sockets, over), daemon=True,
+                                       name="megaheal-warm-watch")
+            watcher.start()
         try:
             dist.init_process_group(plan.backend, store=store, rank=rank, world_size=world,
                                     timeout=timedelta(seconds=plan.timeout_s))
@@ -109,6 +123,11 @@ class Worker:
             return f"failed: {type(exc).__name__}: {str(exc)[:300]}"
         finally:
             over.set()
+            if watcher is not None:
+                # NOTE: the watcher ends before the group is left: one still running could shut down the sockets of
+                # the next generation (their descriptors reuse this one's numbers), and it shares `watch` with the
+                # next generation's watcher (a store client is not safe across threads).
+                watcher.join()
             # NOTE: the group's sockets close only once nothing holds it (the trainer's modules, pipeline stages and
             # flight recorder do): a peer blocked in a collective with this rank, not with the dead one, is
             # released by that close (gloo's abort does not wake it), so drop the trainer before the group.
@@ -126,7 +145,12 @@ class Worker:
                 closed = sockets.abort(plan.backend)
                 print(f"warm worker {self.worker}: generation {plan.generation + 1} planned; generation "
                       f"{plan.generation} aborted here ({closed} socket(s) shut down)", flush=True)
-                return
+                break
+        # NOTE: and again until the generation is left: a rank still forming its group opens new sockets after the
+        # first abort (gloo retries a connection to a peer that already left with a new socket each time), which
+        # would hold it in the rendezvous until its timeout. NCCL's abort ends its communicators once and for all.
+        while plan.backend == "gloo" and not over.wait(WATCH_EVERY_S):
+            sockets.abort(plan.backend)
 
     def request_stop(self) -> None:
         """SIGTERM: a final checkpoint and a clean exit, as under torchrun (async-signal safe: flags only)."""
@@ -144,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     faulthandler.enable()  # as train/__main__.py: a fatal signal prints the Python stacks first
     host, _, port = args.control.rpartition(":")
-    control = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-    watch = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-    worker = Worker(control, args.worker, watch)
+
+    def connect() -> dist.Store:
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+
+    worker = Worker(connect(), args.worker, watch=connect(), connect=connect)
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop())
     return worker.serve(args.from_generation)
 

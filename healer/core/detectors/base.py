@@ -77,6 +77,10 @@ class Detector(ABC):
     job whose current attempt has not reported yet (it is starting) can only be faulted by such a detector, since
     what the others remember is the previous attempt's."""
 
+    measures_silence: ClassVar[bool] = False
+    """Whether it faults a job for silence or a lack of progress (heartbeat_stale, host_lost, hang): such findings
+    are not the job's while the healer itself stops, diagnoses or starts it (Healer.evaluate_detectors)."""
+
     @dataclass(kw_only=True, slots=True)
     class Config:
         pass

@@ -108,6 +108,7 @@ class PhaseDurations:
 class Hang(Detector):
     name = "hang"
     reads_processes = True  # it times an attempt's first step, before any rank of it reports one
+    measures_silence = True
 
     @dataclass(kw_only=True, slots=True)
     class Config:

@@ -22,6 +22,7 @@ MAX_LISTED = 32
 
 class HeartbeatStale(Detector):
     name = "heartbeat_stale"
+    measures_silence = True
 
     @dataclass(kw_only=True, slots=True)
     class Config:
@@ -55,7 +56,12 @@ class HeartbeatStale(Detector):
                 by_job[beat.job].append(beat)
             for job, beats in by_job.items():
                 key = f"{job}/{node.node}"
-                found = [(b, b.staleness(now)) for b in beats if b.staleness(now) > after]
+                # NOTE: no rank is silent for longer than its attempt has run: the time the healer spent stopping,
+                # diagnosing and starting it is its own, not the ranks' (a warm restart's survivors keep their last
+                # record from before it).
+                _, started_at = table.processes.placement(job)
+                most = now - started_at if started_at > 0 else float("inf")
+                found = [(b, age) for b in beats if (age := min(b.staleness(now), most)) > after]
                 if not found:
                     healthy.add(key)
                 elif len(found) >= self.config.min_ranks:

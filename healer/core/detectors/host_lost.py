@@ -32,6 +32,7 @@ class _Progress:
 class HostLost(Detector):
     name = "host_lost"
     reads_processes = True
+    measures_silence = True
 
     @dataclass(kw_only=True, slots=True)
     class Config:

@@ -1,0 +1,117 @@
+"""Many warm restarts in one job (train/warm/): a pool of 4 ranks and 2 standbys on gloo goes through more than 20
+generations, crash replacements (a rank SIGKILLed, a standby takes it) and rollbacks (every rank back to a state it
+holds in memory) mixed, some rollbacks landing while the generation before is still forming its process group.
+Every generation must form, and the losses must be those of a run that was never interrupted.
+
+On the code before this test (9a2dd84) a worker whose group formation was aborted kept torch's group counter at 1
+and named its next group "1" while its peers named theirs "0": every rank then waited in the rendezvous until the
+collective timeout (the hang that failed `make demo` after a warm rollback)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CONFIGS, job_env, rank_records, run_training
+from train.warm.plan import key
+from train.warm.pool import WarmPool
+
+pytestmark = pytest.mark.distributed
+STEPS = 36
+COMMON = ["optim.lr=1.0e-2", "optim.warmup_steps=2", f"steps={STEPS}", "peak_flops=1e12"]
+KINDS = ("kill", "rollback", "kill", "kill-then-rollback")
+"""The faults in turn; a kill-then-rollback rolls back while the kill's replacement generation forms."""
+FORMING_DELAYS_S = (0.0, 0.15, 0.4, 0.9)
+"""How long after the replacement generation was planned its rollback comes: into the plan's read, the rendezvous,
+the trainer's build, the resume."""
+FAULTS = 22
+
+
+def _last_step(run_dir: Path) -> tuple[int, int]:
+    """Rank 0's records so far, and the step of its newest (-1: none yet)."""
+    path = run_dir / "ranks" / "0.jsonl"
+    lines = [x for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return len(lines), json.loads(lines[-1])["step"] if lines else -1
+
+
+@dataclass
+class Faults:
+    """Plays FAULTS faults, each once the running generation is ready and rank 0 has recorded two steps in it."""
+
+    done: int = 0
+    records_at_last: int = 0
+    pending_rollback: tuple[int, float] | None = None
+    """(generation planned for the kill, when it was seen) of a kill whose rollback is still to come."""
+    log: list[str] = field(default_factory=list)
+
+    def __call__(self, pool: WarmPool) -> None:
+        if self.pending_rollback is not None:
+            self._rollback_while_forming(pool)
+            return
+        if self.done >= FAULTS or not pool.ready() or pool.generation < len(pool.restarts):
+            return
+        records, step = _last_step(pool.run_dir)
+        if records < self.records_at_last + 2 or step < 1:
+            return
+        kind, rank = KINDS[self.done % len(KINDS)], self.done % 4
+        if kind == "rollback":
+            pool.rollback(step - 1, f"fault {self.done}: rollback at step {step}")
+        elif not any(pool.store is not None and pool.store.check([key("hello", w)]) for w in pool.standby_workers()):
+            return  # the standby that replaces the rank is still importing: wait for it, as the healer does
+        else:
+            pool.kill_rank(rank, signal.SIGKILL)
+            if kind == "kill-then-rollback":
+                self.pending_rollback = (pool.generation + 1, 0.0)
+        self.log.append(f"{kind} rank {rank} at step {step} (generation {pool.generation})")
+        self.done += 1
+        self.records_at_last = records
+
+    def _rollback_while_forming(self, pool: WarmPool) -> None:
+        assert self.pending_rollback is not None
+        generation, seen = self.pending_rollback
+        if pool.generation < generation:
+            return  # the pool has not planned the replacement yet
+        now = time.monotonic()
+        if not seen:
+            self.pending_rollback = (generation, now)
+            return
+        if now - seen < FORMING_DELAYS_S[(self.done // len(KINDS)) % len(FORMING_DELAYS_S)]:
+            return
+        _, step = _last_step(pool.run_dir)
+        pool.rollback(max(step - 1, 0), f"rollback while generation {generation} forms")
+        self.log.append(f"rollback while generation {generation} forms ({now - seen:.2f} s after its plan)")
+        self.pending_rollback = None
+
+
+@pytest.mark.timeout(600)
+def test_one_job_goes_through_more_than_twenty_warm_generations_and_trains_as_if_never_interrupted(
+        tmp_path: Path) -> None:
+    straight_dir = tmp_path / "straight"
+    run_training(straight_dir, "tiny-dp4.yaml", COMMON, nproc=4)
+    straight = {r["step"]: r["loss"] for r in rank_records(straight_dir)[0]}
+
+    healed = tmp_path / "warm"
+    env = {k: v for k, v in job_env().items() if k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "PYTHONUNBUFFERED")}
+    pool = WarmPool(str(CONFIGS / "tiny-dp4.yaml"), healed, world=4, standbys=2, env=env, timeout_s=30,
+                    max_restarts=100, overrides=[*COMMON, "checkpoint.every_steps=4", "snapshot_every_steps=1"])
+    faults = Faults()
+    pool.start()
+    try:
+        outcome = pool.run(timedelta(seconds=540), on_poll=faults)
+    finally:
+        pool.close()
+    kinds = [r.kind for r in pool.restarts]
+    assert outcome == "finished", f"{outcome}; faults: {faults.log}; restarts: {pool.report()}"
+    assert faults.done == FAULTS and pool.generation >= 20, faults.log
+    # Every restart was warm: a generation that failed to form would have been a second crash, made cold.
+    assert set(kinds) == {"warm", "rollback"}, kinds
+    assert all(r.ready_at is not None for r in pool.restarts[-1:])
+    losses = {r["step"]: r["loss"] for r in rank_records(healed)[0]}
+    assert sorted(losses) == list(range(STEPS))
+    assert losses == pytest.approx(straight, rel=1e-6)
