@@ -152,7 +152,7 @@ class Healer:
             kept = tuple(f for f in result.firing if f.node not in left_out)
             if kept and detector.measures_silence and acting is not None:
                 # NOTE: while the healer stops, diagnoses or starts the job, its silence and its lack of progress are
-                # the healer's own doing: a diagnosis of 50 s opened heartbeat_stale incidents in `make demo`.
+                # the healer's own doing, not a fault of the attempt being replaced or of the one starting.
                 kept = tuple(f for f in kept if f.job != acting)
             if kept and not detector.reads_processes:
                 # NOTE: until a restarted job's new attempt reports a step, a heartbeat detector only remembers the

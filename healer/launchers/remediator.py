@@ -44,7 +44,7 @@ class Across(Protocol):
 
 WARM_READY_WAIT_S = 60.0
 """How long a warm restart waits for every rank to say where it resumed from (a restart that fails meanwhile ends
-the wait: its attempt is done, and the crash that follows restarts cold)."""
+the wait: a rank of it failed, or its attempt is done, and the crash that follows restarts cold)."""
 
 
 class LocalRemediator:
@@ -266,7 +266,7 @@ class LocalRemediator:
         assert attempt.warm is not None and self.sup.warm is not None
         deadline = time.monotonic() + WARM_READY_WAIT_S
         resumed: dict[str, str] = {}
-        while time.monotonic() < deadline and not attempt.done:
+        while time.monotonic() < deadline and not attempt.done and not self._failed_in(attempt.number):
             resumed = self.sup.warm.resumed_from(attempt.warm)
             if len(resumed) == len(attempt.warm.assign):
                 break
@@ -280,6 +280,10 @@ class LocalRemediator:
                        dp=self.dp, mode="warm",
                        mode_why=order.mode_why + (f"; standbys took rank(s) {sorted(attempt.warm.replaced)}"
                                                   if attempt.warm.replaced else ""))
+
+    def _failed_in(self, attempt: int) -> bool:
+        """Whether a rank of `attempt` has failed (the crash that follows restarts cold: waiting on is pointless)."""
+        return any(e.failed and e.job == self.job and e.attempt == attempt for e in self.sup.view.exits())
 
     def _restart_cold(self, order: RestartOrder, why: str) -> Started:
         self.sup.stop(self.token, self.cfg.fault_grace)

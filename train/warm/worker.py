@@ -30,12 +30,17 @@ import yaml
 from train.config import load_config
 from train.entry import leave_process_group
 from train.trainer import Trainer
-from train.warm.abort import GenerationSockets
+from train.warm.abort import GenerationSockets, open_sockets
 from train.warm.plan import Plan, key
 from train.warm.replicas import Replicas, gather_resume_state, replica_stride
 
 WATCH_EVERY_S = 0.05
 """How often a rank in a generation looks for the next one (a store round trip on the host's network)."""
+LEAVE_WITHIN_S = 20.0
+"""How long a rank may take to leave a generation once it was aborted (a step's collectives failing, the trainer
+closed: ~1 s here under load) before it is deemed stuck in it and exits."""
+STUCK_EXIT_CODE = 75
+"""The exit code of a worker that could not leave an aborted generation."""
 PLAN_POLL_S = 0.05
 """How often a worker without a generation looks for its next plan. NOTE: a poll, not a blocking store.wait: a
 signal's Python handler runs only between bytecodes, and a SIGTERM must end a waiting worker at once."""
@@ -43,11 +48,12 @@ signal's Python handler runs only between bytecodes, and a SIGTERM must end a wa
 
 class Worker:
     def __init__(self, control: dist.Store, worker: str, watch: dist.Store | None = None,
-                 connect: Callable[[], dist.Store] | None = None) -> None:
+                 connect: Callable[[], dist.Store] | None = None, keep: frozenset[str] | None = None) -> None:
         """`watch`: a second client of the pool's store, for the thread that watches for the next generation (a
         store client is not shared between threads). `connect`: opens a new client of the pool's store, one per
-        generation for its process group (without it the group uses `control`)."""
-        self.control, self.worker, self.watch, self.connect = control, worker, watch, connect
+        generation for its process group (without it the group uses `control`). `keep`: the sockets an abort never
+        shuts down (the two clients above; None: those open when each generation starts)."""
+        self.control, self.worker, self.watch, self.connect, self.keep = control, worker, watch, connect, keep
         self.replicas: Replicas | None = None
         self.trainer: Trainer | None = None
         self.stop_requested = False
@@ -88,7 +94,7 @@ class Worker:
         disk = [f"checkpoint.resume={plan.disk_resume}"] if plan.disk_resume else []
         cfg = load_config(plan.config, [*plan.overrides, *disk])
         started = time.monotonic()
-        sockets = GenerationSockets()
+        sockets = GenerationSockets(self.keep)
         # NOTE: the generation's rendezvous goes through a store connection of its own, opened after the sockets
         # were counted: an abort shuts it down with the group's, so a rank waiting in the rendezvous for a peer
         # that died or moved on is released at once, not at the timeout (the pool's own connections stay up).
@@ -146,11 +152,22 @@ class Worker:
                 print(f"warm worker {self.worker}: generation {plan.generation + 1} planned; generation "
                       f"{plan.generation} aborted here ({closed} socket(s) shut down)", flush=True)
                 break
+        else:
+            return
         # NOTE: and again until the generation is left: a rank still forming its group opens new sockets after the
         # first abort (gloo retries a connection to a peer that already left with a new socket each time), which
         # would hold it in the rendezvous until its timeout. NCCL's abort ends its communicators once and for all.
-        while plan.backend == "gloo" and not over.wait(WATCH_EVERY_S):
-            sockets.abort(plan.backend)
+        deadline = time.monotonic() + LEAVE_WITHIN_S
+        while not over.wait(WATCH_EVERY_S):
+            if plan.backend == "gloo":
+                sockets.abort(plan.backend)
+            if time.monotonic() > deadline:
+                # A rank that cannot leave a generation that is over would hold every peer in the next one's
+                # rendezvous: it ends instead, with its stacks, and is replaced as a crash is.
+                print(f"warm worker {self.worker}: generation {plan.generation} not left {LEAVE_WITHIN_S:.0f} s "
+                      f"after it was aborted; exiting (code {STUCK_EXIT_CODE}) with the stacks below", flush=True)
+                faulthandler.dump_traceback(all_threads=True)
+                os._exit(STUCK_EXIT_CODE)
 
     def request_stop(self) -> None:
         """SIGTERM: a final checkpoint and a clean exit, as under torchrun (async-signal safe: flags only)."""
@@ -172,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     def connect() -> dist.Store:
         return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
 
-    worker = Worker(connect(), args.worker, watch=connect(), connect=connect)
+    control, watch = connect(), connect()
+    worker = Worker(control, args.worker, watch=watch, connect=connect, keep=open_sockets())
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop())
     return worker.serve(args.from_generation)
 
