@@ -288,5 +288,5 @@ def _tail(path: Path, n: int) -> list[str]:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 64 * 1024))
             return f.read().decode(errors="replace").splitlines()[-n:]
-    except FileNotFoundError:
+    except OSError:  # gone, or not a file to read: the tail is evidence, never a reason for the agent to fail
         return []

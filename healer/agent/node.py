@@ -121,6 +121,7 @@ class NodeAgent:
         self._heard_at = time.monotonic()
         """When the healer was last heard from (an order came, a batch was taken), on the monotonic clock."""
         self.exit_reason: str | None = None
+        self._standalone = False
         self._server: Any = None
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -154,6 +155,7 @@ class NodeAgent:
         self.sidecar.stop()
 
     def serve_forever(self) -> None:
+        self._standalone = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._shutdown.set())
         url = self.start()
@@ -169,7 +171,7 @@ class NodeAgent:
                 self._poll_once()
             except Exception:  # noqa: BLE001 - NOTE: one bad look (a /proc entry or a file gone) is not the end
                 # of the agent's eyes: an agent whose poll thread died went on sending batches of ranks it no longer
-                # looked at, and the healer saw its job fall silent (tests/agent/test_node_agent.py).
+                # looked at, and the healer saw its job fall silent (tests/agent/test_agent_survives.py).
                 self.poll_failures += 1
                 log.error("agent %s: a look at the host's ranks failed (%d so far); the next one goes on",
                           self.cfg.node, self.poll_failures, exc_info=True)
@@ -191,7 +193,8 @@ class NodeAgent:
 
     def _exit_if_orphaned(self) -> None:
         """Leave when neither the healer nor a rank needs this agent any more (Config.orphan_exit_s)."""
-        if not self.cfg.orphan_exit_s or self._shutdown.is_set():
+        # NOTE: only an agent of its own process (serve_forever): one inside its healer's process ends with it.
+        if not self.cfg.orphan_exit_s or not self._standalone or self._shutdown.is_set():
             return
         if self.heartbeat is not None and self.heartbeat.last_taken_at is not None:
             self._heard_at = max(self._heard_at, self.heartbeat.last_taken_at)
