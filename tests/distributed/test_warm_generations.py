@@ -1,7 +1,8 @@
 """Many warm restarts in one job (train/warm/): a pool of 4 ranks and 2 standbys on gloo goes through more than 20
 generations, crash replacements (a rank SIGKILLed, a standby takes it) and rollbacks (every rank back to a state it
 holds in memory) mixed, some rollbacks landing while the generation before is still forming its process group.
-Every generation must form, and the losses must be those of a run that was never interrupted.
+Every generation must form (a rank that cannot leave an aborted one ends itself and the pool restarts cold), and the
+losses must be those of a run that was never interrupted.
 
 On the code before this test (9a2dd84) a worker whose group formation was aborted kept torch's group counter at 1
 and named its next group "1" while its peers named theirs "0": every rank then waited in the rendezvous until the
@@ -21,6 +22,7 @@ import pytest
 from tests.conftest import CONFIGS, job_env, rank_records, run_training
 from train.warm.plan import key
 from train.warm.pool import WarmPool
+from train.warm.worker import STUCK_EXIT_CODE
 
 pytestmark = pytest.mark.distributed
 STEPS = 36
@@ -109,8 +111,11 @@ def test_one_job_goes_through_more_than_twenty_warm_generations_and_trains_as_if
     kinds = [r.kind for r in pool.restarts]
     assert outcome == "finished", f"{outcome}; faults: {faults.log}; restarts: {pool.report()}"
     assert faults.done == FAULTS and pool.generation >= 20, faults.log
-    # Every restart was warm: a generation that failed to form would have been a second crash, made cold.
-    assert set(kinds) == {"warm", "rollback"}, kinds
+    assert kinds.count("warm") + kinds.count("rollback") >= 20, kinds
+    # A restart is cold only where a rank could not leave an aborted generation and ended itself (a gloo all-gather
+    # that its sockets' shutdown did not release: once in a full make test here): every other generation formed.
+    stuck = f"exited {STUCK_EXIT_CODE}"
+    assert all(stuck in r.why for r in pool.restarts if r.kind == "cold"), pool.report()
     assert all(r.ready_at is not None for r in pool.restarts[-1:])
     losses = {r["step"]: r["loss"] for r in rank_records(healed)[0]}
     assert sorted(losses) == list(range(STEPS))
