@@ -26,10 +26,10 @@ class _Attempt:
 
     attempt = 0
     ended = False
-    exits: dict[int, Any] = {}
 
     def __init__(self, fail_with: list[BaseException | None]) -> None:
         self.fail_with, self.looks = fail_with, 0
+        self.exits: dict[int, Any] = {}
 
     def poll(self) -> None:
         self.looks += 1

@@ -49,7 +49,7 @@ class GenerationSockets:
     an older generation, as dead as the one aborted."""
 
     def __init__(self, keep: frozenset[str] | None = None) -> None:
-        self.before = set(keep) if keep is not None else set(_socket_fds().values())
+        self.before = set(keep if keep is not None else open_sockets())
 
     def opened_since(self) -> list[int]:
         return [fd for fd, inode in _socket_fds().items() if inode not in self.before]

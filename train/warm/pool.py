@@ -182,7 +182,7 @@ class WarmPool:
         """Every rank back to a state it holds in memory at or before `at_most_step` (a bad batch, not a bad
         process): the next generation keeps every worker and its rank; the running one (or the one still forming)
         is aborted in each of them as they read the plan."""
-        self._plan(list(sorted(self.assign, key=self.assign.__getitem__)), resume="memory", at_most_step=at_most_step)
+        self._plan(sorted(self.assign, key=self.assign.__getitem__), resume="memory", at_most_step=at_most_step)
         now = time.monotonic()
         self.restarts.append(Restart(self.generation, "rollback", why, now, now))
 
