@@ -142,21 +142,26 @@ class WarmPool:
         dead = {w: p.returncode for w, p in self.procs.items() if w in self.assign and p.poll() is not None}
         if dead and all(code == 0 for code in dead.values()) and len(dead) == len(self.assign):
             return "finished"
-        failed = {w: c for w, c in dead.items() if c != 0}
-        if not failed:
+        forming = last is not None and last.ready_at is None
+        if not any(code != 0 for code in dead.values()) and not (forming and dead):
             return None
+        # NOTE: a rank that finished (exit 0) is gone as surely as one that crashed once a peer failed or before the
+        # generation it was planned into formed: a rank lost after the job's last step leaves its peers to finish
+        # and exit while the replacement waits for them in the rendezvous (the pool once waited out its 540 s so).
         if len(self.restarts) >= self.max_restarts:
-            return f"failed: {', '.join(f'{w} exited {c}' for w, c in failed.items())} with the restart budget spent"
-        self._restart(failed, now)
+            return f"failed: {', '.join(f'{w} exited {c}' for w, c in dead.items())} with the restart budget spent"
+        self._restart(dead, now)
         return None
 
-    def _restart(self, failed: dict[str, int], died_at: float) -> None:
-        why = ", ".join(f"rank {self.assign[w]} ({w}) exited {c}" for w, c in failed.items())
+    def _restart(self, gone: dict[str, int], died_at: float) -> None:
+        """A new generation without the workers `gone` (worker -> exit code)."""
+        why = ", ".join(f"rank {self.assign[w]} ({w}) " + ("finished" if c == 0 else f"exited {c}")
+                        for w, c in gone.items())
         during = self.restarts and self.restarts[-1].ready_at is None
-        survivors = [w for w in self.assign if w not in failed]
+        survivors = [w for w in self.assign if w not in gone]
         spare = self.standby_workers()
-        if during or len(spare) < len(failed):
-            # A crash while the last restart was not ready, or no standby for each dead rank: nothing held in memory
+        if during or len(spare) < len(gone):
+            # A rank gone while the last restart was not ready, or no standby for each one gone: nothing held in memory
             # is trusted: all-new workers, from the disk checkpoint.
             for w in survivors + spare:
                 self.procs[w].kill()
@@ -171,10 +176,10 @@ class WarmPool:
             ranks = [""] * self.world
             for w in survivors:
                 ranks[self.assign[w]] = w
-            for w, taken in zip(failed, spare):
+            for w, taken in zip(gone, spare):
                 ranks[self.assign[w]] = taken
             self._plan(ranks, resume="memory")
-            self._refills += len(failed)
+            self._refills += len(gone)
             kind = "warm"
         self.restarts.append(Restart(self.generation, kind, why, died_at, time.monotonic()))
 
