@@ -45,7 +45,7 @@ MAX_DATAGRAM_BYTES = 16 * 1024
 MAX_PHASES = 16
 MAX_RANKS_PER_BATCH = 4096
 # The trainer's phases in the order one step runs them (see train/trainer.py).
-PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "dp_reduce", "grad_norm_clip", "optimizer",
+PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "pp_wait", "dp_reduce", "grad_norm_clip", "optimizer",
                "checkpoint")
 
 # ---- field types -------------------------------------------------------------------------------------------

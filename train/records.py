@@ -22,6 +22,7 @@ _COLUMNS: list[tuple[str, int, Any]] = [
     ("MFU %", 6, lambda r: f"{100 * r['mfu']:.2f}"),
     ("data", 6, lambda r: f"{r['phases'].get('data_wait', 0.0):.3f}"),
     ("fwd+bwd", 7, lambda r: f"{r['phases'].get('forward_backward', 0.0):.3f}"),
+    ("pp-wait", 7, lambda r: f"{r['phases'].get('pp_wait', 0.0):.3f}"),
     ("dp-red", 6, lambda r: f"{r['phases'].get('dp_reduce', 0.0):.3f}"),
     ("clip", 6, lambda r: f"{r['phases'].get('grad_norm_clip', 0.0):.3f}"),
     ("optim", 6, lambda r: f"{r['phases'].get('optimizer', 0.0):.3f}"),

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+from torch.distributed.pipelining import schedules as pipeline_schedules
 
 from exporters.phase_now import PhaseBeacon
 
@@ -167,3 +169,80 @@ class TimedAllGather(DefaultAllGather):
         else:
             timer.add_seconds(phase, self._cpu_ns / 1e9)
         self._cpu_ns, self._events = 0, []
+
+
+_active_pipeline_waits: TimedPipelineWaits | None = None
+"""The timer of the trainer that runs now (a warm worker builds one trainer per generation, one at a time)."""
+_untimed_wait: Callable[[list[dist.Work]], None] | None = None
+"""torch's own wait for the pipeline's point-to-point work, once wrapped."""
+
+
+def _timed_wait(work: list[dist.Work]) -> None:
+    assert _untimed_wait is not None
+    timer = _active_pipeline_waits
+    if timer is None:
+        _untimed_wait(work)
+    else:
+        timer.wait(work)
+
+
+class TimedPipelineWaits:
+    """The time this rank's pipeline schedule is blocked in its sends and receives: waiting for another stage.
+
+    Without it, a rank waiting for a slow stage's activations or gradients counted the wait as its own
+    forward/backward, and its pipeline partner looked as slow as the straggler it waited for (the demo's 2 x 2 job:
+    rank 0 at 0.43-0.61 s of forward/backward a step while rank 2, stopped 85% of the time, took 0.41-0.62 s and
+    its stage peers 0.07-0.08 s; which of the two a window named flipped, so the straggler was missed one run in
+    five). Every schedule of torch 2.13 waits for its point-to-point work through one module function,
+    `schedules._wait_batch_p2p`; it is wrapped once per process (torch has no hook there: checked in
+    tests/distributed/test_pipeline_waits.py, so a torch that moves it fails a test, not a job). On CUDA the waits
+    are stream waits, timed with events on the stream that waits."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._cpu_ns = 0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.available = _wrap_schedules_wait()
+
+    def activate(self) -> None:
+        global _active_pipeline_waits
+        _active_pipeline_waits = self
+
+    def close(self) -> None:
+        global _active_pipeline_waits
+        if _active_pipeline_waits is self:
+            _active_pipeline_waits = None
+
+    def wait(self, work: list[dist.Work]) -> None:
+        assert _untimed_wait is not None
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _untimed_wait(work)
+            end.record()
+            self._events.append((start, end))
+            return
+        t0 = time.perf_counter_ns()
+        _untimed_wait(work)
+        self._cpu_ns += time.perf_counter_ns() - t0
+
+    def drain_into(self, timer: PhaseTimer, phase: str = "pp_wait") -> None:
+        """Move this step's waiting into `timer`."""
+        if self._cuda:
+            timer.add_events(phase, self._events)
+        elif self._cpu_ns:
+            timer.add_seconds(phase, self._cpu_ns / 1e9)
+        self._cpu_ns, self._events = 0, []
+
+
+def _wrap_schedules_wait() -> bool:
+    """Wrap torch's pipeline wait once; False where this torch has none (the waits then stay in forward_backward)."""
+    global _untimed_wait
+    if _untimed_wait is not None:
+        return True
+    original = getattr(pipeline_schedules, "_wait_batch_p2p", None)
+    if not callable(original):
+        return False
+    _untimed_wait = original
+    pipeline_schedules._wait_batch_p2p = _timed_wait
+    return True

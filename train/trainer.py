@@ -39,7 +39,7 @@ from train.optim import build_lr_scheduler, build_optimizer
 from train.parallelize import apply_data_parallel, apply_tensor_parallel
 from train.pipeline import build_schedule
 from train.records import StepRecordWriter, StepTable
-from train.timing import PhaseTimer, TimedAllGather, TimedReduceScatter
+from train.timing import PhaseTimer, TimedAllGather, TimedPipelineWaits, TimedReduceScatter
 from train.warm.replicas import Replicas
 from train.warm.snapshot import Snapshot
 
@@ -85,6 +85,9 @@ class Trainer:
         self.reduce_timer.beacon = self.gather_timer.beacon = self.beacon
         self.chunks, self.stage_indices = self._build_chunks()
         self.schedule = self._build_schedule()
+        self.pipeline_waits = TimedPipelineWaits(self.device) if self.schedule is not None else None
+        if self.pipeline_waits is not None:
+            self.pipeline_waits.activate()
         self.optimizer = build_optimizer(
             [(n, p) for chunk in self.chunks for n, p in chunk.named_parameters()], cfg.optim
         )
@@ -229,6 +232,8 @@ class Trainer:
             loss = self._forward_backward(inputs, targets)
         reduce_enter_ns = self.reduce_timer.drain_into(timer)
         self.gather_timer.drain_into(timer)
+        if self.pipeline_waits is not None:
+            self.pipeline_waits.drain_into(timer)
         with timer.phase("grad_norm_clip"):
             grad_norm = self._clip_gradients()
         with timer.phase("optimizer"):
@@ -250,6 +255,8 @@ class Trainer:
             # compute alone, so the phases add up to the step.
             for comm in ("dp_reduce", "dp_gather"):
                 phases["forward_backward"] -= phases.get(comm, 0.0)
+        # NOTE: on either device: the pipeline's waits block the stream forward/backward is timed on.
+        phases["forward_backward"] -= phases.get("pp_wait", 0.0)
         step_seconds = time.perf_counter() - t0
         record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
         self.writer.write(record)
@@ -428,6 +435,8 @@ class Trainer:
         is left to fail on its own instead of being waited for (the process lives on: a warm worker)."""
         if self.flight_recorder is not None:
             self.flight_recorder.close()
+        if self.pipeline_waits is not None:
+            self.pipeline_waits.close()
         if self.beacon is not None:
             self.beacon.close()
         self.checkpointer.close(wait=not abandon)

@@ -30,7 +30,8 @@ STOPS = ((1.25, "#efe9df"), (1.5, "#fdd49e"), (2.0, "#fc8d59"), (3.0, "#d7301f")
 """(upper bound of the ratio, colour): the legend's buckets."""
 MISSING = "#4d4d4d"
 PHASE_COLOURS = {"data_wait": "#bdbdbd", "dp_gather": "#9ecae1", "forward_backward": "#e6550d",
-                 "dp_reduce": "#3182bd", "grad_norm_clip": "#fd8d3c", "optimizer": "#a63603", "checkpoint": "#31a354"}
+                 "pp_wait": "#c6dbef", "dp_reduce": "#3182bd", "grad_norm_clip": "#fd8d3c", "optimizer": "#a63603",
+                 "checkpoint": "#31a354"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-PHASES = {"data_wait": 0.0001, "dp_gather": 0.004, "forward_backward": 0.09, "dp_reduce": 0.05, "grad_norm_clip": 0.013, "optimizer": 0.005,
-          "checkpoint": 0.002}
+PHASES = {"data_wait": 0.0001, "dp_gather": 0.004, "forward_backward": 0.09, "pp_wait": 0.01, "dp_reduce": 0.05,
+          "grad_norm_clip": 0.013, "optimizer": 0.005, "checkpoint": 0.002}
 
 
 def step_record(step: int, rank: int = 0, world_size: int = 4, mesh: dict[str, int] | None = None,

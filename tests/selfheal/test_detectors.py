@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 
+import numpy as np
 import pytest
 
 from exporters.schema import AttemptReport, RankExit
@@ -19,7 +20,8 @@ from healer.core.detectors.logtail import classify
 from healer.core.detectors.loss_spike import LossSpike, robust_z
 from healer.core.detectors.nonfinite import NonFinite
 from healer.core.detectors.registry import default_registry
-from healer.core.detectors.straggler import Straggler
+from healer.core.detectors.phases import PhaseTable
+from healer.core.detectors.straggler import Straggler, attribute, attribute_by_stage
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.processes import ProcessExit, ProcessState
 from healer.core.rules import load_rules
@@ -570,6 +572,31 @@ def test_straggler_compares_ranks_within_a_pipeline_stage() -> None:
         detector.evaluate(s.table, s.clock.now)
     (f,) = detector.evaluate(s.table, s.clock.now).firing
     assert f.evidence["suspect_rank"] == 2 and {r["stage"] for r in f.evidence["phase_table"]} == {0, 1}
+
+
+def test_straggler_names_the_slow_stage_s_rank_not_its_pipeline_partner_that_reaches_the_reduce_late() -> None:
+    # The demo's job (pp2 x dp2) with rank 2 stopped 85% of the time, as its ranks recorded it (medians of steps
+    # 3-15, tests/distributed/test_pipeline_waits.py's run): rank 0 waits for rank 2 in pp_wait (0.53 s, not in
+    # its compute) and so reaches its own reduce late, where rank 1 waits 0.35 s for it; rank 2 computes 6x slower
+    # than rank 3, which waits for it in the reduce. Stage 0 alone would name rank 0, late into the reduce.
+    compute = [0.0685, 0.0652, 0.4108, 0.0700]
+    reduce = [0.0068, 0.3484, 0.0117, 0.5111]
+    table = PhaseTable(rank=np.arange(4), node=np.array([0, 0, 1, 1]), node_names=["n1", "n2"],
+                       stage=np.array([0, 0, 1, 1]), samples=np.full(4, 5), step_s=np.full(4, 0.625),
+                       compute_s=np.array(compute), data_wait_s=np.zeros(4), dp_reduce_s=np.array(reduce),
+                       reduce_lag_s=np.full(4, np.nan))
+    assert attribute(table, np.array([0, 1]), 1.3, 0.2).cause == "late-reduce"
+    found = attribute_by_stage(table, 1.3, 0.2)
+    assert (found.rank, found.cause) == (2, "compute") and found.strength == pytest.approx(0.4108 / 0.0700)
+    # With the stages the other way round (the slow rank in stage 0), the same rank is named.
+    flipped = replace(table, stage=np.array([1, 1, 0, 0]))
+    assert attribute_by_stage(flipped, 1.3, 0.2).rank == 2
+    # A milder slowdown (1.5x) in longer steps: the late reduce is the larger number in seconds, the compute the
+    # cause (a ranking by the findings' largest detail, seconds against a ratio, named rank 0 here).
+    milder = replace(table, step_s=np.full(4, 1.6), compute_s=np.array([0.5, 0.5, 0.75, 0.5]),
+                     dp_reduce_s=np.array([0.02, 0.9, 0.02, 0.55]))
+    assert attribute(milder, np.array([0, 1]), 1.3, 0.2).rank == 0
+    assert attribute_by_stage(milder, 1.3, 0.2).rank == 2
 
 
 def test_a_new_attempt_of_a_job_starts_every_learning_detector_afresh() -> None:
