@@ -88,6 +88,9 @@ class Trainer:
         self.pipeline_waits = TimedPipelineWaits(self.device) if self.schedule is not None else None
         if self.pipeline_waits is not None:
             self.pipeline_waits.activate()
+            if not self.pipeline_waits.available and self.place.rank == 0:
+                print("warning: this torch has no schedules._wait_batch_p2p: pipeline waits stay in forward_backward "
+                      "(a slow stage's partners will look slow too)", flush=True)
         self.optimizer = build_optimizer(
             [(n, p) for chunk in self.chunks for n, p in chunk.named_parameters()], cfg.optim
         )

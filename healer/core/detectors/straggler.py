@@ -3,7 +3,7 @@
 Every window of `window` job steps, over the phase table (per-rank medians of the window), within each
 pipeline stage (ranks of one stage do the same work; across stages compute differs, and waiting for another
 stage's activations is inside forward/backward):
-1. compute: is one rank's compute (forward/backward, clipping, optimizer) above `ratio` x the median
+1. compute: is one rank's compute (forward/backward less its waits, and the optimizer) above `ratio` x the median
    of the ranks? Then that rank is slow at computing (a slow GPU, a throttled CPU, a noisy neighbour).
 2. data: is one rank's data wait above the median by more than `share` of the median step? Its input
    pipeline is the straggler.
