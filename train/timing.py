@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 from torch.distributed.pipelining import schedules as pipeline_schedules
 
 from exporters.phase_now import PhaseBeacon
+
+T = TypeVar("T")
 
 
 class PhaseTimer:
@@ -72,6 +75,41 @@ class PhaseTimer:
         return out
 
 
+class Stopwatch:
+    """Time spent in calls made inside a phase (a collective, a pipeline wait), kept until the step drains it into
+    its PhaseTimer: CUDA events on the stream current at the call, or the host clock on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._cpu_ns = 0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def run(self, call: Callable[[], T], wait_on_cpu: bool = False) -> T:
+        """`call()`, timed; `wait_on_cpu`: on CPU, the Work it returns (an async collective) is waited for within
+        the time."""
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = call()
+            end.record()
+            self._events.append((start, end))
+            return out
+        t0 = time.perf_counter_ns()
+        out = call()
+        if wait_on_cpu and out is not None:
+            out.wait()  # type: ignore[attr-defined]
+        self._cpu_ns += time.perf_counter_ns() - t0
+        return out
+
+    def drain_into(self, timer: PhaseTimer, phase: str) -> None:
+        """Move the time kept so far into `timer` as `phase`, and start again."""
+        if self._cuda:
+            timer.add_events(phase, self._events)
+        else:
+            timer.add_seconds(phase, self._cpu_ns / 1e9)
+        self._cpu_ns, self._events = 0, []
+
+
 class TimedReduceScatter(DefaultReduceScatter):
     """FSDP2's default gradient reduce-scatter, timed.
 
@@ -83,45 +121,26 @@ class TimedReduceScatter(DefaultReduceScatter):
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
-        self._cuda = device.type == "cuda"
         self.enter_ns: int | None = None
-        self._cpu_ns = 0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._watch = Stopwatch(device)
 
     beacon: PhaseBeacon | None = None
     """Where the rank says it is now (set by the trainer): inside the reduce while it runs."""
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # type: ignore[override]
         with self.beacon.inside("dp_reduce") if self.beacon is not None else nullcontext():
-            return self._reduce(output_tensor, input_tensor, group, op, async_op)
-
-    def _reduce(self, output_tensor, input_tensor, group, op, async_op):  # type: ignore[no-untyped-def]
-        if self.enter_ns is None:
-            self.enter_ns = time.monotonic_ns()
-        if self._cuda:
-            # FSDP calls this inside its reduce-scatter stream context: events land on that stream.
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-            end.record()
-            self._events.append((start, end))
-            return work
-        t0 = time.perf_counter_ns()
-        work = super().__call__(output_tensor, input_tensor, group, op, async_op)
-        if work is not None and async_op:
-            work.wait()
-        self._cpu_ns += time.perf_counter_ns() - t0
-        return work
+            if self.enter_ns is None:
+                self.enter_ns = time.monotonic_ns()
+            # NOTE: on CUDA FSDP calls this inside its reduce-scatter stream context: events land on that stream.
+            reduce = super().__call__
+            return self._watch.run(lambda: reduce(output_tensor, input_tensor, group, op, async_op),
+                                   wait_on_cpu=async_op)
 
     def drain_into(self, timer: PhaseTimer, phase: str = "dp_reduce") -> int | None:
         """Move this step's reduce time into `timer`; return and reset the entry time."""
-        if self._cuda:
-            timer.add_events(phase, self._events)
-        else:
-            timer.add_seconds(phase, self._cpu_ns / 1e9)
-        enter, self.enter_ns, self._cpu_ns, self._events = self.enter_ns, None, 0, []
+        self._watch.drain_into(timer, phase)
+        enter, self.enter_ns = self.enter_ns, None
         return enter
-
 
 
 class TimedAllGather(DefaultAllGather):
@@ -134,41 +153,22 @@ class TimedAllGather(DefaultAllGather):
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
-        self._cuda = device.type == "cuda"
-        self._cpu_ns = 0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._watch = Stopwatch(device)
 
     beacon: PhaseBeacon | None = None
     """Where the rank says it is now (set by the trainer): inside the all-gather while it runs."""
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):  # type: ignore[override]
         with self.beacon.inside("dp_gather") if self.beacon is not None else nullcontext():
-            return self._gather(output_tensor, input_tensor, group, async_op)
-
-    def _gather(self, output_tensor, input_tensor, group, async_op):  # type: ignore[no-untyped-def]
-        if self._cuda:
-            # Issued on FSDP's all-gather stream: the events time the transfer there (overlapped with compute).
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            work = super().__call__(output_tensor, input_tensor, group, async_op)
-            end.record()
-            self._events.append((start, end))
-            return work
-        t0 = time.perf_counter_ns()
-        work = super().__call__(output_tensor, input_tensor, group, async_op)
-        if work is not None and async_op:
-            # NOTE: on CPU FSDP would wait for it moments later, before the unit's forward, anyway.
-            work.wait()
-        self._cpu_ns += time.perf_counter_ns() - t0
-        return work
+            # NOTE: on CUDA issued on FSDP's all-gather stream: the events time the transfer there (overlapped with
+            # compute); on CPU FSDP would wait for it moments later, before the unit's forward, anyway.
+            gather = super().__call__
+            return self._watch.run(lambda: gather(output_tensor, input_tensor, group, async_op),
+                                   wait_on_cpu=async_op)
 
     def drain_into(self, timer: PhaseTimer, phase: str = "dp_gather") -> None:
         """Move this step's all-gather time into `timer`."""
-        if self._cuda:
-            timer.add_events(phase, self._events)
-        else:
-            timer.add_seconds(phase, self._cpu_ns / 1e9)
-        self._cpu_ns, self._events = 0, []
+        self._watch.drain_into(timer, phase)
 
 
 _active_pipeline_waits: TimedPipelineWaits | None = None
@@ -199,9 +199,7 @@ class TimedPipelineWaits:
     are stream waits, timed with events on the stream that waits."""
 
     def __init__(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self._cpu_ns = 0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._watch = Stopwatch(device)
         self.available = _wrap_schedules_wait()
 
     def activate(self) -> None:
@@ -215,24 +213,12 @@ class TimedPipelineWaits:
 
     def wait(self, work: list[dist.Work]) -> None:
         assert _untimed_wait is not None
-        if self._cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            _untimed_wait(work)
-            end.record()
-            self._events.append((start, end))
-            return
-        t0 = time.perf_counter_ns()
-        _untimed_wait(work)
-        self._cpu_ns += time.perf_counter_ns() - t0
+        untimed = _untimed_wait
+        self._watch.run(lambda: untimed(work))
 
     def drain_into(self, timer: PhaseTimer, phase: str = "pp_wait") -> None:
         """Move this step's waiting into `timer`."""
-        if self._cuda:
-            timer.add_events(phase, self._events)
-        elif self._cpu_ns:
-            timer.add_seconds(phase, self._cpu_ns / 1e9)
-        self._cpu_ns, self._events = 0, []
+        self._watch.drain_into(timer, phase)
 
 
 def _wrap_schedules_wait() -> bool:

@@ -142,8 +142,7 @@ class WarmPool:
         dead = {w: p.returncode for w, p in self.procs.items() if w in self.assign and p.poll() is not None}
         if dead and all(code == 0 for code in dead.values()) and len(dead) == len(self.assign):
             return "finished"
-        forming = last is not None and last.ready_at is None
-        if not any(code != 0 for code in dead.values()) and not (forming and dead):
+        if not any(code != 0 for code in dead.values()) and not (self._forming() and dead):
             return None
         # NOTE: a rank that finished (exit 0) is gone as surely as one that crashed once a peer failed or before the
         # generation it was planned into formed: a rank lost after the job's last step leaves its peers to finish
@@ -153,11 +152,15 @@ class WarmPool:
         self._restart(dead, now)
         return None
 
+    def _forming(self) -> bool:
+        """Whether the newest restart's generation is not ready yet."""
+        return bool(self.restarts) and self.restarts[-1].ready_at is None
+
     def _restart(self, gone: dict[str, int], died_at: float) -> None:
         """A new generation without the workers `gone` (worker -> exit code)."""
         why = ", ".join(f"rank {self.assign[w]} ({w}) " + ("finished" if c == 0 else f"exited {c}")
                         for w, c in gone.items())
-        during = self.restarts and self.restarts[-1].ready_at is None
+        during = self._forming()
         survivors = [w for w in self.assign if w not in gone]
         spare = self.standby_workers()
         if during or len(spare) < len(gone):
