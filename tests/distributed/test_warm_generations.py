@@ -25,7 +25,10 @@ from train.warm.pool import WarmPool
 from train.warm.worker import STUCK_EXIT_CODE
 
 pytestmark = pytest.mark.distributed
-STEPS = 36
+STEPS = 60
+"""Room for the faults: each comes two of rank 0's records after the one before and none waits for a standby, so the
+22 are done by step 44 even if no fault cost a step (with 36 steps a CI run ended 17 faults in, the test waiting
+for standbys to import while the job trained on)."""
 COMMON = ["optim.lr=1.0e-2", "optim.warmup_steps=2", f"steps={STEPS}", "peak_flops=1e12"]
 KINDS = ("kill", "rollback", "kill", "kill-then-rollback")
 """The faults in turn; a kill-then-rollback rolls back while the kill's replacement generation forms."""
@@ -62,10 +65,14 @@ class Faults:
         if records < self.records_at_last + 2 or step < 1:
             return
         kind, rank = KINDS[self.done % len(KINDS)], self.done % 4
-        if kind == "rollback":
+        if kind != "rollback" and not any(pool.store is not None and pool.store.check([key("hello", w)])
+                                          for w in pool.standby_workers()):
+            # NOTE: no standby is up to replace a rank (the one started after the last warm restart still imports):
+            # a rollback now, not a wait. While the test waited, the job trained on (~10 steps under CI's load) and
+            # could end before every fault had fired.
+            kind = "rollback (no standby up)"
+        if kind.startswith("rollback"):
             pool.rollback(step - 1, f"fault {self.done}: rollback at step {step}")
-        elif not any(pool.store is not None and pool.store.check([key("hello", w)]) for w in pool.standby_workers()):
-            return  # the standby that replaces the rank is still importing: wait for it, as the healer does
         else:
             pool.kill_rank(rank, signal.SIGKILL)
             if kind == "kill-then-rollback":
@@ -112,6 +119,9 @@ def test_one_job_goes_through_more_than_twenty_warm_generations_and_trains_as_if
     assert outcome == "finished", f"{outcome}; faults: {faults.log}; restarts: {pool.report()}"
     assert faults.done == FAULTS and pool.generation >= 20, faults.log
     assert kinds.count("warm") + kinds.count("rollback") >= 20, kinds
+    # Crash replacements, not only rollbacks: the first two kills find the pool's two standbys up; later ones find
+    # the standby started after a warm restart (7 of 22 faults were kills here with both cores loaded).
+    assert kinds.count("warm") >= 3, kinds
     # A restart is cold only where a rank could not leave an aborted generation and ended itself (a gloo all-gather
     # that its sockets' shutdown did not release: once in a full make test here), or where the last fault came after
     # the last step and a peer had finished (CI once): every other generation formed.
