@@ -3,12 +3,13 @@
 # The demo runs warm (--warm): a crashed rank or a rollback restarts from memory, a hang or a bad host cold.
 # make test: same set-up, then the whole test suite (as root also the multi-host tier on a 4-host namespace bed and
 # the container tier: the images built here, docker-compose.yml run under podman).
+# make test-fast: only the unit and services tiers (no training job; under 3 minutes on 2 cores).
 # make test-multihost: only that tier (root: it brings its own bed up and down).
 VENV   ?= .venv
 PYTHON ?= python3
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-multihost test-containers images bench clean system-deps
+.PHONY: demo test test-fast test-multihost test-containers images bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +30,11 @@ system-deps:
 test: $(STAMP) system-deps
 	PYTHON=$(VENV)/bin/python scripts/run-tests.sh
 
+test-fast: $(STAMP) system-deps
+	PYTHON=$(VENV)/bin/python scripts/run-tests.sh fast
+
 test-multihost: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest -q tests/multihost
+	$(VENV)/bin/python -m pytest -q -m multihost tests
 
 # The images of docker-compose.yml from Debian's packages and this repository (podman or docker; no registry
 # needed): scripts/build-images.sh. It writes their names to build/images.env.
@@ -39,7 +43,7 @@ images: $(STAMP)
 
 # make test-containers: only the container tier (root: builds the images, runs the compose stack under podman).
 test-containers: $(STAMP) system-deps
-	$(VENV)/bin/python -m pytest -q tests/containers
+	$(VENV)/bin/python -m pytest -q -m containers tests
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/train_throughput.py

@@ -17,6 +17,20 @@ from train.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
+TIERS = ("unit", "services", "multiprocess", "e2e", "multihost", "containers")
+"""The tiers (pyproject's markers): a test's tier is where it runs (scripts/run-tests.sh), so it must have one."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test without a tier or with two (a module's `pytestmark` and a test's own mark count together)."""
+    wrong = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(tiers) or 'no tier'}")
+    if wrong:
+        raise pytest.UsageError(f"every test needs exactly one tier mark of {', '.join(TIERS)}:\n  "
+                                + "\n  ".join(wrong[:20]))
 
 
 def job_env() -> dict[str, str]:

@@ -17,6 +17,8 @@ from healer.agent.node import NodeAgent
 from tests.conftest import REPO
 from tests.support import wait_for
 
+pytestmark = pytest.mark.services
+
 TOKEN = "agent-survives-token-0123456789"
 
 

@@ -8,10 +8,14 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.local_agents import LocalAgents, write_token
 from megaheal import procfs
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.services
 
 
 def _agents(run_dir: Path) -> LocalAgents:

@@ -45,6 +45,7 @@ def start_order(tmp_path: Path, order_id: str = "j-0:start:n1") -> dict[str, Any
             "overrides": ["steps=200", "job=j"]}
 
 
+@pytest.mark.services
 def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field(agent: Any, tmp_path: Path) -> None:
     node, client, _ = agent
     with pytest.raises(SinkError, match="401"):
@@ -57,7 +58,7 @@ def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field
         client.order(hostile)  # only GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ settings reach a rank
 
 
-@pytest.mark.distributed
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_agent(agent: Any, tmp_path: Path) -> None:
     node, client, table = agent
@@ -90,6 +91,7 @@ def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_ag
     assert table.processes.ended_nodes("j") == {"n1": state["exit_code"]}
 
 
+@pytest.mark.services
 @pytest.mark.timeout(120)
 def test_a_runbook_runs_on_the_agents_host_and_says_its_verdict(agent: Any) -> None:
     _, client, _ = agent

@@ -11,6 +11,8 @@ import pytest
 from tests.checkpoint.disks import fill, small_disk
 from train.checkpoint import catalog
 
+pytestmark = pytest.mark.unit
+
 
 def _fake_save(ckpt_dir: Path, step: int, complete: bool = True, model_hash: str = "m1") -> Path:
     path = ckpt_dir / catalog.step_dir_name(step)

@@ -7,12 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import REPO
 from train.checkpoint import catalog
 from train.checkpoint.state import capture
 from train.config import load_config
 from train.records import read_records
 from train.trainer import Trainer
+
+pytestmark = pytest.mark.unit
 
 TINY = ["steps=8", "peak_flops=1e12", "parallel.dp=1", "checkpoint.every_steps=2"]
 

@@ -14,6 +14,8 @@ import pytest
 from tests.conftest import REPO, kill_job, rank_records, run_training, start_training, wait_for
 from train.checkpoint import catalog
 
+pytestmark = pytest.mark.multiprocess
+
 # A higher learning rate than the config's, so that a wrong optimizer or data position shows in the loss.
 COMMON = ["optim.lr=1.0e-2", "optim.warmup_steps=2"]
 
@@ -39,7 +41,6 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, dict],
     return _by_step(run_training(run_dir, "tiny-dp4.yaml", STRAIGHT, nproc=4)[0]), run_dir
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(400)
 def test_resume_after_sigkill_of_every_rank_gives_the_same_losses_as_an_uninterrupted_run(straight, tmp_path) -> None:
     overrides = [*COMMON, "steps=8", "checkpoint.every_steps=4"]
@@ -83,7 +84,6 @@ def test_a_truncated_shard_in_the_newest_checkpoint_falls_back_to_the_previous_o
     assert [r["step"] for r in records] == [0, 1, 2, 3, 2, 3, 4, 5], "resumed at step 2"
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(400)
 def test_a_dp4_checkpoint_resumes_at_dp2_and_in_one_process_with_the_same_model(straight, tmp_path) -> None:
     # The same run as the straight one (its step count sets the lr schedule), no saves of its own.
@@ -103,7 +103,6 @@ def test_a_dp4_checkpoint_resumes_at_dp2_and_in_one_process_with_the_same_model(
             assert steps[step]["sample_index"] == straight[step]["sample_index"]
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path) -> None:
     job = start_training(tmp_path, "tiny-dp4.yaml", [*COMMON, "steps=500"], nproc=4)
@@ -125,7 +124,6 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path) -> None:
     assert "stopped on request" in out
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_a_failing_storage_writer_is_reported_and_training_goes_on_with_latest_unchanged(tmp_path) -> None:
     overrides = [*COMMON, "steps=6", "checkpoint.every_steps=2", "checkpoint.fail_writes_at=[6]"]
@@ -139,7 +137,6 @@ def test_a_failing_storage_writer_is_reported_and_training_goes_on_with_latest_u
     assert "No space left on device" in events[-1]["error"]
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path) -> None:
     # The save of step 4 is throttled to seconds: the kill lands inside it however slow this machine is (an

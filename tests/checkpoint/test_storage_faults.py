@@ -13,6 +13,8 @@ from tests.checkpoint.disks import small_disk
 from tests.conftest import rank_records, run_training
 from train.checkpoint import catalog
 
+pytestmark = pytest.mark.multiprocess
+
 COMMON = ["optim.lr=1.0e-2", "optim.warmup_steps=2"]
 
 
@@ -52,7 +54,6 @@ SAVE_BYTES = (4_500_000, 5_100_000)
 DISK_BYTES = 10_700_000
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_a_failed_save_on_a_full_disk_leaves_nothing_behind_so_the_next_save_fits(tmp_path) -> None:
     with small_disk(tmp_path / "disk", DISK_BYTES) as disk:

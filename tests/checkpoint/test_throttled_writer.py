@@ -13,6 +13,8 @@ import torch.distributed.checkpoint as dcp
 from train.checkpoint.faults import FailingWriter
 from train.checkpoint.manager import CheckpointConfig
 
+pytestmark = pytest.mark.unit
+
 
 def _save(path: Path, mib_per_s: float) -> float:
     state = {"w": torch.arange(2**18, dtype=torch.float32)}  # 1 MiB

@@ -20,7 +20,7 @@ from tests.containers.conftest import RANKS
 from tests.containers.engine import podman
 from tests.support import wait_for
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.containers, pytest.mark.timeout(900)]
 
 
 def query(stack: Stack, promql: str) -> list[dict[str, Any]]:

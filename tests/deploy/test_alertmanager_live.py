@@ -20,6 +20,8 @@ from tests.deploy.configs import ALERTMANAGER, ALERTS, rules
 from tests.healer.services import Alertmanager
 from tests.support import wait_for
 
+pytestmark = pytest.mark.services
+
 HOLD = timedelta(minutes=10)
 
 

@@ -20,6 +20,8 @@ from runbooks.verdict import Status
 from tests.deploy.configs import ALERTMANAGER, ALERTS, OPERATIONS, load_yaml, rules
 from tests.runbooks.fake_nvml import FakeNvml, h200
 
+pytestmark = pytest.mark.unit
+
 # A label matcher on `xid` inside a PromQL expression: xid=~"48|79", xid="79", xid!~"...".
 XID_MATCHER = re.compile(r'\bxid\s*(=~|!~|!=|=)\s*"([^"]*)"')
 

@@ -13,6 +13,8 @@ from healer.core.rules import load_rules
 from tests.deploy.configs import (ALERT_TESTS, ALERTMANAGER, ALERTS, COMPOSE, DEPLOY, OPERATIONS, PROMETHEUS_DIR,
                                   RECORDING, load_yaml, markdown_anchors, rules, tool)
 
+pytestmark = pytest.mark.services
+
 # owner label -> the receiver Alertmanager sends the alert to, and only to it.
 OWNERS = {"healer": "healer", "oncall": "oncall"}
 

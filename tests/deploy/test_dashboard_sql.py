@@ -19,6 +19,8 @@ from healer.core import db as dbmod
 from healer.core.models import GoodputInterval, Incident, IncidentEvent, Remediation, Restart
 from tests.healer.services import Postgres
 
+pytestmark = pytest.mark.unit
+
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 FROM, TO = T0 - timedelta(hours=1), T0 + timedelta(hours=2)
 JOB = "train-a"

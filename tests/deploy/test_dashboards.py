@@ -14,6 +14,8 @@ from dashboards.push import PushConfig, push
 from megaheal.cli import app
 from tests.deploy.configs import COMPOSE, DEPLOY, load_yaml
 
+pytestmark = pytest.mark.unit
+
 
 def test_regenerating_the_dashboards_gives_the_committed_json(tmp_path: Path) -> None:
     assert stale() == [], "run `megaheal dashboards build` and commit dashboards/*.json"

@@ -25,7 +25,7 @@ from tests.exporters.promtools import Prometheus
 from tests.exporters.test_sidecar_e2e import start_sidecar
 from tests.support import free_port, service_ready, wait_for
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.multiprocess
 STEPS = 8
 
 

@@ -12,9 +12,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from healer.service.config import load_config
 from tests.deploy.configs import COMPOSE, DEPLOY, load_yaml
 from tests.support import free_port, service_ready, wait_for
+
+pytestmark = pytest.mark.services
 
 SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|KEY", re.I)
 # Flags of the compose command that only say where things are: replaced by this test's own.

@@ -21,6 +21,8 @@ from tests.support import free_port
 from train.entry import leave_process_group
 from train.optim import LAMB
 
+pytestmark = pytest.mark.multiprocess
+
 WORLD_SIZE = 2
 # Row counts that split unevenly over two ranks, and a single row that leaves one
 # rank with an empty shard.
@@ -81,7 +83,6 @@ def _compare_sharded_with_full() -> None:
         )
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_lamb_on_sharded_dtensors_matches_single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # Children inherit the environment: one thread each on a small machine, loopback only.

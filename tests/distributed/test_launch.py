@@ -10,6 +10,8 @@ import pytest
 from tests.conftest import CONFIGS, REPO, job_env
 from train.records import read_records
 
+pytestmark = pytest.mark.multiprocess
+
 MEGAHEAL = [sys.executable, "-c", "from megaheal.cli import app; app()"]
 
 
@@ -24,7 +26,6 @@ def test_a_bad_layout_is_refused_before_any_rank_starts(tmp_path) -> None:
     assert not (tmp_path / "run").exists(), "nothing was launched"
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_demo_job_trains_four_ranks_with_a_falling_loss(tmp_path) -> None:
     run_dir = tmp_path / "demo"

@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import run_training
 
+pytestmark = pytest.mark.multiprocess
+
 STEPS = 3
 # A higher learning rate than the configs' so that any divergence in the update shows in the loss by step 3.
 COMMON = [f"steps={STEPS}", "optim.lr=1.0e-2", "optim.warmup_steps=1"]
@@ -48,7 +50,6 @@ def parallel_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return run
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("case", list(CASES))
 def test_parallel_layout_matches_a_single_process(case: str, parallel_run: Any, tmp_path: Path) -> None:
@@ -67,7 +68,6 @@ def test_parallel_layout_matches_a_single_process(case: str, parallel_run: Any, 
     assert expected[-1] < expected[0], "training lowers the loss"
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(420)
 def test_3d_run_records_every_rank_with_its_mesh_coordinates_and_phases(parallel_run: Any) -> None:
     records = parallel_run("pp2-dp2-tp2")

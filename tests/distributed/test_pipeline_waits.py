@@ -18,7 +18,7 @@ import pytest
 from healer.runner.chaos import duty_cycle
 from tests.conftest import REPO, job_env, rank_records, training_argv
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.multiprocess
 STEPS, SLOW_RANK, SLOW_FROM = 14, 2, 3
 
 

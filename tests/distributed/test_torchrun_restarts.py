@@ -17,7 +17,7 @@ from megaheal import procfs
 from tests.conftest import CONFIGS, REPO, job_env, kill_job
 from train.records import read_records
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.multiprocess
 STEPS = 16
 
 

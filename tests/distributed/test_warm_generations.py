@@ -24,7 +24,7 @@ from train.warm.plan import key
 from train.warm.pool import WarmPool
 from train.warm.worker import STUCK_EXIT_CODE
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.multiprocess
 STEPS = 60
 """Room for the faults: each comes two of rank 0's records after the one before and none waits for a standby, so the
 22 are done by step 44 even if no fault cost a step (with 36 steps a CI run ended 17 faults in, the test waiting

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import CONFIGS, job_env, rank_records, run_training
 from train.warm.pool import WarmPool
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.multiprocess
 STEPS = 14
 COMMON = ["optim.lr=1.0e-2", "optim.warmup_steps=2", f"steps={STEPS}", "peak_flops=1e12"]
 

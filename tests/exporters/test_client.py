@@ -13,6 +13,8 @@ from exporters.client import SOCKET_ENV, NullRankClient, RankClient
 from exporters.schema import Event, Hello, SchemaError, StepRecord, build_record, decode, encode
 from tests.exporters.helpers import step_record
 
+pytestmark = pytest.mark.unit
+
 MESH = {"pp": 1, "dp": 0, "tp": 1}
 
 

@@ -17,6 +17,8 @@ from exporters.xid import XidWatcher
 from tests.exporters.promtools import promtool_check_metrics
 from tests.exporters.recorded_nvml import DCGM_SAMPLE, RecordedNvml
 
+pytestmark = pytest.mark.unit
+
 EXPECTED = [gpu["expected_dcgm"] for gpu in json.loads(DCGM_SAMPLE.read_text())["gpus"]]
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from exporters import phase_now
 from exporters.phase_now import PhaseBeacon
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_agent_reads_the_phase_a_rank_is_in_and_since_when_through_nesting_and_between_steps(tmp_path) -> None:

@@ -20,6 +20,8 @@ from healer.errors import BadRequest
 from tests.exporters.helpers import step_record
 from tests.healer.services import MEGAHEAL, TOKEN, HealerProcess, free_port, http, wait_for
 
+pytestmark = pytest.mark.services
+
 
 def node_batch(node: str, seq: int, step: int = 7, ranks: int = 2, first: int = 0) -> HeartbeatBatch:
     return HeartbeatBatch(schema=HEARTBEAT_SCHEMA, node=node, seq=seq, sent_at=time.time(), ranks=[

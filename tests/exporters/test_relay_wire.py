@@ -19,6 +19,8 @@ from exporters.schema import HEARTBEAT_SCHEMA, EventBody, GpuEntry, HeartbeatBat
 from healer.core.heartbeats import HeartbeatTable
 from healer.errors import BadRequest
 
+pytestmark = pytest.mark.unit
+
 
 def varied_batch(node: str, first: int, ranks: int) -> HeartbeatBatch:
     """A node's batch whose ranks differ in every way a rank entry can: fields missing or set, jobs, events, the

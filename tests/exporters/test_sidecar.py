@@ -20,6 +20,8 @@ from exporters.sidecar import Sidecar
 from tests.exporters.helpers import step_record
 from tests.exporters.promtools import free_port, wait_for
 
+pytestmark = pytest.mark.unit
+
 
 class FakeHealer:
     """A real HTTP server on loopback that keeps what is posted to it (JSON batches, or raw bodies by path)."""

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import CONFIGS, REPO, job_env
 from tests.exporters.promtools import free_port, promtool_check_metrics, running_prometheus, wait_for
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.multiprocess
 MEGAHEAL = [sys.executable, "-c", "from megaheal.cli import app; app()"]
 
 

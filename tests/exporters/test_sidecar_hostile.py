@@ -24,6 +24,8 @@ from exporters.sidecar import Sidecar
 from tests.exporters.helpers import step_record
 from tests.support import wait_for
 
+pytestmark = pytest.mark.services
+
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another local user needs root (setuid to nobody)")
 # A pid the forger's child writes its own over (msgspec encodes it as uint32: 0xce + 4 bytes).

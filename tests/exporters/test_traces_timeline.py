@@ -18,6 +18,8 @@ from exporters.traces import OTLP_HTTP_LOGGER, StepTracer, otlp_exporter, step_t
 from megaheal.cli import app
 from tests.exporters.helpers import step_record
 
+pytestmark = pytest.mark.unit
+
 
 def test_each_step_is_a_span_with_a_child_per_phase_shared_across_ranks() -> None:
     exporter = InMemorySpanExporter()

@@ -7,6 +7,7 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,6 +16,8 @@ from healer.runner.chaos import KINDS, Schedule, load_schedule
 from megaheal.typedconfig import ConfigError
 from tests.conftest import CONFIGS
 from tests.fuzz.strategies import dump, mutated, values, yaml_text
+
+pytestmark = pytest.mark.unit
 
 DEMO = yaml.safe_load((CONFIGS / "chaos-demo.yaml").read_text())
 faults = st.fixed_dictionaries({"at_step": st.integers(-2, 10**20) | values, "kind": st.sampled_from(KINDS) | values},

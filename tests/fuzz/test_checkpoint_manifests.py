@@ -9,12 +9,15 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 import typer
 from hypothesis import given
 from hypothesis import strategies as st
 
 from train.checkpoint import catalog
 from train.checkpoint.inspect import list_ as ckpt_list
+
+pytestmark = pytest.mark.unit
 
 STEP = 4
 json_values = st.recursive(

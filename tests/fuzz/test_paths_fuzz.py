@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from tests.fuzz.json_strategies import TEXT
 from tests.healer.services import TOKEN, HealerProcess, http, webhook
 
+pytestmark = pytest.mark.unit
+
 KEYS = st.one_of(st.sampled_from(["state", "limit", "offset"]), TEXT)
 STATES = st.sampled_from(["open", "resolved", "escalated", "OPEN", ""])
 NUMBERS = st.one_of(st.integers(-5, 2**64).map(str), STATES, TEXT)

@@ -19,6 +19,8 @@ from exporters.receiver import DatagramReceiver
 from exporters.schema import MAX_DATAGRAM_BYTES, Message, SchemaError, build_record, decode, encode
 from tests.exporters.helpers import step_record
 
+pytestmark = pytest.mark.unit
+
 # ---- what a sender can put in a datagram ---------------------------------------------------------------------
 
 scalars = (st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**64 - 1) | st.floats()

@@ -17,6 +17,8 @@ from healer.core.rules import RuleSet, load_rule_set
 from megaheal.typedconfig import ConfigError
 from tests.fuzz.json_strategies import JSON, TEXT, mutated
 
+pytestmark = pytest.mark.unit
+
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "rules" / "default.yaml"
 DURATIONS = st.one_of(st.sampled_from(["30s", "500ms", "2m", "1h", "0s", "-1s", "10x", "1e9h", "", "P1D"]),
                       st.integers(-10, 10**12), st.floats(allow_nan=True, allow_infinity=True))

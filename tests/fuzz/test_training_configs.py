@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 
 import msgspec
+import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,6 +24,8 @@ from tests.conftest import CONFIGS
 from tests.fuzz.strategies import dump, mutated, values, yaml_text
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
+
+pytestmark = pytest.mark.unit
 
 SHIPPED = {p.name: yaml.safe_load(p.read_text()) for p in sorted(CONFIGS.glob("*.yaml"))
            if not p.name.startswith("chaos-")}

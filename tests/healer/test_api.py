@@ -12,6 +12,8 @@ import warnings
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 with warnings.catch_warnings():
     # NOTE: Starlette 1.x suggests httpx2 for its TestClient; httpx still works and is what dev installs.
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

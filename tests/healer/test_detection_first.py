@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from healer.service.detection_first import DetectionFirst
 
+pytestmark = pytest.mark.unit
+
 
 def _gate(max_wait_s: float = 1.0) -> tuple[DetectionFirst, CollectorRegistry]:
     r = CollectorRegistry()

@@ -21,6 +21,8 @@ from healer.core.states import IncidentState
 from tests.healer.helpers import ManualClock, batch, make_healer
 from tests.healer.services import TOKEN
 
+pytestmark = pytest.mark.unit
+
 RULES = "\n".join(f"- {{name: {d}, when: {{detector: {d}}}, remediate: notify}}" for d in (
     "hang", "straggler", "loss_spike", "nonfinite", "collective_slowdown", "crash", "heartbeat_stale"))
 PER_JOB = {"hang": ("_jobs", "_times"), "straggler": ("_jobs",), "loss_spike": ("_spikes",), "nonfinite": ("_bad",),

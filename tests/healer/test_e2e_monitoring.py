@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
+import pytest
 
 from healer.oncall.alertmanager import AlertmanagerClient
 from tests.healer.services import Alertmanager, HealerProcess, Prometheus, free_port, http, wait_for
+
+pytestmark = pytest.mark.services
 
 
 def _incident_alerts(am: AlertmanagerClient) -> dict[str, dict[str, str]]:

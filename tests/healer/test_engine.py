@@ -16,6 +16,8 @@ from healer.core.states import IncidentState
 from tests.healer.helpers import RUNBOOKS, ManualClock, Receiver, batch, make_healer
 from tests.healer.services import webhook, wait_for
 
+pytestmark = pytest.mark.unit
+
 STALE = "- name: stale\n  when: {detector: heartbeat_stale, after: 30s}\n  severity: critical\n"
 
 

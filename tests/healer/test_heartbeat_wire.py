@@ -17,6 +17,8 @@ from tests.exporters.helpers import step_record
 from tests.exporters.recorded_nvml import RecordedNvml
 from tests.healer.helpers import batch
 
+pytestmark = pytest.mark.unit
+
 
 def sidecar_batch(tmp_path: Any) -> HeartbeatBatch:
     """A batch as a real sidecar builds it: two ranks (one with a NaN loss and an event, one that only said hello)

@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 import numpy as np
+import pytest
 
 from healer.core.detectors.collective_slowdown import CollectiveSlowdown
 from healer.core.detectors.history import HistoryPool, RankHistory
@@ -21,6 +22,8 @@ from healer.core.heartbeats import HeartbeatTable
 from healer.core.jobview import TickView
 from tests.healer.helpers import ManualClock, batch
 from tests.selfheal.streams import JobStream
+
+pytestmark = pytest.mark.unit
 
 
 def _entry(rank: int, step: int, step_s: float | None, compute: float | None,

@@ -16,6 +16,8 @@ from healer.errors import DatabaseError, DatabaseNotAtHead
 from healer.core.models import Base
 from tests.healer.services import MEGAHEAL
 
+pytestmark = pytest.mark.services
+
 TABLES = {"jobs", "nodes", "node_incidents", "incidents", "incident_events", "runbook_runs", "remediations", "restarts",
           "goodput_intervals"}
 

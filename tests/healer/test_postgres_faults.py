@@ -24,6 +24,8 @@ from healer.core.store import IncidentStore
 from healer.core.jobstore import JobStore
 from tests.healer.services import HealerProcess, Postgres, http, wait_for, webhook
 
+pytestmark = pytest.mark.services
+
 FAST = {"respond_interval": "200ms", "notify_interval": "200ms", "detect_interval": "200ms", "probe_interval": "500ms"}
 RULES = ("- name: xid\n  when: {alert: GpuXid}\n  remediate: notify\n"
          "- name: stale\n  when: {detector: heartbeat_stale, after: 1s}\n  remediate: notify\n")

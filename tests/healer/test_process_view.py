@@ -4,10 +4,14 @@ on every report), and the job's pids are the union over its nodes."""
 
 from __future__ import annotations
 
+import pytest
+
 from exporters.schema import AttemptReport, RankProcess
 from healer.core.jobview import TickView
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.processes import ProcessState, ProcessView
+
+pytestmark = pytest.mark.unit
 
 
 def report(attempt: int, node_rank: int, ranks: list[tuple[int, int, str]], job: str = "j") -> AttemptReport:

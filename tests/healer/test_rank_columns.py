@@ -6,10 +6,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from healer.core.heartbeats import HeartbeatTable
 from healer.core.rank_columns import ALIVE, FINISHING, NONFINITE, STOPPED
 from tests.healer.helpers import ManualClock, batch
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_columns_hold_each_ranks_latest_numbers_and_flags_as_its_heartbeat_carried_them() -> None:

@@ -11,6 +11,8 @@ from healer.service.config import DEFAULT_RULES, HealerConfig, load_config
 from healer.core.rules import AlertCondition, DetectorCondition, PromqlCondition, load_rules
 from megaheal.typedconfig import ConfigError
 
+pytestmark = pytest.mark.unit
+
 GOOD = """\
 - name: stale
   when: {detector: heartbeat_stale, after: 45s, min_ranks: 2}

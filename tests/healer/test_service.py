@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from healer.core import db
 from tests.healer.services import (MEGAHEAL, TOKEN, HealerProcess, Postgres, free_port, http, post_oversized,
                                    status_of, wait_for, webhook)
+
+pytestmark = pytest.mark.services
 
 FAST = {"respond_interval": "200ms", "notify_interval": "200ms", "detect_interval": "200ms", "probe_interval": "500ms"}
 

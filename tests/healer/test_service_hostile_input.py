@@ -14,6 +14,8 @@ import pytest
 
 from tests.healer.services import HealerProcess, Postgres, http, status_of, wait_for, webhook
 
+pytestmark = pytest.mark.services
+
 RULES = "- name: xid\n  when: {alert: GpuXid}\n  remediate: notify\n"
 HEARTBEAT = {"schema": 1, "node": "n1", "seq": 0, "sent_at": 1, "ranks": []}
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.healer.services import MEGAHEAL, TOKEN, HealerProcess, Postgres, http, wait_for
 
+pytestmark = pytest.mark.services
+
 
 def _private(path: Path, text: str) -> str:
     path.write_text(text)

@@ -14,6 +14,8 @@ import pytest
 from megaheal.secretfile import write_private
 from tests.healer.services import MEGAHEAL, free_port, http, wait_for
 
+pytestmark = pytest.mark.services
+
 
 def _start(tmp_path: Path, *args: str, env_token: str | None = None, port: int | None = None) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MEGAHEAL_TOKEN", "MEGAHEAL_DB")}

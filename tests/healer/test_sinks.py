@@ -10,6 +10,8 @@ from healer.errors import SinkError
 from healer.core.models import Incident
 from healer.oncall.sinks import GrafanaSink, alertmanager_alerts
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=timezone.utc)
 
 

@@ -14,6 +14,8 @@ from healer.core.rules import AlertCondition, Rule
 from healer.core.states import ACTIVE_STATES, TRANSITIONS, IncidentState, check_transition
 from healer.errors import IllegalTransition
 
+pytestmark = pytest.mark.unit
+
 S = IncidentState
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 

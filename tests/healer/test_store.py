@@ -17,6 +17,8 @@ from healer.core.signals import Signal
 from healer.core.states import IncidentState
 from healer.core.store import IncidentStore
 
+pytestmark = pytest.mark.services
+
 S = IncidentState
 
 

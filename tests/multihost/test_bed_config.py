@@ -16,6 +16,8 @@ from testbed.hostns import hosts_file_text
 from testbed.layout import Layout
 from testbed.slurm import conf_text
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("changes", "message"),

@@ -15,7 +15,7 @@ from tests.multihost.conftest import bed_env
 from tests.support import wait_for
 from testbed import faults, procs
 
-pytestmark = [pytest.mark.multihost]
+pytestmark = pytest.mark.multihost
 
 
 def start_sleep(bed, host: str) -> subprocess.Popen:

@@ -12,7 +12,7 @@ from tests.conftest import REPO
 from tests.multihost.conftest import SCRIPTS, bed_env, python, srun
 from testbed import faults
 
-pytestmark = [pytest.mark.multihost, pytest.mark.distributed]
+pytestmark = pytest.mark.multihost
 
 
 @pytest.mark.timeout(120)

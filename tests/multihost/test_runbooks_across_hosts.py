@@ -12,7 +12,7 @@ from tests.conftest import REPO
 from tests.multihost.conftest import bed_env, python
 from testbed import faults
 
-pytestmark = [pytest.mark.multihost, pytest.mark.distributed]
+pytestmark = pytest.mark.multihost
 
 
 def diagnose_in_allocation(bed, runbook: str, tmp_path, *extra: str) -> dict:

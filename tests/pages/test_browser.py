@@ -24,7 +24,7 @@ from tests.pages.synthetic import HOSTILE, write_incidents
 from tests.selfheal.straggler_crash_run import JOB, HealedRun
 from tests.support import free_port, service_ready, wait_for
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.e2e
 
 
 @dataclass(frozen=True, slots=True)

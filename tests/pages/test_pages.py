@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from starlette.applications import Starlette
 
+pytestmark = pytest.mark.unit
+
 with warnings.catch_warnings():
     # NOTE: Starlette 1.x suggests httpx2 for its TestClient; httpx still works and is what dev installs.
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

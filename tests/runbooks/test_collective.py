@@ -15,7 +15,7 @@ from runbooks.spec import load_runbook
 from runbooks.verdict import Status
 from tests.conftest import REPO, job_env
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
 MEGAHEAL = [sys.executable, "-c", "from megaheal.cli import app; app()"]
 

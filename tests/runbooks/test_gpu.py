@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pynvml
+import pytest
 import torch
 
 from runbooks.checks.gpu_compute import GpuComputeCheck, memtest, reference_error
@@ -13,6 +14,8 @@ from runbooks.checks.xid_log import XidEvent, parse_kmsg_record
 from runbooks.registry import CheckContext
 from runbooks.verdict import Status
 from tests.runbooks.fake_nvml import NOT_SUPPORTED, FakeNvml, h200
+
+pytestmark = pytest.mark.unit
 
 CTX = CheckContext(hostname="gpu-node-7")
 BUS_1 = "00000000:3B:00.0"

@@ -21,6 +21,8 @@ from runbooks.verdict import Status
 from testbed import freezer
 from testbed.layout import FREEZER_ROOT
 
+pytestmark = pytest.mark.services
+
 CTX = CheckContext(hostname="node-a", timeout_s=20)
 
 

@@ -15,6 +15,8 @@ from runbooks.spec import load_runbook
 from runbooks.verdict import Status
 from tests.conftest import REPO, job_env
 
+pytestmark = pytest.mark.services
+
 MEGAHEAL = [sys.executable, "-c", "from megaheal.cli import app; app()"]
 
 

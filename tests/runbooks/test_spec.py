@@ -14,6 +14,8 @@ from runbooks.registry import CheckContext, CheckRegistry, default_registry
 from runbooks.runner import run_runbook
 from runbooks.spec import load_runbook, shipped_runbooks
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_busbw_follows_nccl_tests_formulas(n: int) -> None:

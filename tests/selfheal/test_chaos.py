@@ -27,6 +27,8 @@ from train.checkpoint.catalog import choose_resume
 from train.config import load_config
 from train.hang_faults import HangFault
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -28,6 +28,8 @@ from healer.core.rules import load_rules
 from tests.healer.helpers import ManualClock
 from tests.selfheal.streams import JobStream
 
+pytestmark = pytest.mark.unit
+
 NODES = {"n1": [0, 1], "n2": [2, 3]}
 
 

@@ -27,6 +27,8 @@ from tests.selfheal.scripted import ScriptedRemediator
 from tests.selfheal.streams import JobStream
 from tests.support import wait_for
 
+pytestmark = pytest.mark.e2e
+
 JOB = "train-a"
 RULES = """
 rules:

@@ -32,7 +32,7 @@ from tests.healer.services import Alertmanager
 
 from tests.support import free_port, wait_for
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.e2e
 STEPS = 24
 LONG = 36
 """The jobs with a second fault in their second attempt."""

@@ -12,6 +12,8 @@ import pytest
 from healer.core.goodput import CATEGORIES, KINDS, compute, intervals
 from healer.runner.report import report
 
+pytestmark = pytest.mark.unit
+
 
 def write(path: Path, entries: list[dict[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

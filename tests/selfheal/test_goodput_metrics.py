@@ -20,6 +20,8 @@ from healer.errors import DatabaseError
 from healer.runner.goodput_metrics import GoodputCollector, GoodputServer
 from tests.selfheal.test_goodput import CRASH, write_crash_run
 
+pytestmark = pytest.mark.unit
+
 HANG = {"id": 2, "kind": "hang", "attempt": 1, "detected_at": 32.0, "state": "open"}
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from healer.core.hang_attribution import attribute
+
+pytestmark = pytest.mark.unit
 
 MESH = {r: {"pp": r // 2, "dp": r % 2, "tp": 0} for r in range(4)}
 GATHER = ["all_gather_into_tensor (torch/distributed/distributed_c10d.py:3800)",

@@ -26,7 +26,7 @@ from healer.runner.chaos import Chaos, load_schedule
 from healer.runner.loop import SelfHealingJob
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.e2e
 STEPS = 34
 SLOW_SAVE = 32
 # (kind, step, rank, node, what names it, the frame of the rank's own stack that shows it): ranks 0, 1 on n1; 2, 3 on

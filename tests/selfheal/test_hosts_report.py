@@ -9,6 +9,8 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from healer.core import db
 from healer.core.signals import Signal
 from healer.core.states import IncidentState as S
@@ -19,6 +21,8 @@ from healer.launchers.drain import Drainer
 from healer.pages.hosts import host_table, states_path
 from healer.runner.hosts import record_states
 from healer.runner.report import report
+
+pytestmark = pytest.mark.unit
 
 
 class SlurmSays:

@@ -10,11 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from healer.core.heartbeats import HeartbeatTable
 from healer.launchers.agent_client import AgentClient
 from healer.runner.keeper import AgentKeeper
 from tests.healer.helpers import ManualClock, batch
 from tests.support import free_port
+
+pytestmark = pytest.mark.unit
 
 
 @dataclass

@@ -21,6 +21,8 @@ from healer.launchers.coordinator import Coordinator
 from megaheal import procfs
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]
 
 

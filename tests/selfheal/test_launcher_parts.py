@@ -17,6 +17,8 @@ from healer.launchers.agent_log import parse_failures
 from healer.core.processes import ProcessView
 from healer.launchers.coordinator import Coordinator, Unauthorized
 
+pytestmark = pytest.mark.unit
+
 REPORT = """[2026-11-30 03:14:02,118] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9)
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================

@@ -30,6 +30,8 @@ from tests.deploy.test_dashboard_sql import grafana_sql
 from tests.selfheal.scripted import ScriptedRemediator
 from tests.selfheal.test_lifecycle import JOB, crash, setup, tick
 
+pytestmark = pytest.mark.services
+
 T0 = 1_700_000_000.0
 LEDGER = [("startup", -50, -48, False, None), ("productive", -48, -8.5, False, 40),
           ("checkpointing", -8.5, -8, False, None), ("lost", -8, -3, True, 5), ("detection", -3, 0, True, None),

@@ -8,6 +8,8 @@ import signal
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from healer.core.engine import Healer
 from healer.core.jobstore import JobStore
 from healer.core.jobview import TickView
@@ -16,6 +18,8 @@ from healer.core.remediator import HostVerdict
 from healer.core.timeline import job_timelines
 from tests.healer.helpers import ManualClock, batch, make_healer
 from tests.selfheal.scripted import ScriptedRemediator
+
+pytestmark = pytest.mark.unit
 
 JOB = "train-a"
 RULES = """

@@ -21,6 +21,8 @@ from healer.launchers.node_diagnosis import (
 from healer.runner.chaos import break_scratch
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.services
+
 TIMEOUT = timedelta(seconds=120)
 
 

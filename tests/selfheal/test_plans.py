@@ -10,6 +10,8 @@ import pytest
 from healer.core.catalogue import CATALOGUE, FaultKind, Remedy, fault
 from healer.core.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, gate, restart_mode
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 
 

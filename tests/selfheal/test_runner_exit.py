@@ -61,7 +61,7 @@ def _read(path: Path) -> list[dict]:  # type: ignore[type-arg]
         return []
 
 
-@pytest.mark.distributed
+@pytest.mark.e2e
 @pytest.mark.timeout(420)
 def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile(tmp_path: Path) -> None:
     """Ctrl-C; SIGTERM takes the same way (test_ctrl_c_and_sigterm_ask_to_stop_and_a_second_one_to_hurry). The run
@@ -98,6 +98,7 @@ def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile
     assert (run_dir / "checkpoints" / "latest").is_file()
 
 
+@pytest.mark.services
 def test_it_refuses_a_run_directory_another_runner_holds_and_takes_a_dead_runners_lock(tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -119,6 +120,7 @@ def test_it_refuses_a_run_directory_another_runner_holds_and_takes_a_dead_runner
         pass
 
 
+@pytest.mark.services
 def test_ctrl_c_and_sigterm_ask_to_stop_and_a_second_one_to_hurry(tmp_path: Path) -> None:
     import os
 

@@ -19,6 +19,8 @@ from megaheal import slurm
 from tests.conftest import REPO
 from train.config import load_config
 
+pytestmark = pytest.mark.unit
+
 ALLOC = Allocation(job_id="41", hosts=("h1", "h2", "h3", "h4"), ranks_per_node=2, healer_address="10.0.0.1",
                    addresses={"h1": "10.0.0.11", "h2": "10.0.0.12", "h3": "10.0.0.13", "h4": "10.0.0.14"})
 

@@ -25,7 +25,7 @@ from megaheal import procfs
 from tests.conftest import REPO, job_env, kill_job
 from tests.support import wait_for
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.e2e
 STEPS = 16
 
 

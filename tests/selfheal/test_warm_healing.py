@@ -26,7 +26,7 @@ from healer.runner.build import shipped_rules as rule_set
 from healer.runner.loop import SelfHealingJob
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.e2e
 STEPS = 28
 _built: list[SelfHealingJob] = []
 

@@ -20,6 +20,8 @@ from sim.engine import Simulation
 from sim.fleet import Failure, Where
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 LLAMA = REPO / "configs" / "sim" / "llama3-16k.yaml"
 RULES = load_rule_set([DEFAULT_RULES])
 QUIET = "failures.scale=1e-9"

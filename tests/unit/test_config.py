@@ -8,6 +8,8 @@ from megaheal.typedconfig import ConfigError
 from train.config import TrainConfig, load_config
 from tests.conftest import CONFIGS
 
+pytestmark = pytest.mark.unit
+
 
 def _write(tmp_path, text: str):
     path = tmp_path / "c.yaml"

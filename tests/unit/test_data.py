@@ -21,6 +21,8 @@ from train.data import (
     build_source,
 )
 
+pytestmark = pytest.mark.unit
+
 VOCAB = 128
 SEQ = 16
 

@@ -4,7 +4,11 @@ share."""
 
 from __future__ import annotations
 
+import pytest
+
 from train.flight_recorder import enabled, summary
+
+pytestmark = pytest.mark.unit
 
 
 def entry(pg_id: int, name: str, seq: int, op: str, retired: bool) -> dict[str, object]:

@@ -9,6 +9,8 @@ import pytest
 from train.layout import LayoutError, ParallelConfig, stage_ids, stage_layers, validate_layout
 from train.model import ModelConfig
 
+pytestmark = pytest.mark.unit
+
 MODEL = ModelConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, ffn_dim=256, seq_len=64)
 
 

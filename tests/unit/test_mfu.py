@@ -17,6 +17,8 @@ from train.mfu import (
     resolve_peak,
 )
 
+pytestmark = pytest.mark.unit
+
 # GPT-3 175B (Brown et al. 2020, table 2.1).
 GPT3_LAYERS = 96
 GPT3_HIDDEN = 12288

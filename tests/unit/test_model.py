@@ -7,6 +7,8 @@ import torch
 
 from train.model import GPT, ModelConfig, count_flop_params, cross_entropy_loss, sliding_window_mask
 
+pytestmark = pytest.mark.unit
+
 TINY = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, ffn_dim=64, seq_len=16)
 
 

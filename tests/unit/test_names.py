@@ -26,6 +26,8 @@ from tests.conftest import CONFIGS
 from tests.healer.helpers import batch
 from train.config import load_config
 
+pytestmark = pytest.mark.unit
+
 BAD = ["my run", "jöb", "job\n", "-job", "", "a" * 254, "job\x00"]
 HELLO = {"local_rank": 0, "node": "h", "world_size": 1, "mesh": {}}
 

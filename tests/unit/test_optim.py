@@ -10,6 +10,8 @@ from torch import nn
 
 from train.optim import LAMB, OptimConfig, build_lr_scheduler, build_optimizer, lr_factor
 
+pytestmark = pytest.mark.unit
+
 
 def reference_lamb_step(
     params: list[torch.Tensor],

@@ -15,6 +15,8 @@ import pytest
 from megaheal import procfs
 from tests.support import wait_for
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "proc"
 
 

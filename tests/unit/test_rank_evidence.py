@@ -17,6 +17,8 @@ import pytest
 from megaheal import procfs, rank_evidence
 from tests.support import wait_for
 
+pytestmark = pytest.mark.unit
+
 SPIN = """
 def spin_here():
     x = 0

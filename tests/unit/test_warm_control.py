@@ -12,6 +12,8 @@ import pytest
 from healer.agent.orders import StartOrder, WorkersOrder, decode_order
 from healer.launchers.warm_control import WarmControl, WarmSettings, WarmUnavailable
 
+pytestmark = pytest.mark.unit
+
 NODES = ("n1", "n2")
 
 

@@ -13,6 +13,8 @@ from train.trainer import Trainer
 from train.warm.replicas import common_step, keeper_of, replica_stride
 from train.warm.snapshot import Snapshot, SnapshotMismatch
 
+pytestmark = pytest.mark.unit
+
 TINY = ["steps=6", "peak_flops=1e12", "checkpoint.every_steps=0", "parallel.dp=1", "optim.lr=1e-2"]
 
 
