@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from megaheal import procfs  # noqa: E402
+from ground import procfs  # noqa: E402
 from train.checkpoint import catalog  # noqa: E402
 from train.checkpoint.state import capture, load_template  # noqa: E402
 from train.config import load_config  # noqa: E402

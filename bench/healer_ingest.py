@@ -45,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from megaheal import procfs  # noqa: E402
+from ground import procfs  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
 
@@ -53,8 +53,8 @@ TOKEN = "bench-token-0123456789abcdef"
 
 
 def node_body(node: int, ranks_per_node: int, job: str = "bench") -> bytes:
-    """One node's batch, built and encoded with the sidecar's own structs (exporters/schema.py), every field set."""
-    from exporters.schema import HEARTBEAT_SCHEMA, GpuEntry, HeartbeatBatch, RankEntry, encode_batch
+    """One node's batch, built and encoded with the sidecar's own structs (wire/telemetry.py), every field set."""
+    from wire.telemetry import HEARTBEAT_SCHEMA, GpuEntry, HeartbeatBatch, RankEntry, encode_batch
 
     ranks = []
     for local in range(ranks_per_node):
@@ -75,8 +75,8 @@ def node_body(node: int, ranks_per_node: int, job: str = "bench") -> bytes:
 def relay_body(relay: int, per_relay: int, ranks_per_node: int) -> bytes:
     """What a relay of `per_relay` nodes posts each second (exporters/relay.py, by the relay's own code: its nodes'
     ranks by column), every node's batch half an interval old."""
-    from exporters.relay_wire import columns_of, encode_relay
-    from exporters.schema import decode_batch
+    from wire.relay import columns_of, encode_relay
+    from wire.telemetry import decode_batch
 
     nodes = range(relay * per_relay, (relay + 1) * per_relay)
     return encode_relay(columns_of(f"relay-{relay:04d}", 0, time.time(),
@@ -90,7 +90,7 @@ def next_steps(request: bytes, second: int) -> bytes:
     column = request.find(b'"step":"')
     if column < 0:  # a node's batch: one "step" per rank entry
         return request.replace(b'"step":1200', b'"step":%d' % (1200 + second))
-    # A relay's batch by column (exporters/relay_wire.py): the step column is n little-endian int64s in base64.
+    # A relay's batch by column (wire/relay.py): the step column is n little-endian int64s in base64.
     start = column + len(b'"step":"')
     end = request.index(b'"', start)
     n = len(base64.b64decode(request[start:end])) // 8
@@ -223,12 +223,12 @@ def exact_cycles(nodes: int, ranks_per_node: int, rules: str = "stale") -> dict[
     """One detection cycle (the tick's view and every detector of the rule set) on a full table, in this process
     and unloaded: exact percentiles. Between cycles every node's batch comes again one step further on (untimed),
     so that the detectors that learn from new steps do their real work each cycle."""
-    from healer.core.detectors.heartbeat_stale import HeartbeatStale
-    from healer.core.detectors.history import HistoryPool
-    from healer.core.detectors.registry import default_registry
-    from healer.core.heartbeats import HeartbeatTable
-    from healer.core.jobview import TickView
-    from healer.core.rules import DetectorCondition, load_rule_set
+    from healer.detect.heartbeat_stale import HeartbeatStale
+    from healer.observe.history import HistoryPool
+    from healer.detect.registry import default_registry
+    from healer.observe.heartbeats import HeartbeatTable
+    from healer.observe.jobview import TickView
+    from healer.decide.rules import DetectorCondition, load_rule_set
 
     if rules == "stale":
         detectors = [HeartbeatStale(HeartbeatStale.Config())]

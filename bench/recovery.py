@@ -40,17 +40,19 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from wire import journal
+from wire.run_paths import RunPaths
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from healer.core.goodput import compute
-from healer.jsonl import read_jsonl
+from ground import procfs
+from healer.ledger.goodput import compute
 from healer.launchers.warm_control import WarmSettings
 from healer.runner.build import JobSpec, build_job
-from healer.runner.loop import SelfHealingJob
-from megaheal import procfs
 from healer.runner.build import shipped_rules as rule_set
 from healer.runner.chaos import HANG_KINDS
+from healer.runner.loop import SelfHealingJob
 
 SIGNALS = {"crash": (3, signal.SIGKILL), "hang": (1, signal.SIGSTOP)}
 HANG_RANK = 1
@@ -93,9 +95,9 @@ def current_steps(job: SelfHealingJob) -> list[int]:
 def warm_state_s(run_dir: Path, attempt: int | None) -> float | None:
     """The slowest rank's time to form its group and take its state in warm attempt `attempt` (the coordinator's
     journal, "warm-ready": each worker's "memory step N in S s")."""
-    for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl"):
-        if e.get("event") == "warm-ready" and e.get("attempt") == attempt:
-            times = [float(m.group(1)) for v in e["resumed"].values() if (m := re.search(r"in ([0-9.]+) s$", v))]
+    for e in journal.read(RunPaths(run_dir).journal):
+        if isinstance(e, journal.WarmReady) and e.attempt == attempt:
+            times = [float(m.group(1)) for v in e.resumed.values() if (m := re.search(r"in ([0-9.]+) s$", v))]
             return max(times) if times else None
     return None
 

@@ -36,10 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from exporters.client import SOCKET_ENV, RankClient  # noqa: E402
-from megaheal import procfs  # noqa: E402
+from ground import procfs  # noqa: E402
 from tests.exporters.helpers import step_record  # noqa: E402 - a record shaped like the trainer's
-
-
 
 # ---------------------------------------------------------------- helpers
 

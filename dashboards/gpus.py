@@ -13,7 +13,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
 from dashboards.common import REF_IDS, label_variable, prom, proms
-from healer.core.catalogue import CRITICAL_XIDS
+from ground.gpu_faults import CRITICAL_XIDS
 
 UID = "megaheal-gpus"
 GPUS = 'hostname=~"$node", gpu=~"$gpu"'

@@ -1,6 +1,6 @@
 """The incidents dashboard: what is broken now, how long each stage of each incident took, what the healer did.
 
-Incident tables read the healer's database (tables of healer/core/models.py) through Grafana's PostgreSQL
+Incident tables read the healer's database (tables of healer/incidents/models.py) through Grafana's PostgreSQL
 datasource; the healer's own health comes from its /metrics through Prometheus.
 """
 

@@ -8,7 +8,7 @@ Used by the trainer on every rank:
     client.event("exception", type="RuntimeError", message="...")
     client.close()
 
-Records go out as datagrams (exporters/schema.py, schema v2) on a non-blocking AF_UNIX socket to the
+Records go out as datagrams (wire/telemetry.py, schema v2) on a non-blocking AF_UNIX socket to the
 path in MEGAHEAL_SIDECAR_SOCKET. Each is validated against the schema here, so a bad record is dropped at
 the rank, counted, and never costs the sidecar a decode. When the sidecar is slow (its queue is full),
 gone, or not started yet, the record is dropped and counted in `dropped`; nothing here blocks, and
@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from exporters.schema import MAX_DATAGRAM_BYTES, build_record, encode
+from wire.telemetry import MAX_DATAGRAM_BYTES, build_record, encode
 
 SOCKET_ENV = "MEGAHEAL_SIDECAR_SOCKET"
 

@@ -1,6 +1,6 @@
 """Heartbeat batches: once per interval, the node's view of all its ranks (and GPUs), posted to the healer.
 
-Batch (JSON, schema 1), one per node per interval: exporters/schema.py's HeartbeatBatch,
+Batch (JSON, schema 1), one per node per interval: wire/telemetry.py's HeartbeatBatch,
 
     {"schema": 1, "node": "n1", "seq": 7, "sent_at": <unix s>, "nvml": "ok" | "absent",
      "ranks": [{"job", "rank", "alive", "last_seen_age_s", "pid", "local_rank", "world_size", "mesh",
@@ -27,7 +27,7 @@ from collections.abc import Callable
 import msgspec
 
 from exporters.ranks import RankState
-from exporters.schema import HeartbeatBatch, RankEntry, encode_batch
+from wire.telemetry import HeartbeatBatch, RankEntry, encode_batch
 
 HEARTBEAT_PATH = "/v1/heartbeats"
 

@@ -20,8 +20,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporters.schema import GpuEntry
 from exporters.xid import XidWatcher
+from wire.telemetry import GpuEntry
 
 log = logging.getLogger(__name__)
 

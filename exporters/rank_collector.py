@@ -15,7 +15,7 @@ Series per rank (labels job, node, rank; budget 20, so 12,288 ranks stay under 2
                                                   --
                                                   20
 
-The rank's peak RSS and its last event's details travel in heartbeats only (exporters/schema.py, RankEntry).
+The rank's peak RSS and its last event's details travel in heartbeats only (wire/telemetry.py, RankEntry).
 
 Families are built afresh from a RankTable snapshot at every scrape.
 """
@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporters.ranks import COUNTED_EVENTS, RankState, RankTable
-from exporters.schema import ordered_phases
+from wire.telemetry import ordered_phases
 
 SERIES_PER_RANK_BUDGET = 20
 MAX_PHASES = 6
@@ -37,7 +37,7 @@ LABELS = ["job", "node", "rank"]
 
 def exported_phases(phases: dict[str, float]) -> list[str]:
     """The phases that get a series, in the trainer's order, MAX_PHASES at most (the sidecar keeps only the
-    trainer's own phase names: exporters/schema.py, known_phases_only)."""
+    trainer's own phase names: wire/telemetry.py, known_phases_only)."""
     return ordered_phases(phases)[:MAX_PHASES]
 
 

@@ -12,8 +12,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from megaheal import procfs
-from exporters.schema import Event, EventBody, Hello, Message, StepBody, StepRecord
+
+from ground import procfs
+from wire.telemetry import Event, EventBody, Hello, Message, StepBody, StepRecord
 
 # Events counted per rank in the metrics; any other kind is kept for the heartbeat only, so that
 # a rank cannot grow its series count by inventing event names.

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporters.peers import CREDENTIALS_SPACE, Credentials, SenderPolicy, credentials, pass_credentials
-from exporters.schema import MAX_DATAGRAM_BYTES, Message, SchemaError, decode
+from wire.telemetry import MAX_DATAGRAM_BYTES, Message, SchemaError, decode
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ scalable unit) takes its nodes' batches on the same path and with the same token
 (POST /v1/heartbeats), checks each as the healer would (a bad one is refused to its sender, with the field
 named), keeps each node's latest, and every interval posts all of them in one batch to the healer's
 /v1/heartbeats/relayed, each with how long ago it came (by the relay's clock: the healer needs no clock
-agreement). The batch carries the group's rank entries by column (exporters/relay_wire.py's RelayColumns): the
+agreement). The batch carries the group's rank entries by column (wire/relay.py's RelayColumns): the
 relay decodes each node's batch anyway, and the healer takes columns ~9x cheaper than one JSON object per rank.
 Nothing else changes: orders still go from the healer to each node agent directly.
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters.heartbeat import urllib_post
-from exporters.relay_wire import MAX_NODES_PER_RELAY, NodeColumns, columns_of, encode_relay
-from exporters.schema import SchemaError, decode_batch
-from megaheal.names import check_name
+from ground.names import check_name
+from wire.relay import MAX_NODES_PER_RELAY, NodeColumns, columns_of, encode_relay
+from wire.telemetry import SchemaError, decode_batch
 
 log = logging.getLogger(__name__)
 

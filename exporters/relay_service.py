@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from exporters.relay import HeartbeatRelay
-from exporters.schema import SchemaError
+from wire.telemetry import SchemaError
 
 MAX_BATCH_BODY = 1 << 20  # the healer's own limit for one node's batch
 

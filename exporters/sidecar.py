@@ -21,19 +21,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
 from exporters.heartbeat import HeartbeatForwarder, rank_summary
 from exporters.nvml_collector import NvmlCollector, open_nvml
 from exporters.rank_collector import RankCollector, SidecarCollector
 from exporters.ranks import RankTable
 from exporters.receiver import DatagramReceiver
-from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepRecord, known_phases_only
 from exporters.traces import StepTracer, otlp_exporter
 from exporters.xid import XidWatcher
-from megaheal.names import check_name
-from megaheal.secretfile import check_token, read_secret
+from ground.names import check_name
+from ground.secretfile import check_token, read_secret
+from wire.telemetry import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepRecord, known_phases_only
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Sidecar:
         """Base URL of this node group's relay (`megaheal relay`): batches go there, and to the healer itself while
         it does not answer. For jobs of thousands of nodes, where one request per node per second is too many."""
         healer_token_file: str | None = None
-        """File holding the healer's bearer token (megaheal.secretfile's rules). Unset: MEGAHEAL_TOKEN, which
+        """File holding the healer's bearer token (ground.secretfile's rules). Unset: MEGAHEAL_TOKEN, which
         every same-uid process (the ranks) can read in /proc/PID/environ: prefer the file."""
         otlp_endpoint: str | None = None
         """OTLP/HTTP collector URL for step traces. Unset: no traces."""

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporters.schema import ordered_phases
+from wire.run_paths import RunPaths
+from wire.telemetry import ordered_phases
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,7 @@ def read_rank_files(run_dir: Path) -> tuple[list[RankRecords], int]:
     since a crashed run is exactly when one wants to look at it.
     """
     ranks, skipped = [], 0
-    for path in sorted((run_dir / "ranks").glob("*.jsonl")):
+    for path in sorted(RunPaths(run_dir).ranks.glob("*.jsonl")):
         records = []
         for line in path.read_text().splitlines():
             try:

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-from exporters.schema import StepRecord, ordered_phases
+from wire.telemetry import StepRecord, ordered_phases
 
 TRACER_NAME = "megaheal.exporters"
 log = logging.getLogger(__name__)

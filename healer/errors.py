@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ground.httpclient import RequestFailed
+
 
 class HealerError(Exception):
     """Base of every error the healer raises on purpose."""
@@ -31,9 +33,6 @@ class DatabaseNotAtHead(DatabaseError):
     """The schema revision differs from the newest migration; the message says what to run."""
 
 
-class SinkError(HealerError):
-    """A notification could not be delivered. Permanent failures (a 4xx) are not retried; transient ones are."""
-
-    def __init__(self, message: str, permanent: bool = False) -> None:
-        super().__init__(message)
-        self.permanent = permanent
+class SinkError(HealerError, RequestFailed):
+    """A notification could not be delivered. Permanent failures (a 4xx) are not retried; transient ones are.
+    A failed request (ground.httpclient) is caught as its base, RequestFailed, with every other failure to deliver."""

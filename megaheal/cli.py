@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Keep large distributed training jobs healthy.")
 
@@ -73,7 +73,7 @@ def sidecar(
 
     from exporters.receiver import SocketInUseError
     from exporters.sidecar import Sidecar, default_socket_path  # prometheus/otel: imported only here
-    from megaheal.secretfile import forbid_inspection
+    from ground.secretfile import forbid_inspection
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # NOTE: the ranks run under the sidecar's uid: keep them out of its memory and mounts (the token) in /proc.
@@ -109,7 +109,7 @@ def relay(
 
     from exporters.relay import HeartbeatRelay
     from exporters.relay_service import serve
-    from megaheal.secretfile import forbid_inspection, read_secret
+    from ground.secretfile import forbid_inspection, read_secret
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     forbid_inspection()
@@ -233,10 +233,10 @@ def run(
     from datetime import timedelta
     from pathlib import Path
 
+    from ground.slurm import SlurmError
     from healer.errors import DatabaseError
     from healer.runner.run import run_job  # torch, rich: imported only here
     from healer.runner.shutdown import RunDirBusy
-    from megaheal.slurm import SlurmError
 
     try:
         code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),

@@ -1,6 +1,6 @@
 """Alembic environment of the healer's database.
 
-The healer (`megaheal db upgrade`, `healer.core.db.upgrade`) passes its engine in `config.attributes["engine"]`.
+The healer (`megaheal db upgrade`, `healer.incidents.db.upgrade`) passes its engine in `config.attributes["engine"]`.
 Run directly (`alembic -c alembic.ini ...`, e.g. to write a new revision with --autogenerate), the URL comes
 from MEGAHEAL_DB or from sqlalchemy.url in alembic.ini.
 """
@@ -15,15 +15,15 @@ from alembic import context
 from alembic.autogenerate.api import AutogenContext
 from sqlalchemy import Connection
 
-from healer.core.db import make_engine
-from healer.core.models import Base, UTCDateTime
+from healer.incidents.db import make_engine
+from healer.incidents.models import Base, UTCDateTime
 
 config = context.config
 target_metadata = Base.metadata
 
 
 def _render_item(kind: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
-    # NOTE: revisions must not import healer.core.models (a later change to the models would rewrite history):
+    # NOTE: revisions must not import healer.incidents.models (a later change to the models would rewrite history):
     # the UTC type decorator is written as the plain column type it stores.
     if kind == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"

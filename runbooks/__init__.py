@@ -11,7 +11,7 @@ checks that need it import it inside their step's own process.
 from runbooks.registry import BUILTIN_CHECKS, Check, CheckContext, CheckRegistry, default_registry
 from runbooks.runner import run_runbook
 from runbooks.spec import Runbook, Step, load_runbook, shipped_runbooks
-from runbooks.verdict import CheckResult, Measurement, RunbookResult, Status, StepResult, Suspect
+from wire.verdict import CheckResult, Measurement, RunbookResult, Status, StepResult, Suspect
 
 __all__ = [
     "BUILTIN_CHECKS",

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runbooks.verdict import Measurement
+from wire.verdict import Measurement
 
 VERSION = 1
 

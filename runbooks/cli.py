@@ -11,13 +11,13 @@ import sys
 
 from rich.console import Console
 
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
 from runbooks.baselines import BaselineStore, default_path
 from runbooks.display import Progress, render_result
 from runbooks.registry import CheckContext
 from runbooks.runner import run_runbook
 from runbooks.spec import load_runbook, shipped_runbooks
-from runbooks.verdict import RunbookResult, Status
+from wire.verdict import RunbookResult, Status
 
 # What --calibrate measures when no runbook is named: the runbooks whose checks compare with baselines.
 CALIBRATED = ("collectives-quick", "network-triage")

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runbooks.spec import Runbook, Step
-from runbooks.verdict import RunbookResult, Status, StepResult
+from wire.verdict import RunbookResult, Status, StepResult
 
 STYLE = {
     Status.PASS: "green",

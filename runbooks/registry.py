@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from megaheal.typedconfig import ConfigError, from_mapping
-from runbooks.verdict import CheckResult
+from ground.typedconfig import ConfigError, from_mapping
+from wire.verdict import CheckResult
 
 # RFC 1123 host names: what a node name may be before it labels anything or reaches a check.
 NODE_NAME = re.compile(

@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from megaheal.typedconfig import ConfigError
-from runbooks.durations import to_mapping
+from ground.durations import to_mapping
+from ground.typedconfig import ConfigError
 from runbooks.registry import CheckContext, CheckRegistry, default_registry
 from runbooks.spec import Runbook, Step
-from runbooks.verdict import CheckResult, RunbookResult, Status, StepResult, worst
+from wire.verdict import CheckResult, RunbookResult, Status, StepResult, worst
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_GRACE_S = 2.0

@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from megaheal.typedconfig import ConfigError, Override, from_mapping, load_yaml
+from ground.typedconfig import ConfigError, Override, from_mapping, load_yaml
 from runbooks.registry import CheckRegistry, default_registry
 
 LIBRARY = Path(__file__).resolve().parent / "library"
@@ -136,7 +136,7 @@ def load_runbook(
 
 def _apply_overrides(data: dict[str, Any], overrides: list[str], path: Path) -> None:
     """Set `params.PARAM` of the step named STEP for each "STEP.PARAM=VALUE" (VALUE typed by the check's Config
-    field: text for a string, YAML for the rest; see megaheal.typedconfig.Override)."""
+    field: text for a string, YAML for the rest; see ground.typedconfig.Override)."""
     steps = data.get("steps") if isinstance(data.get("steps"), list) else []
     by_name = {s.get("name"): s for s in steps if isinstance(s, dict)}
     for item in overrides:

@@ -14,9 +14,9 @@ import logging
 import sys
 from pathlib import Path
 
-from megaheal.typedconfig import from_mapping
+from ground.typedconfig import from_mapping
 from runbooks.registry import CheckContext, load_target
-from runbooks.verdict import CheckResult, Status
+from wire.verdict import CheckResult, Status
 
 log = logging.getLogger("runbooks.worker")
 

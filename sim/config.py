@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from megaheal.typedconfig import ConfigError, apply_overrides, from_mapping, load_yaml
+from ground.typedconfig import ConfigError, apply_overrides, from_mapping, load_yaml
 
 KINDS = ("crash", "hang", "gpu_fault", "host_lost", "nonfinite")
 """The fault kinds a failure can show as (the healer's detectors of the same name)."""

@@ -1,5 +1,5 @@
-"""The simulated job's incidents put to the healer's own policy (`healer.core.policy.decide`), with the same facts the
-responder gives it in a real run (healer/core/respond.py: `facts`, `_job_now`): the rule and its budget, the
+"""The simulated job's incidents put to the healer's own policy (`healer.decide.policy.decide`), with the same facts the
+responder gives it in a real run (healer/engine/respond.py: `facts`, `_job_now`): the rule and its budget, the
 suspects, the verdict, the hosts, spares and checkpoints, the restarts in the budget's window and each host's
 incident history for the lemon limit."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from healer.core.catalogue import fault
-from healer.core.plans import JobFacts, Verdict
-from healer.core.policy import Decision, IncidentFacts, JobNow, decide
-from healer.core.rules import DetectorCondition, Rule, RuleSet
-from healer.core.states import IncidentState
+from healer.decide.catalogue import fault
+from healer.decide.plans import JobFacts, Verdict
+from healer.decide.policy import Decision, IncidentFacts, JobNow, decide
+from healer.decide.rules import DetectorCondition, Rule, RuleSet
+from healer.decide.states import IncidentState
 
 EPOCH = datetime(2026, 1, 1)
 """Simulated time 0 as the policy's clock reads it."""

@@ -12,7 +12,7 @@ A kind whose rule is not in the rule set is never detected by the healer: the si
 
 from __future__ import annotations
 
-from healer.core.rules import DetectorCondition, RuleSet
+from healer.decide.rules import DetectorCondition, RuleSet
 from sim.config import SimConfig
 
 

@@ -30,17 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from healer.core.catalogue import Remedy, fault
-from healer.core.plans import Verdict
-from healer.core.policy import LIVE_RUNBOOK, Action, Decision, page_now
-from healer.core.rules import RuleSet
-from healer.core.states import IncidentState
-from runbooks.verdict import Status
+from healer.decide.catalogue import Remedy, fault
+from healer.decide.plans import Verdict
+from healer.decide.policy import LIVE_RUNBOOK, Action, Decision, page_now
+from healer.decide.rules import RuleSet
+from healer.decide.states import IncidentState
 from sim.config import Category, SimConfig
 from sim.decisions import JobSnapshot, SimIncident, at, decide_incident, rule_for
 from sim.detection import detection_seconds
 from sim.fleet import Failure, Fleet, Where
 from sim.ledger import Ledger
+from wire.verdict import Status
 
 S = IncidentState
 KEEP_CHECKPOINTS = 5

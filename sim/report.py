@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from healer.core.rules import RuleSet, load_rule_set
-from healer.service.config import DEFAULT_RULES
+from healer.decide.rules import DEFAULT_RULES, RuleSet, load_rule_set
 from sim.config import SimConfig, load_config
 from sim.sweeps import analytic_check, headline, sweep
 

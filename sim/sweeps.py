@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from healer.core.rules import RuleSet
+from healer.decide.rules import RuleSet
 from sim.analytic import exact_ettr, kokolis_ettr, young_interval
 from sim.config import SimConfig
 from sim.engine import SimResult, Simulation

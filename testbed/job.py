@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megaheal import procfs
+import msgspec
+
+from ground import procfs
 from testbed import procs
 from testbed.bed import Bed
 from testbed.cmd import BedError
+from wire import journal
+from wire.run_paths import RunPaths
 
 REPO = Path(__file__).resolve().parents[1]
 SBATCH = "deploy/slurm/megaheal.sbatch"
@@ -122,10 +126,8 @@ class SlurmJob:
         wait_step(self.run_dir, self.proc, step, timeout_s, ranks, self.text)
 
     def journal(self) -> list[dict[str, Any]]:
-        from healer.jsonl import read_jsonl
-        from healer.launchers import journal
-
-        return list(read_jsonl(journal.path(self.run_dir)))
+        """The attempts' journal, each event as its line holds it."""
+        return [msgspec.to_builtins(e) for e in journal.read(RunPaths(self.run_dir).journal)]
 
     def attempt(self, n: int) -> dict[str, Any]:
         """The journal's start entry of attempt `n`."""

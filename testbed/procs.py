@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from megaheal import procfs
+from ground import procfs
 
 PROC = procfs.PROC
 alive = procfs.alive

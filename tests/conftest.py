@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from megaheal import procfs
+from ground import procfs
 from tests.support import wait_for  # noqa: F401 - the checkpoint tests take it from here
 from train.records import read_records
 

@@ -11,7 +11,7 @@ import argparse
 import faulthandler
 import sys
 
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
 from train.entry import run_rank
 
 

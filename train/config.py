@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from megaheal.names import check_name
-from megaheal.typedconfig import apply_overrides, from_mapping, load_yaml
+from ground.names import check_name
+from ground.typedconfig import apply_overrides, from_mapping, load_yaml
 from train.checkpoint.manager import CheckpointConfig
 from train.data import DataConfig
 from train.hang_faults import HangFault
@@ -24,7 +24,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     job: str | None = None
-    """Job name in telemetry and incidents (megaheal/names.py's rule); default: made from the run directory's name."""
+    """Job name in telemetry and incidents (ground/names.py's rule); default: made from the run directory's name."""
     steps: int = 20
     """Optimizer steps to run."""
     global_batch: int = 8

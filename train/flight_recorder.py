@@ -4,7 +4,7 @@ the rank entered last and which it is still in, for the healer to compare across
 PyTorch records every collective in a ring buffer when TORCH_FR_BUFFER_SIZE (or, for NCCL, the older
 TORCH_NCCL_TRACE_BUFFER_SIZE) is above 0: gloo's as well as NCCL's. A hung rank cannot be asked from its own main
 thread (it is blocked in the collective, or spinning), so a daemon thread watches for a request file, `<pid>.fr-request`
-in the phase directory (exporters/phase_now.py: the node agent's, on the host's scratch disk), and answers with
+in the phase directory (wire/phase_now.py: the node agent's, on the host's scratch disk), and answers with
 `<pid>.fr.json`, written whole (a temporary file renamed over it). Polling a path twice a second costs one stat(2); the
 dump itself runs only when asked. Without the buffer or the directory nothing is started.
 
@@ -23,20 +23,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from wire.recorder_files import answer_path, request_path
+
 BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 POLL_S = 0.5
 MAX_IN_FLIGHT = 8
 """In-flight operations kept per group, newest last (a rank is blocked in at most a few at once)."""
 
 log = logging.getLogger(__name__)
-
-
-def request_path(directory: str | Path, pid: int) -> Path:
-    return Path(directory) / f"{pid}.fr-request"
-
-
-def answer_path(directory: str | Path, pid: int) -> Path:
-    return Path(directory) / f"{pid}.fr.json"
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:

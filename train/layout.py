@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
 from train.model import ModelConfig
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from wire.run_paths import RunPaths
+
 # Columns of rank 0's table: (header, width, how to render one record).
 _COLUMNS: list[tuple[str, int, Any]] = [
     ("step", 6, lambda r: f"{r['step']}"),
@@ -34,9 +36,8 @@ class StepRecordWriter:
     """Appends one JSON line per step to this rank's file, flushed so a crash loses at most one step."""
 
     def __init__(self, run_dir: Path, rank: int) -> None:
-        ranks_dir = run_dir / "ranks"
-        ranks_dir.mkdir(parents=True, exist_ok=True)
-        self.path = ranks_dir / f"{rank}.jsonl"
+        self.path = RunPaths(run_dir).rank_records(rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:

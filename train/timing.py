@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.pipelining import schedules as pipeline_schedules
 
-from exporters.phase_now import PhaseBeacon
+from wire.phase_now import PhaseBeacon
 
 T = TypeVar("T")
 

@@ -22,12 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
-from exporters.phase_now import ENV as PHASE_DIR_ENV
-from exporters.phase_now import PhaseBeacon
-from megaheal.names import derive_name
+from ground.names import derive_name
 from train.checkpoint.manager import Checkpointer
-from train.checkpoint.state import (ModelParts, capture, config_hash, layout_hash, load_template, model_hash,
-                                    restore)
+from train.checkpoint.state import ModelParts, capture, config_hash, layout_hash, load_template, model_hash, restore
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenStream, build_source
 from train.flight_recorder import FlightRecorderDumper
@@ -42,6 +39,9 @@ from train.records import StepRecordWriter, StepTable
 from train.timing import PhaseTimer, TimedAllGather, TimedPipelineWaits, TimedReduceScatter
 from train.warm.replicas import Replicas
 from train.warm.snapshot import Snapshot
+from wire.phase_now import ENV as PHASE_DIR_ENV
+from wire.phase_now import PhaseBeacon
+from wire.run_paths import RunPaths
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ class Trainer:
         self.parts = ModelParts(self.chunks)
         self.checkpointer = Checkpointer(
             cfg.checkpoint,
-            Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints",
+            Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else RunPaths(run_dir).checkpoints,
             self.place.rank,
             info={"layout": {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
                              "world_size": self.place.world_size},

@@ -1,6 +1,6 @@
 """The node agent's HTTP API (Starlette under uvicorn, on a thread of the agent).
 
-    POST /v1/orders          an order (healer/agent/orders.py)                   (token)  202 {state}
+    POST /v1/orders          an order (wire/orders.py)                           (token)  202 {state}
     GET  /v1/orders/{id}     its state: accepted, running, done (result) or failed (error)   (token)
     GET  /v1/state           the host's part of the current attempt               (token)
     GET  /healthz
@@ -24,7 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from healer.agent.orders import Conflict, decode_order
+from healer.agent.order_book import Conflict
+from wire.orders import decode_order
 
 if TYPE_CHECKING:
     from healer.agent.node import NodeAgent

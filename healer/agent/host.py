@@ -4,12 +4,12 @@
   host, `--max-restarts 0`: restarts are the healer's), in a session of its own;
 - poll: finds the ranks under it (their global rank from their environment, their start time for identity),
   samples their kernel state, CPU time (a SIGSTOPped rank is 'T') and the phase each says it is in now
-  (exporters/phase_now.py: what the healer's hang detector times a save or a restore by), and records every exit:
+  (wire/phase_now.py: what the healer's hang detector times a save or a restore by), and records every exit:
   read from the zombie while it is one, else as vanished until the torchrun agent's failure report says how the rank
   died;
 - stop: SIGTERM to every rank (the trainer saves a final checkpoint and exits 0), SIGKILL to what is left after the
   grace, then the torchrun agent and whatever it left. Every signal goes only to a process that is still the one
-  found (its pid and start time) and carries the attempt's run id, through a pidfd (healer.launchers.kill), never
+  found (its pid and start time) and carries the attempt's run id, through a pidfd (ground.kill), never
   to a pid the kernel gave to someone else since.
 
 Everything is an argument list; no value from the healer reaches a shell.
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from exporters import phase_now
-from exporters.schema import MAX_TAIL_LINES, AttemptReport, RankExit, RankProcess
-from healer.launchers import kill
-from healer.launchers.agent_log import parse_failures
-from megaheal import procfs
+from ground import kill, procfs
+from ground.torchrun_report import parse_failures
+from wire import phase_now
+from wire.run_ids import run_id
+from wire.telemetry import MAX_TAIL_LINES, AttemptReport, RankExit, RankProcess
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +270,6 @@ class AdoptedTorchrun:
         code = self.poll()
         assert code is not None
         return code
-
-
-def run_id(job: str, attempt: int) -> str:
-    """torchrun's rendezvous id of attempt `attempt` of `job` (`--rdzv-id`), the same on every host."""
-    return f"{job}-{attempt}"
 
 
 def _send(targets: list[kill.Target], sig: int) -> None:

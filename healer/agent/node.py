@@ -1,7 +1,7 @@
 """`megaheal agent`: the node agent of one host. The sidecar grown into an agent: it still takes the ranks' records
 over its datagram socket and serves /metrics, and it also runs and watches the host's part of each attempt
 (healer/agent/host.py), reports all of it to the healer in its heartbeat batches, and carries out the healer's
-orders (healer/agent/orders.py) through its HTTP API (healer/agent/api.py).
+orders (wire/orders.py) through its HTTP API (healer/agent/api.py).
 
 An agent that loses the healer keeps its ranks running, keeps its batches (bounded, the oldest dropped and counted)
 and sends them when the healer answers again. It never decides for the job.
@@ -25,26 +25,38 @@ from typing import Any
 
 import msgspec
 
-from exporters import phase_now
 from exporters.heartbeat import HeartbeatForwarder
-from exporters.schema import HeartbeatBatch
 from exporters.sidecar import AUTO, Sidecar
-from healer.agent.host import HostAttempt, run_id
+from ground import procfs
+from healer.agent import rank_evidence
+from healer.agent.host import HostAttempt
+from healer.agent.order_book import OrderBook
 from healer.agent.warm_host import WarmHostAttempt, WarmWorkers
-from healer.agent.orders import (
+from wire import phase_now
+from wire.orders import (
+    Adopted,
     AdoptOrder,
+    Evidence,
     EvidenceOrder,
     Order,
-    OrderBook,
+    Reporting,
     ReportOrder,
+    Result,
     RunbookOrder,
+    RunbookRun,
     ShutdownOrder,
+    ShuttingDown,
+    Signalled,
     SignalOrder,
+    Started,
     StartOrder,
     StopOrder,
+    Stopped,
+    Workers,
     WorkersOrder,
 )
-from megaheal import procfs, rank_evidence
+from wire.run_ids import run_id
+from wire.telemetry import HeartbeatBatch
 
 FR_BUFFER_SIZE = 2000
 """Collectives the flight recorder keeps per rank (a few steps' worth: a hang needs only the last ones)."""
@@ -265,7 +277,7 @@ class NodeAgent:
                 attempt.hurry.set()
         return self.orders.submit(order)
 
-    def _execute(self, order: Order) -> Any:
+    def _execute(self, order: Order) -> Result:
         self._heard_at = time.monotonic()  # NOTE: only the healer holds the token an order needs
         if isinstance(order, StartOrder):
             return self._start(order)
@@ -278,27 +290,27 @@ class NodeAgent:
                 self.heartbeat.start()
             else:
                 self.heartbeat.retarget(order.healer_url)
-            return {"healer_url": order.healer_url}
+            return Reporting(healer_url=order.healer_url)
         if isinstance(order, AdoptOrder):
             return self._adopt(order)
         if isinstance(order, ShutdownOrder):
             threading.Timer(0.2, self._shutdown.set).start()  # after this answer is out
-            return {"shutdown": True}
+            return ShuttingDown()
         if isinstance(order, EvidenceOrder):
             return self._evidence(order)
         if isinstance(order, WorkersOrder):
             with self._lock:
                 assign = self.attempt.assign if isinstance(self.attempt, WarmHostAttempt) else {}
-                return {"node": self.cfg.node, "workers": self.warm.describe(assign) if self.warm else []}
+                return Workers(node=self.cfg.node, workers=self.warm.describe(assign) if self.warm else [])
         if isinstance(order, SignalOrder):
             with self._lock:
                 if self.attempt is None or self.attempt.attempt != order.attempt:
                     raise LookupError(f"attempt {order.attempt} is not running on {self.cfg.node}")
-                return {"pid": self.attempt.signal(order.rank, getattr(signal, order.signal))}
+                return Signalled(pid=self.attempt.signal(order.rank, getattr(signal, order.signal)))
         assert isinstance(order, RunbookOrder)
         return self._runbook(order)
 
-    def _start(self, order: StartOrder) -> dict[str, Any]:
+    def _start(self, order: StartOrder) -> Started:
         if order.warm is not None:
             return self._start_warm(order)
         with self._lock:
@@ -329,7 +341,7 @@ class NodeAgent:
             env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
         return env
 
-    def _start_warm(self, order: StartOrder) -> dict[str, Any]:
+    def _start_warm(self, order: StartOrder) -> Started:
         """A generation of the job's warm pool here: a new pool when `formed_in` names another (a cold formation; what
         an older pool left here is stopped first), else the running pool's workers take their new ranks (a warm
         restart: this replaces the record of the attempt before, whose ranks live on in this one)."""
@@ -361,22 +373,22 @@ class NodeAgent:
             self.attempt = attempt
             return self._started(order.attempt)
 
-    def _started(self, attempt: int) -> dict[str, Any]:
+    def _started(self, attempt: int) -> Started:
         """The answer to a start: the rendezvous endpoint, and the torchrun agent's pid and start time (what a healer
         that takes over checks before it signals it); a warm generation has no torchrun agent (None)."""
         assert self.attempt is not None
         if self.attempt.process is None:
-            return {"attempt": attempt, "rdzv_endpoint": None, "pid": None, "started": None}
+            return Started(attempt=attempt)
         pid = self.attempt.process.pid
-        return {"attempt": attempt, "rdzv_endpoint": self._endpoint, "pid": pid, "started": procfs.start_time(pid)}
+        return Started(attempt=attempt, rdzv_endpoint=self._endpoint, pid=pid, started=procfs.start_time(pid))
 
     _endpoint = ""
 
-    def _adopt(self, order: AdoptOrder) -> dict[str, Any]:
+    def _adopt(self, order: AdoptOrder) -> Adopted:
         """Take on the attempt the agent before us started on this host (it died; the attempt runs on)."""
         with self._lock:
             if self.attempt is not None and self.attempt.attempt == order.attempt and not self.attempt.ended:
-                return {"adopted": order.attempt, "pid": self.attempt.process.pid if self.attempt.process else None}
+                return Adopted(adopted=order.attempt, pid=self.attempt.process.pid if self.attempt.process else None)
             if self.attempt is not None and not self.attempt.ended:
                 raise RuntimeError(f"attempt {self.attempt.attempt} runs on {self.cfg.node}; it cannot adopt another")
             found = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=[], env={},
@@ -386,18 +398,18 @@ class NodeAgent:
                 raise LookupError(f"attempt {order.attempt} of {order.job} does not run on {self.cfg.node}")
             self.attempt = found
             assert found.process is not None
-            return {"adopted": order.attempt, "pid": found.process.pid}
+            return Adopted(adopted=order.attempt, pid=found.process.pid)
 
     def _attempt_dir(self, order: StartOrder | AdoptOrder) -> Path:
         return self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}"
 
     def _phase_dir(self, job: str, attempt: int) -> Path:
-        """Where the attempt's ranks say which phase they are in (exporters/phase_now.py). NOTE: on the host's own
+        """Where the attempt's ranks say which phase they are in (wire/phase_now.py). NOTE: on the host's own
         scratch disk, not under the run directory: that is shared between hosts on a cluster, and a page mapped
         from a network filesystem is written back over the network."""
         return (self.cfg.scratch_dir / "megaheal-phase" / f"{job}-attempt-{attempt:03d}").absolute()
 
-    def _evidence(self, order: EvidenceOrder) -> dict[str, Any]:
+    def _evidence(self, order: EvidenceOrder) -> Evidence:
         """What each rank of the attempt here is doing, read from outside (nothing is signalled or stopped)."""
         with self._lock:
             attempt = self.attempt
@@ -407,21 +419,21 @@ class NodeAgent:
         ranks = {r.pid: r.rank for r in report.ranks}
         found, took = rank_evidence.collect_all(ranks, attempt.phase_dir or self._phase_dir(report.job, report.attempt),
                                                 order.timeout_s)
-        return {"node": self.cfg.node, "ranks": found, "took_s": round(took, 3)}
+        return Evidence(node=self.cfg.node, ranks=found, took_s=round(took, 3))
 
     def _rdzv_host(self) -> str:
         host = (self.cfg.advertise or self.cfg.listen).rpartition(":")[0]
         return host if host not in ("", "0.0.0.0", "[::]") else socket.gethostname()
 
-    def _stop_attempt(self, order: StopOrder) -> dict[str, Any]:
+    def _stop_attempt(self, order: StopOrder) -> Stopped:
         with self._lock:
             attempt = self.attempt
         if attempt is None or (order.attempt is not None and attempt.attempt != order.attempt):
-            return {"stopped": None}
+            return Stopped()
         attempt.stop(order.grace_s)  # NOTE: outside the lock: the poller keeps reporting while it stops
-        return {"stopped": attempt.attempt, "exit_code": attempt.exit_code}
+        return Stopped(stopped=attempt.attempt, exit_code=attempt.exit_code)
 
-    def _runbook(self, order: RunbookOrder) -> dict[str, Any]:
+    def _runbook(self, order: RunbookOrder) -> RunbookRun:
         """The runbook on this host, in the environment its ranks get, under a timeout (a separate process group:
         a timeout takes down whatever it started too)."""
         argv = [self.cfg.python, "-m", "megaheal", "diagnose", order.runbook, "--nodes", self.cfg.node, "--json"]
@@ -437,9 +449,8 @@ class NodeAgent:
                 except ProcessLookupError:
                     pass
                 proc.communicate()
-                return {"returncode": None, "stdout": "", "stderr": f"ran past {order.timeout_s:g} s",
-                        "timeout": True}
-        return {"returncode": proc.returncode, "stdout": out[-200_000:], "stderr": err[-20_000:], "timeout": False}
+                return RunbookRun(returncode=None, stdout="", stderr=f"ran past {order.timeout_s:g} s", timeout=True)
+        return RunbookRun(returncode=proc.returncode, stdout=out[-200_000:], stderr=err[-20_000:])
 
 
 def torchrun_argv(o: StartOrder, endpoint: str, python: str, log_dir: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """The host's warm workers (train/warm/worker.py) and its part of one generation, as the node agent runs them.
 
 A job started warm keeps its rank processes across attempts: every attempt is a generation of one pool of workers
-whose plans the healer's coordinator writes to the pool's store (train/warm/plan.py). On each host the node agent
+whose plans the healer's coordinator writes to the pool's store (wire/warm_plan.py). On each host the node agent
 
 - starts the workers a start order names (a cold formation: all of them; a warm restart: none, the survivors and a
   standby take the ranks) and keeps `standbys` idle workers ready beside them: interpreter up, torch and the trainer
@@ -13,7 +13,7 @@ whose plans the healer's coordinator writes to the pool's store (train/warm/plan
   pool is kept then (SIGTERM: a rank saves and leaves, a standby leaves at once; SIGKILL after the grace).
 
 Workers carry the pool's run id (TORCHELASTIC_RUN_ID, `<job>-warm<attempt that formed the pool>`) and their start
-time: every signal is checked against both (healer.launchers.kill), like a torchrun rank's.
+time: every signal is checked against both (ground.kill), like a torchrun rank's.
 """
 
 from __future__ import annotations
@@ -27,29 +27,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 
-from exporters import phase_now
-from exporters.schema import AttemptReport, RankExit
+from ground import kill, procfs
 from healer.agent.host import _process, _Rank, _send, _tail
-from healer.launchers import kill
-from megaheal import procfs
-from train.warm.plan import key
+from wire import phase_now
+from wire.orders import Worker
+from wire.run_ids import pool_run_id, worker_id
+from wire.telemetry import AttemptReport, RankExit
+from wire.warm_plan import key
 
 log = logging.getLogger(__name__)
-
-
-def pool_run_id(job: str, formed_in: int) -> str:
-    """The run id of the warm pool formed in attempt `formed_in` of `job`: every worker of it carries it."""
-    return f"{job}-warm{formed_in}"
-
-
-def worker_id(node: str, formed_in: int, role: str) -> str:
-    """A worker's id, unique in the job: its host, the attempt that formed its pool and `role` (r<local rank> for
-    a rank of the formation, s<n> for the n-th standby)."""
-    return f"{node}.{role}.a{formed_in}"
 
 
 @dataclass(slots=True)
@@ -115,13 +104,12 @@ class WarmWorkers:
                 started += 1
         return started
 
-    def describe(self, assign: dict[str, int]) -> list[dict[str, Any]]:
+    def describe(self, assign: dict[str, int]) -> list[Worker]:
         """Every worker here: its id, pid, whether it runs, whether it said hello (is up) and its rank now."""
         out = []
         for w in self.workers.values():
             up = w.proc.poll() is None
-            out.append({"id": w.id, "pid": w.proc.pid, "alive": up, "rank": assign.get(w.id),
-                        "exit_code": w.proc.returncode})
+            out.append(Worker(id=w.id, pid=w.proc.pid, alive=up, rank=assign.get(w.id), exit_code=w.proc.returncode))
         return out
 
     def stop(self, grace_s: float, hurry: threading.Event) -> None:

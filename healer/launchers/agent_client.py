@@ -6,10 +6,36 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
-from healer.errors import HealerError, SinkError
-from healer.oncall.httpclient import request_json
+import msgspec
+
+from ground.httpclient import RequestFailed, request_json
+from healer.errors import HealerError
+from wire.orders import (
+    Adopted,
+    AdoptOrder,
+    Evidence,
+    EvidenceOrder,
+    Order,
+    OrderState,
+    Reporting,
+    ReportOrder,
+    Result,
+    RunbookOrder,
+    RunbookRun,
+    ShutdownOrder,
+    ShuttingDown,
+    Signalled,
+    SignalOrder,
+    Started,
+    StartOrder,
+    StopOrder,
+    Stopped,
+    Workers,
+    WorkersOrder,
+    result_of,
+)
 
 
 class AgentUnreachable(HealerError):
@@ -35,35 +61,72 @@ class AgentClient:
             try:
                 return request_json(method, f"{self.url}{path}", body,
                                     {"Authorization": f"Bearer {self.token}"}, self.timeout_s)
-            except SinkError as exc:
+            except RequestFailed as exc:
                 if exc.permanent:
                     raise OrderFailed(f"agent {self.node}: {exc}") from exc
                 last = exc
                 time.sleep(0.2 * (i + 1))
         raise AgentUnreachable(f"agent {self.node} at {self.url}: {last}")
 
-    def order(self, body: dict[str, Any]) -> dict[str, Any]:
+    def order(self, order: Order) -> OrderState:
         """Submit an order (its `id` makes it idempotent); the order's state as the agent took it."""
-        return dict(self._call("POST", "/v1/orders", body))
+        return self._state(self._call("POST", "/v1/orders", msgspec.to_builtins(order)))
 
-    def result(self, order_id: str, timeout_s: float) -> Any:
-        """Wait for the order to be carried out; its result. OrderFailed with the agent's error when it failed."""
+    def result(self, order: Order, timeout_s: float) -> Result:
+        """Wait for the order to be carried out; its result, typed by the order's kind (wire/orders.py). OrderFailed
+        with the agent's error when it failed, or when its answer does not fit the kind."""
         deadline = time.monotonic() + timeout_s
         while True:
-            state = self._call("GET", f"/v1/orders/{order_id}")
-            if state["status"] == "done":
-                return state["result"]
-            if state["status"] == "failed":
-                raise OrderFailed(f"agent {self.node}: {state['kind']} order {order_id} failed: {state['error']}")
+            state = self._state(self._call("GET", f"/v1/orders/{order.id}"))
+            if state.status == "done":
+                try:
+                    return result_of(order, state.result)  # type: ignore[no-any-return]
+                except msgspec.ValidationError as exc:
+                    raise OrderFailed(f"agent {self.node}: the answer to {state.kind} order {order.id}: {exc}") from exc
+            if state.status == "failed":
+                raise OrderFailed(f"agent {self.node}: {state.kind} order {order.id} failed: {state.error}")
             if time.monotonic() >= deadline:
-                raise AgentUnreachable(f"agent {self.node}: order {order_id} still {state['status']} after "
+                raise AgentUnreachable(f"agent {self.node}: order {order.id} still {state.status} after "
                                        f"{timeout_s:g} s")
             time.sleep(0.1)
 
-    def run(self, body: dict[str, Any], timeout_s: float) -> Any:
+    @overload
+    def run(self, order: StartOrder, timeout_s: float) -> Started: ...
+
+    @overload
+    def run(self, order: StopOrder, timeout_s: float) -> Stopped: ...
+
+    @overload
+    def run(self, order: SignalOrder, timeout_s: float) -> Signalled: ...
+
+    @overload
+    def run(self, order: RunbookOrder, timeout_s: float) -> RunbookRun: ...
+
+    @overload
+    def run(self, order: ReportOrder, timeout_s: float) -> Reporting: ...
+
+    @overload
+    def run(self, order: AdoptOrder, timeout_s: float) -> Adopted: ...
+
+    @overload
+    def run(self, order: EvidenceOrder, timeout_s: float) -> Evidence: ...
+
+    @overload
+    def run(self, order: WorkersOrder, timeout_s: float) -> Workers: ...
+
+    @overload
+    def run(self, order: ShutdownOrder, timeout_s: float) -> ShuttingDown: ...
+
+    def run(self, order: Order, timeout_s: float) -> Result:
         """Submit and wait: the order's result."""
-        self.order(body)
-        return self.result(body["id"], timeout_s)
+        self.order(order)
+        return self.result(order, timeout_s)
+
+    def _state(self, raw: Any) -> OrderState:
+        try:
+            return msgspec.convert(raw, OrderState)
+        except msgspec.ValidationError as exc:
+            raise OrderFailed(f"agent {self.node}: not an order's state: {exc}") from exc
 
     def state(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/state"))

@@ -1,4 +1,4 @@
-"""Where a job's node agents are, whoever started them: `RUN_DIR/supervisor/agents.json` ({host: orders URL}),
+"""Where a job's node agents are, whoever started them: `RUN_DIR/launcher/agents.json` ({host: orders URL}),
 written by the launcher each time its agents change, read by a healer that takes the run over; and what such a
 healer does with an agent found there (tells it to report to itself). Every launcher does it the same way.
 """
@@ -12,12 +12,14 @@ import time
 from pathlib import Path
 
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+from wire.orders import ReportOrder
+from wire.run_paths import RunPaths
 
 log = logging.getLogger(__name__)
 
 
 def path(run_dir: Path) -> Path:
-    return run_dir / "supervisor" / "agents.json"
+    return RunPaths(run_dir).agents
 
 
 def save(run_dir: Path, urls: dict[str, str]) -> dict[str, str]:
@@ -43,7 +45,7 @@ def redirect(node: str, url: str, token: str, healer_url: str) -> bool:
     answer (or is not this run's: it refuses the token)."""
     client = AgentClient(node, url, token, timeout_s=3, attempts=1)
     try:
-        client.run({"kind": "report", "id": f"report:{node}:{time.time_ns()}", "healer_url": healer_url}, 10)
+        client.run(ReportOrder(id=f"report:{node}:{time.time_ns()}", healer_url=healer_url), 10)
     except (AgentUnreachable, OrderFailed) as exc:
         log.warning("the agent of %s at %s is gone (%s): starting a new one", node, url, exc)
         return False

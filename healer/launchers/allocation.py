@@ -1,7 +1,7 @@
 """The Slurm allocation `megaheal run --launcher slurm` runs in (sbatch, salloc): its hosts, how each is reached,
 how many ranks each host runs, where the healer listens for the agents, and the job's layout on it.
 
-Read from the job's environment and from Slurm itself (megaheal/slurm.py), once, at the start of `megaheal run`.
+Read from the job's environment and from Slurm itself (ground/slurm.py), once, at the start of `megaheal run`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from megaheal import slurm
-from megaheal.names import check_name
+from ground import slurm
+from ground.names import check_name
 from train.config import TrainConfig
 from train.layout import LayoutError, validate_layout
 

@@ -1,6 +1,6 @@
 """The healer's side of an attempt run by node agents: it orders each host's agent to start its part (the first host
 first: it picks the rendezvous port and says which), to stop, to signal a rank; what the processes do it learns from
-the agents' batches (healer/core/processes.py: ProcessView.report). It never touches a process itself.
+the agents' batches (healer/observe/processes.py: ProcessView.report). It never touches a process itself.
 
 It answers like the single-machine supervisor did (start, poll, stop, kill_rank, take_over, the attempt and its
 history), so the remediator and the loop above it do not care where the hosts are. Every call that kills or
@@ -22,14 +22,27 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from healer.agent.host import run_id
-from healer.agent.warm_host import pool_run_id
-from healer.core.processes import ProcessView
-from healer.jsonl import append_jsonl, read_jsonl
-from healer.launchers import journal, kill
+import msgspec
+
+from ground import kill
+from ground.names import check_name
+from healer.observe.processes import ProcessView
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+from healer.launchers.journal import targets as journal_targets
 from healer.launchers.warm_control import Generation, WarmControl, WarmSettings, WarmUnavailable
-from megaheal.names import check_name
+from wire import journal
+from wire.orders import (
+    AdoptOrder,
+    EvidenceOrder,
+    RunbookOrder,
+    SignalOrder,
+    StartOrder,
+    StopOrder,
+    Worker,
+    WorkersOrder,
+)
+from wire.run_ids import pool_run_id, run_id
+from wire.run_paths import RunPaths
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -95,7 +108,7 @@ class Coordinator:
         """SIGTERM to SIGKILL in a graceful stop: time for the final checkpoint."""
         hosts_are_local: bool = False
         """Every host's processes are this machine's (local agents): at a take-over, what a host whose agent is gone
-        left running is found from the journal and killed here, checked like every signal (healer.launchers.kill)."""
+        left running is found from the journal and killed here, checked like every signal (ground.kill)."""
         warm: WarmSettings | None = None
         """Run the attempts as generations of warm workers that outlive them (healer/launchers/warm_control.py), so a
         restart can be warm; None: a torchrun agent per host and attempt."""
@@ -114,6 +127,7 @@ class Coordinator:
         if len(token) < 16:
             raise ValueError("the coordinator needs the run's token (at least 16 characters)")
         self.cfg, self.view, self.clock = cfg, view, clock
+        self._paths = RunPaths(Path(cfg.run_dir))
         self.agents: dict[str, AgentClient] = dict(agents or {})
         self.env = dict(env or {})
         self._token = token
@@ -152,10 +166,10 @@ class Coordinator:
             self.view.started(self.cfg.job, number, tuple(nodes), self.clock())
             self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=self.clock(), dp=dp, resume=resume)
             self.history.append(self.attempt)
-            self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": self.attempt.started_at,
-                           "nodes": list(nodes), "dp": dp, "resume": resume,
-                           "agent_urls": {n: self.agents[n].url for n in nodes},
-                           **({"warm": {"formation": True, "formed_in": number}} if self.warm is not None else {})})
+            self._journal(journal.Start(job=self.cfg.job, attempt=number, at=self.attempt.started_at,
+                                        nodes=list(nodes), dp=dp, resume=resume,
+                                        agent_urls={n: self.agents[n].url for n in nodes},
+                                        warm=journal.WarmNote(formation=True, formed_in=number) if self.warm else None))
         if self.warm is not None:
             return self._form_warm(token, number, nodes, resume, overrides)
         failures: list[Exception] = []
@@ -165,9 +179,9 @@ class Coordinator:
             result = self.agents[node].run(self.start_order(number, nodes, node_rank, endpoint, resume, overrides),
                                            START_TIMEOUT_S)
             # Each host's torchrun and when it started: what a take-over checks before it signals that pid.
-            self._journal({"event": "launched", "attempt": number, "at": self.clock(),
-                           "agents": {node: result["pid"]}, "agents_started": {node: result["started"]}})
-            return str(result["rdzv_endpoint"])
+            self._journal(journal.Launched(attempt=number, at=self.clock(), agents={node: result.pid},
+                                           agents_started={node: result.started}))
+            return str(result.rdzv_endpoint)
 
         def launch_rest(node_rank: int) -> None:
             try:
@@ -216,9 +230,10 @@ class Coordinator:
 
         def order(node_rank: int) -> None:
             node = nodes[node_rank]
-            body = self.start_order(number, nodes, node_rank, None, resume, overrides) | {"warm": parts[node]}
+            order = msgspec.structs.replace(self.start_order(number, nodes, node_rank, None, resume, overrides),
+                                            warm=parts[node])
             try:
-                self.agents[node].run(body, START_TIMEOUT_S)
+                self.agents[node].run(order, START_TIMEOUT_S)
             except (AgentUnreachable, OrderFailed) as exc:
                 failures.append(exc)
 
@@ -242,12 +257,12 @@ class Coordinator:
             if old is None or old.warm is None or old.stopping:
                 raise WarmUnavailable("the current attempt is not a warm generation that runs")
             number = old.number + 1
-        workers: dict[str, list[dict[str, Any]]] = {}
+        workers: dict[str, list[Worker]] = {}
 
         def ask(node: str) -> None:
             try:
-                answer = self._quick(node).run({"kind": "workers", "id": self._order_id("workers", number, node)}, 5)
-                workers[node] = answer["workers"]
+                answer = self._quick(node).run(WorkersOrder(id=self._order_id("workers", number, node)), 5)
+                workers[node] = answer.workers
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("warm restart: the workers of %s: %s", node, exc)
 
@@ -267,12 +282,11 @@ class Coordinator:
             self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=now, dp=dp, resume="memory",
                                         warm=gen)
             self.history.append(self.attempt)
-            self._journal({"event": "end", "attempt": old.number, "at": now, "exit_codes": {}, "stopped": False,
-                           "superseded": True})
-            self._journal({"event": "start", "job": self.cfg.job, "attempt": number, "at": now, "nodes": list(nodes),
-                           "dp": dp, "resume": "memory",
-                           "warm": {"replaced": gen.replaced, "why": why, "formed_in": self.warm.formed_in},
-                           "agent_urls": {n: self.agents[n].url for n in nodes}})
+            self._journal(journal.End(attempt=old.number, at=now, stopped=False, superseded=True))
+            self._journal(journal.Start(job=self.cfg.job, attempt=number, at=now, nodes=list(nodes), dp=dp,
+                                        resume="memory", agent_urls={n: self.agents[n].url for n in nodes},
+                                        warm=journal.WarmNote(replaced=gen.replaced, why=why,
+                                                              formed_in=self.warm.formed_in)))
         try:
             self._order_warm(number, nodes, gen, "auto", overrides)
         except (AgentUnreachable, OrderFailed) as exc:
@@ -289,7 +303,7 @@ class Coordinator:
     def warm_ready(self, attempt: AgentAttempt, resumed: dict[str, str]) -> None:
         """Journal where each rank of a warm generation took its state from, and how long its group and state took
         (the workers' own words: "memory step 12 in 0.310 s"; bench/recovery.py reads them)."""
-        self._journal({"event": "warm-ready", "attempt": attempt.number, "at": self.clock(), "resumed": resumed})
+        self._journal(journal.WarmReady(attempt=attempt.number, at=self.clock(), resumed=resumed))
 
     def overrides(self, dp: int | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
         """The `--set` items of an attempt: the job's name first (the ranks report under it), the run's, the dp degree
@@ -297,14 +311,13 @@ class Coordinator:
         return (f"job={self.cfg.job}", *self.cfg.overrides, *((f"parallel.dp={dp}",) if dp is not None else ()), *extra)
 
     def start_order(self, number: int, nodes: tuple[str, ...], node_rank: int, endpoint: str | None,
-                    resume: str | None, overrides: tuple[str, ...]) -> dict[str, Any]:
-        """The start order of host `nodes[node_rank]` for attempt `number` (healer/agent/orders.py: StartOrder)."""
+                    resume: str | None, overrides: tuple[str, ...]) -> StartOrder:
+        """The start order of host `nodes[node_rank]` for attempt `number`."""
         node = nodes[node_rank]
-        return {"kind": "start", "id": self._order_id("start", number, node), "job": self.cfg.job, "attempt": number,
-                "nnodes": len(nodes), "node_rank": node_rank, "nproc_per_node": self.cfg.nproc_per_node,
-                "rdzv_endpoint": endpoint, "config": self.cfg.config,
-                "run_dir": str(Path(self.cfg.run_dir).absolute()), "resume": resume, "overrides": list(overrides),
-                "env": self.env}
+        return StartOrder(id=self._order_id("start", number, node), job=self.cfg.job, attempt=number,
+                          nnodes=len(nodes), node_rank=node_rank, nproc_per_node=self.cfg.nproc_per_node,
+                          rdzv_endpoint=endpoint, config=self.cfg.config, run_dir=str(Path(self.cfg.run_dir).absolute()),
+                          resume=resume, overrides=list(overrides), env=self.env)
 
     # ---- watch ---------------------------------------------------------------------------------------
 
@@ -322,18 +335,18 @@ class Coordinator:
                     a.ended.add(node)
                     a.exit_codes[node] = code
                     if a.done:
-                        self._journal({"event": "end", "attempt": a.number, "at": self.clock(),
-                                       "exit_codes": a.exit_codes, "stopped": a.stopping})
+                        self._journal(journal.End(attempt=a.number, at=self.clock(), exit_codes=dict(a.exit_codes),
+                                                  stopped=a.stopping))
                         if a.succeeded and self.warm is not None:
                             self.warm.end(a.number)  # the job is done: the standbys leave
             for node, old in self.view.leftovers(self.cfg.job).items():
                 self._stop_leftover(node, old)
             if len(a.ranks) > found:
                 # `started`: for a take-over's checks; `nodes`: which host each rank ran on (the pages' heat maps).
-                self._journal({"event": "ranks", "attempt": a.number, "at": self.clock(),
-                               "ranks": {str(pid): r.rank for pid, r in a.ranks.items()},
-                               "started": {str(pid): r.started for pid, r in a.ranks.items() if r.started is not None},
-                               "nodes": {str(r.rank): r.node for r in a.ranks.values()}})
+                self._journal(journal.Ranks(
+                    attempt=a.number, at=self.clock(), ranks={str(pid): r.rank for pid, r in a.ranks.items()},
+                    started={str(pid): r.started for pid, r in a.ranks.items() if r.started is not None},
+                    nodes={str(r.rank): r.node for r in a.ranks.values()}))
 
     def reattach(self, node: str, client: AgentClient) -> int | None:
         """`node` has a new agent (`client`; its old one died): orders go to it from now on, and it takes on the
@@ -345,12 +358,12 @@ class Coordinator:
                 return None
             number, node_rank = a.number, a.nodes.index(node)
         try:
-            client.run({"kind": "adopt", "id": self._order_id("adopt", number, node, f":{time.time_ns()}"),
-                        "job": self.cfg.job, "attempt": number, "node_rank": node_rank}, 30)
+            client.run(AdoptOrder(id=self._order_id("adopt", number, node, f":{time.time_ns()}"), job=self.cfg.job,
+                                  attempt=number, node_rank=node_rank), 30)
         except OrderFailed as exc:
             log.warning("the new agent of %s did not find attempt %d running there: %s", node, number, exc)
             return None
-        self._journal({"event": "adopted", "attempt": number, "node": node, "at": self.clock()})
+        self._journal(journal.Adopted(attempt=number, node=node, at=self.clock()))
         log.warning("the new agent of %s took on attempt %d", node, number)
         return number
 
@@ -369,14 +382,14 @@ class Coordinator:
 
         def stop() -> None:
             try:
-                client.run({"kind": "stop", "id": self._order_id("stop", attempt, node, ":leftover"), "attempt": attempt,
-                            "grace_s": 0}, 60)
+                client.run(StopOrder(id=self._order_id("stop", attempt, node, ":leftover"), attempt=attempt, grace_s=0),
+                           60)
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("attempt %d still runs on %s and could not be stopped: %s", attempt, node, exc)
                 with self._lock:
                     self._leftovers_stopping.discard((node, attempt))  # the next report of it tries again
                 return
-            self._journal({"event": "leftover-stopped", "attempt": attempt, "node": node, "at": self.clock()})
+            self._journal(journal.LeftoverStopped(attempt=attempt, node=node, at=self.clock()))
             log.warning("attempt %d was still running on %s (cut off when it was stopped): stopped now", attempt, node)
 
         threading.Thread(target=stop, name=f"megaheal-leftover-{node}", daemon=True).start()
@@ -404,8 +417,8 @@ class Coordinator:
 
         def order_stop(node: str) -> None:
             try:
-                self._quick(node).order({"kind": "stop", "id": self._order_id("stop", a.number, node),
-                                         "attempt": a.number, "grace_s": grace_s})
+                self._quick(node).order(StopOrder(id=self._order_id("stop", a.number, node), attempt=a.number,
+                                                  grace_s=grace_s))
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("stopping attempt %d on %s: %s; the host counts as lost", a.number, node, exc)
                 with self._lock:
@@ -427,8 +440,8 @@ class Coordinator:
             with self._lock:
                 a.lost |= set(missing)
                 a.ended |= set(missing)
-            self._journal({"event": "end", "attempt": a.number, "at": self.clock(), "exit_codes": a.exit_codes,
-                           "stopped": True, "lost": missing})
+            self._journal(journal.End(attempt=a.number, at=self.clock(), exit_codes=dict(a.exit_codes), stopped=True,
+                                      lost=missing))
         if self.warm is not None:
             self.warm.forget()  # every host stopped its whole pool: the next attempt forms a new one
 
@@ -436,8 +449,8 @@ class Coordinator:
         """A stop with no grace to every host still stopping: it cuts short the stop in progress there."""
         def order(node: str) -> None:
             try:
-                self._quick(node).order({"kind": "stop", "id": self._order_id("stop", a.number, node, ":now"),
-                                         "attempt": a.number, "grace_s": 0})
+                self._quick(node).order(StopOrder(id=self._order_id("stop", a.number, node, ":now"), attempt=a.number,
+                                                  grace_s=0))
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("hurrying the stop of attempt %d on %s: %s", a.number, node, exc)
 
@@ -455,22 +468,20 @@ class Coordinator:
         a = self.attempt
         assert a is not None
         name = signal.Signals(sig).name
-        order = {"kind": "signal", "id": self._order_id("signal", a.number, node, f":{rank}:{name}:{time.time_ns()}"),
-                 "attempt": a.number, "rank": rank, "signal": name}
-        return int(self.agents[node].run(order, 10)["pid"])
+        order = SignalOrder(id=self._order_id("signal", a.number, node, f":{rank}:{name}:{time.time_ns()}"),
+                            attempt=a.number, rank=rank, signal=name)  # type: ignore[arg-type]
+        return self.agents[node].run(order, 10).pid
 
     def run_runbook(self, node: str, runbook: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
         """`megaheal diagnose RUNBOOK --json` on `node`, through its agent, in the environment its ranks get."""
-        order = {"kind": "runbook", "id": f"runbook:{node}:{runbook}:{time.time_ns()}", "runbook": runbook,
-                 "timeout_s": timeout_s}
+        order = RunbookOrder(id=f"runbook:{node}:{runbook}:{time.time_ns()}", runbook=runbook, timeout_s=timeout_s)
         try:
             result = self.agents[node].run(order, timeout_s + 30)
         except (AgentUnreachable, OrderFailed) as exc:
             raise TimeoutError(str(exc)) from exc
-        if result.get("timeout"):
+        if result.timeout or result.returncode is None:
             raise TimeoutError(f"{runbook} on {node} ran past {timeout_s:g} s")
-        return subprocess.CompletedProcess(["diagnose", runbook], result["returncode"], result["stdout"],
-                                           result["stderr"])
+        return subprocess.CompletedProcess(["diagnose", runbook], result.returncode, result.stdout, result.stderr)
 
     def rank_evidence(self, timeout_s: float) -> dict[str, Any]:
         """What every rank of the current attempt is doing, from each host's agent at once (stacks, states, phases;
@@ -484,14 +495,14 @@ class Coordinator:
         unreached: dict[str, str] = {}
 
         def ask(node: str) -> None:
-            order = {"kind": "evidence", "id": self._order_id("evidence", a.number, node, f":{time.time_ns()}"),
-                     "attempt": a.number, "timeout_s": timeout_s}
+            order = EvidenceOrder(id=self._order_id("evidence", a.number, node, f":{time.time_ns()}"),
+                                  attempt=a.number, timeout_s=timeout_s)
             try:
                 answer = self.agents[node].run(order, timeout_s + 15)
             except (AgentUnreachable, OrderFailed) as exc:
                 unreached[node] = str(exc)[:300]
                 return
-            found.extend({**r, "node": node} for r in answer.get("ranks", []))
+            found.extend({**r, "node": node} for r in answer.ranks)
 
         _on_each(nodes, ask)
         return {"attempt": a.number, "ranks": sorted(found, key=lambda r: (r.get("rank") is None, r.get("rank"))),
@@ -520,23 +531,23 @@ class Coordinator:
         newest good checkpoint). Numbers the next attempt after it. Whether the attempt was adopted, and the pids
         killed here (of hosts whose agent was gone, when they are this machine's)."""
         self._check(token)
-        entries = [e for e in read_jsonl(journal.path(Path(self.cfg.run_dir))) if isinstance(e.get("attempt"), int)]
-        if not entries:
+        past = journal.Journal.of(self._paths.journal)
+        last = past.last_attempt()
+        if last is None:
             return False, ()
-        last = max(e["attempt"] for e in entries)
         self._first_number = last + 1
-        mine = [e for e in entries if e["attempt"] == last]
-        start = next((e for e in mine if e["event"] == "start"), None)
-        if start is None or any(e["event"] == "end" for e in mine):
+        mine = past.of_attempt(last)
+        start = next((e for e in mine if isinstance(e, journal.Start)), None)
+        if start is None or any(isinstance(e, journal.End) for e in mine):
             return False, ()
-        nodes = tuple(start["nodes"])
+        nodes = tuple(start.nodes)
         # NOTE: a warm generation cannot be adopted: its pool's store lived in the healer that died, so no next
         # generation could be planned for it. It is stopped, and the job resumes cold.
-        warm = start.get("warm") if isinstance(start.get("warm"), dict) else None
+        warm = start.warm
         if warm is None and self._runs_everywhere(last, nodes):
             with self._lock:
-                self.attempt = AgentAttempt(number=last, nodes=nodes, started_at=float(start["at"]),
-                                            dp=start.get("dp"), resume=start.get("resume"))
+                self.attempt = AgentAttempt(number=last, nodes=nodes, started_at=start.at, dp=start.dp,
+                                            resume=start.resume)
                 self.history = [self.attempt]
                 self.view.started(self.cfg.job, last, nodes, self.clock())
             log.warning("took over %s: attempt %d still runs on %s: adopted", self.cfg.job, last, ", ".join(nodes))
@@ -546,9 +557,9 @@ class Coordinator:
             try:
                 if node not in self.agents:
                     raise AgentUnreachable(f"no agent for {node}")
-                result = self.agents[node].run({"kind": "stop", "id": self._order_id("stop", last, node, ":take-over"),
-                                                "attempt": last, "grace_s": 0.5}, 60)
-                if result.get("stopped") != last:
+                result = self.agents[node].run(StopOrder(id=self._order_id("stop", last, node, ":take-over"),
+                                                         attempt=last, grace_s=0.5), 60)
+                if result.stopped != last:
                     # A new agent on that host (the old one died): it never ran the attempt, and cannot stop it.
                     raise AgentUnreachable(f"the agent of {node} does not know attempt {last}")
             except (AgentUnreachable, OrderFailed) as exc:
@@ -559,15 +570,15 @@ class Coordinator:
             # NOTE: an agent that died with the healer leaves its torchrun and ranks running (their own session):
             # the journal names them, and each is killed only if it is still that process of that attempt.
             # The workers of a warm pool carry the run id of the attempt that formed it.
-            rid = pool_run_id(self.cfg.job, int(warm["formed_in"])) if warm and "formed_in" in warm \
+            rid = pool_run_id(self.cfg.job, warm.formed_in) if warm is not None and warm.formed_in is not None \
                 else run_id(self.cfg.job, last)
-            targets = journal.targets(mine, rid)
+            targets = journal_targets(mine, rid)
             for t in targets:
                 kill.send(t, signal.SIGKILL)
             kill.wait_gone(targets, timeout_s=30)
             killed = [t.pid for t in targets]
-        self._journal({"event": "end", "attempt": last, "at": self.clock(), "exit_codes": {}, "stopped": True,
-                       "taken_over": True, "killed": killed, "lost": unreached})
+        self._journal(journal.End(attempt=last, at=self.clock(), stopped=True, taken_over=True, killed=killed,
+                                  lost=unreached))
         log.warning("took over %s: attempt %d was left by the previous healer; stopped (%d process(es) of hosts "
                     "without an agent killed)", self.cfg.job, last, len(killed))
         return False, tuple(killed)
@@ -582,9 +593,8 @@ class Coordinator:
                 return False
         return True
 
-    def _journal(self, entry: dict[str, object]) -> None:
-        """`<run_dir>/supervisor/attempts.jsonl` (healer.launchers.journal)."""
-        append_jsonl(journal.path(Path(self.cfg.run_dir)), entry)
+    def _journal(self, event: journal.Event) -> None:
+        journal.append(self._paths.journal, event)
 
 
 T = TypeVar("T")

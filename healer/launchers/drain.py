@@ -14,11 +14,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from healer.core.store import IncidentStore
-from healer.core.timeline import IncidentTimeline, job_timelines
+from ground.slurm import SlurmError, safe_reason
+from healer.incidents.store import IncidentStore
+from healer.incidents.timeline import IncidentTimeline, job_timelines
 from healer.launchers.fleet import AgentFleet
-from megaheal.slurm import SlurmError, safe_reason
-from runbooks.verdict import Status
+from wire.verdict import Status
 
 log = logging.getLogger(__name__)
 WHY_MAX = 100

@@ -22,9 +22,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from healer.core.remediator import HostVerdict
+from healer.ports import HostVerdict
 from healer.launchers.node_diagnosis import RunRunbook, run_parsed
-from runbooks.verdict import Status
+from wire.verdict import Status
 
 KILL_GRACE_S = 10.0
 """SIGTERM to SIGKILL for a runbook past its timeout: srun passes SIGTERM on and ends its steps on every host."""

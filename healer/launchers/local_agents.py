@@ -9,20 +9,20 @@ The agents run in sessions of their own: a healer that dies leaves them (and the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
-import logging
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ground import procfs
 from healer.launchers import agent_registry
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.fleet import AgentSettings
-from megaheal import procfs
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from healer.core.remediator import HostVerdict
-from runbooks.verdict import Status
+from healer.ports import HostVerdict
+from wire.verdict import Status
 
 RunRunbook = Callable[[str, str, float], "subprocess.CompletedProcess[str]"]
 """(host, runbook, timeout in seconds) -> `megaheal diagnose RUNBOOK --json` as it ran on that host; TimeoutError or

@@ -1,5 +1,5 @@
 """Reading the ranks' own record of every step (`<run_dir>/ranks/0.jsonl`, line-buffered by the trainer before it
-sends the heartbeat record) and the supervisor's journal of attempts (`<run_dir>/supervisor/attempts.jsonl`).
+sends the heartbeat record) and the attempts' journal (wire/journal.py).
 
 Heartbeats sample steps: a fast job may do two steps between two batches. Where one step matters (the step an
 attempt resumed at, the first step of a NaN or a loss spike), it is read here, from every step rank 0 recorded.
@@ -12,24 +12,21 @@ import math
 from pathlib import Path
 from typing import Any
 
-from healer.core.detectors.loss_spike import LossSpike, robust_z
-from healer.jsonl import read_jsonl
+from ground.jsonl import read_jsonl
+from healer.detect.loss_spike import LossSpike, robust_z
+from wire.journal import Journal
+from wire.run_paths import RunPaths
 
 
 def attempt_window(run_dir: Path, attempt: int) -> tuple[float, float | None] | None:
     """(start, start of the next attempt or None) of `attempt`, from the journal; None when it never started."""
-    starts = sorted((e["at"], e["attempt"]) for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl")
-                    if e.get("event") == "start" and isinstance(e.get("attempt"), int))
-    for i, (at, number) in enumerate(starts):
-        if number == attempt:
-            return at, starts[i + 1][0] if i + 1 < len(starts) else None
-    return None
+    return Journal.of(RunPaths(run_dir).journal).window(attempt)
 
 
 def rank0_steps(run_dir: Path, since: float, until: float | None = None) -> list[dict[str, Any]]:
     """Rank 0's step records that ended within [since, until). Python's json reads NaN and Infinity, as the
     trainer writes them."""
-    return [r for r in read_jsonl(run_dir / "ranks" / "0.jsonl")
+    return [r for r in read_jsonl(RunPaths(run_dir).rank_records(0))
             if isinstance(r.get("time"), (int, float)) and r["time"] >= since and (until is None or r["time"] < until)
             and isinstance(r.get("step"), int) and isinstance(r.get("loss"), float)]
 

@@ -16,18 +16,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
-from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
+from ground.names import check_name
+from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from healer.launchers import rank_records
-from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
-from healer.launchers.journal import last_start
+from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.warm_control import WarmUnavailable
-from megaheal.names import check_name
-from runbooks.verdict import Status
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
+from wire.journal import Journal
+from wire.run_paths import RunPaths
+from wire.verdict import Status
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +111,13 @@ class LocalRemediator:
         """After the job's previous healer died: adopt its last attempt if it still runs, else stop what is left of
         it; go on with its hosts, dp degree and skipped batches (a host it left out stays out)."""
         adopted, killed = self.sup.take_over(self.token)
-        last = last_start(self.sup.cfg.run_dir)
+        last = Journal.of(RunPaths(Path(self.sup.cfg.run_dir)).journal).last_start()
         if last is not None:
-            self.nodes, self.dp = tuple(last["nodes"]), int(last["dp"] or self.dp)
+            self.nodes, self.dp = tuple(last.nodes), int(last.dp or self.dp)
         self.spares = tuple(n for n in self.cfg.spares if n not in self.nodes and n not in excluded)
         self.skip_steps, self.excluded = set(skip_steps), set(excluded)
         return TakenOver(killed=killed, nodes=self.nodes, dp=self.dp,
-                         attempt=last["attempt"] if last is not None else None, adopted=adopted)
+                         attempt=last.attempt if last is not None else None, adopted=adopted)
 
     def shutdown(self, grace: timedelta | None = None, hurry: Callable[[], bool] = lambda: False) -> None:
         """On the way out of `megaheal run` (Ctrl-C, SIGTERM, an error): no attempt starts any more, not even one a
@@ -153,7 +155,7 @@ class LocalRemediator:
                         warm_unavailable=self._warm_unavailable())
 
     def _warm_unavailable(self) -> str | None:
-        """Why the next restart cannot be warm, or None (healer.core.plans.restart_mode)."""
+        """Why the next restart cannot be warm, or None (healer.decide.plans.restart_mode)."""
         a, warm = self.sup.attempt, self.sup.warm
         if warm is None:
             return "the job does not run warm"
@@ -174,7 +176,7 @@ class LocalRemediator:
             return self._pending > 0
 
     def checkpoint_steps(self) -> tuple[int, ...]:
-        return tuple(c.step for c in list_checkpoints(self.sup.cfg.run_dir / "checkpoints") if not verify(c))
+        return tuple(c.step for c in list_checkpoints(RunPaths(Path(self.sup.cfg.run_dir)).checkpoints) if not verify(c))
 
     def first_step(self, attempt: int) -> int | None:
         return rank_records.first_step(self.sup.cfg.run_dir, attempt)
@@ -289,12 +291,12 @@ class LocalRemediator:
         self.sup.stop(self.token, self.cfg.fault_grace)
         run_dir = self.sup.cfg.run_dir
         if order.resume_step is not None:
-            chosen = next(c for c in list_checkpoints(run_dir / "checkpoints")
+            chosen = next(c for c in list_checkpoints(RunPaths(run_dir).checkpoints)
                           if c.step == order.resume_step and not verify(c))
             resume, from_step = str(chosen.path), chosen.step
         else:
             # What --resume auto will pick: the same choice the ranks make.
-            choice = choose_resume(run_dir / "checkpoints")
+            choice = choose_resume(RunPaths(run_dir).checkpoints)
             resume, from_step = "auto", choice.checkpoint.step if choice.checkpoint is not None else 0
         self.spares = tuple(s for s in self.spares if s not in order.nodes) + \
             tuple(n for n in order.released if n not in self.spares)

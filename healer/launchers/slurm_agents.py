@@ -2,7 +2,7 @@
 agent per host of the allocation, each started as a job step of its own:
 
     srun --jobid=JOB --nodes=1 --ntasks=1 --nodelist=HOST --overlap --whole --mem=0 --job-name=megaheal-agent:HOST
-         PYTHON -m megaheal agent --node HOST --listen NODEADDR:0 --token-file RUN_DIR/supervisor/token ...
+         PYTHON -m megaheal agent --node HOST --listen NODEADDR:0 --token-file RUN_DIR/launcher/token ...
 
 - `--overlap`: the agent's step shares the host with the other steps of the job (the runbooks' srun steps, a
   restarted agent), which would otherwise wait for its CPUs forever; `--whole --mem=0`: the agent's ranks are its
@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
+from ground import slurm
+from ground.slurm import SlurmError
 from healer.launchers import agent_registry
 from healer.launchers.allocation import Allocation
 from healer.launchers.fleet import AgentSettings
-from megaheal import slurm
-from megaheal.slurm import SlurmError
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "megaheal-agent:"

@@ -23,12 +23,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
-from healer.agent.warm_host import worker_id
-from train.warm.plan import Plan, key
+from wire.orders import WarmStart, Worker
+from wire.run_ids import worker_id
+from wire.warm_plan import Plan, key
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,7 @@ class WarmControl:
         self.formed_in = number
         return Generation(number, assign, node_of, "formation", why)
 
-    def replace(self, number: int, nodes: tuple[str, ...], workers: dict[str, list[dict[str, Any]]],
-                why: str) -> Generation:
+    def replace(self, number: int, nodes: tuple[str, ...], workers: dict[str, list[Worker]], why: str) -> Generation:
         """Attempt `number` warm from the running generation: `workers` is each host's answer to a `workers` order
         (every worker there: id, alive, rank now). WarmUnavailable when it cannot be done."""
         last = self.current
@@ -110,7 +109,7 @@ class WarmControl:
         if set(nodes) != set(last.node_of.values()):
             raise WarmUnavailable(f"the hosts change ({', '.join(sorted(set(last.node_of.values())))} -> "
                                   f"{', '.join(nodes)}): a new layout starts cold")
-        alive = {w["id"]: node for node, ws in workers.items() for w in ws if w.get("alive")}
+        alive = {w.id: node for node, ws in workers.items() for w in ws if w.alive}
         missing = sorted(set(nodes) - set(workers))
         if missing:
             raise WarmUnavailable(f"the agent of {', '.join(missing)} did not answer")
@@ -134,15 +133,15 @@ class WarmControl:
         """The worker said hello: its imports are done and it reads plans."""
         return bool(self.store.check([key("hello", worker)]))
 
-    def start_orders(self, gen: Generation, nodes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    def start_orders(self, gen: Generation, nodes: tuple[str, ...]) -> dict[str, WarmStart]:
         """Each host's `warm` part of its start order."""
         assert self.formed_in is not None
         out = {}
         for node in nodes:
             mine = {w: r for w, r in gen.assign.items() if gen.node_of[w] == node}
-            out[node] = {"control": self.endpoint, "formed_in": self.formed_in, "assign": mine,
-                         "local_rank": {w: r % self.nproc for w, r in mine.items()},
-                         "standbys": self.settings.standbys}
+            out[node] = WarmStart(control=self.endpoint, formed_in=self.formed_in, assign=mine,
+                                  local_rank={w: r % self.nproc for w, r in mine.items()},
+                                  standbys=self.settings.standbys)
         return out
 
     # ---- the plan -------------------------------------------------------------------------------------

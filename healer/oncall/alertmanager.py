@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from healer.core.policy import page_now
+from ground.httpclient import request_json
+from healer.incidents.models import Incident
+from healer.decide.policy import page_now
+from healer.decide.states import IncidentState
 from healer.errors import BadRequest
-from healer.oncall.httpclient import request_json
-from healer.core.models import Incident
-from healer.core.states import IncidentState
 
 INCIDENT_ALERTNAME = "MegahealIncident"
 MAX_ALERTS = 10000
@@ -103,7 +103,7 @@ class AlertmanagerClient:
         self.timeout_s = timeout_s
 
     def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
-        """POST /api/v2/alerts; SinkError (permanent on a 4xx) when Alertmanager refuses or cannot be reached."""
+        """POST /api/v2/alerts; RequestFailed (permanent on a 4xx) when Alertmanager refuses or cannot be reached."""
         if alerts:
             request_json("POST", f"{self.url}/api/v2/alerts", alerts, timeout_s=self.timeout_s)
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from healer.oncall.alertmanager import AlertmanagerClient, incident_alert
+from ground.httpclient import RequestFailed, request_json
+from healer.incidents.models import Incident
 from healer.errors import SinkError
-from healer.oncall.httpclient import request_json
-from healer.core.models import Incident
+from healer.oncall.alertmanager import AlertmanagerClient, incident_alert
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
@@ -162,7 +162,7 @@ class Sinks:
             try:
                 sink.deliver(change)
                 self._count(sink, "ok")
-            except SinkError as exc:
+            except RequestFailed as exc:
                 if exc.permanent or attempts + 1 >= MAX_ATTEMPTS:
                     log.warning("%s sink: dropped %s of incident %s: %s", sink.name, change.event,
                                 change.incident.get("id"), exc)
@@ -182,7 +182,7 @@ class Sinks:
             try:
                 sink.sync(active, resolved, now)
                 self._count(sink, "ok")
-            except SinkError as exc:
+            except RequestFailed as exc:
                 ok = False
                 log.warning("%s sink: sync failed: %s", sink.name, exc)
                 self._count(sink, "failed")

@@ -1,5 +1,5 @@
 """What each incident cost, in lost GPU-time: the ranks of the job times the seconds of the goodput ledger that the
-incident took (healer/core/goodput.py).
+incident took (healer/ledger/goodput.py).
 
 The ledger names the incident of its detection, diagnosis and restart intervals and of the work that its restart
 made lost; the startup of the attempt its restart began (imports, rendezvous, checkpoint load) is the incident's
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from healer.core.goodput import Interval
+from healer.ledger.goodput import Interval
 
 PARTS = ("detection", "diagnosis", "restart", "lost", "startup")
 _SAME_START_S = 0.01

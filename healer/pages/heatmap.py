@@ -3,7 +3,7 @@ relative to the fastest rank of its pipeline stage at that step; and each rank's
 
 Why compute and not step time: in synchronous training every rank's step takes as long as the slowest one's (the
 others wait for it in the collectives), so step time is the same on every row. The slow rank is the one whose
-compute (forward/backward and optimizer: healer.core.detectors.phases.COMPUTE_PHASES) is long
+compute (forward/backward and optimizer: healer.detect.phases.COMPUTE_PHASES) is long
 while its collective waits are short. A silent rank (crashed, frozen) is the row whose records stop early.
 NOTE: pipeline sends and receives are timed inside forward/backward (torch's schedules do not expose them), so
 the pipeline peers of a slow rank look slow as well, if less so; the suspect row is marked.
@@ -16,10 +16,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from exporters.schema import ordered_phases
-from healer.core.detectors.phases import COMPUTE_PHASES
+from healer.detect.phases import COMPUTE_PHASES
 from healer.pages.axes import Scale
 from healer.pages.rundir import Attempt, RunDir, StepRecord
+from wire.telemetry import ordered_phases
 
 BEFORE, AFTER = 24, 6
 """Steps shown before and after the last step finished before detection."""

@@ -1,12 +1,12 @@
 """The run's hosts, for the report and the job page: what each host was in each attempt (trained, spare, left
 out), the incidents that named it, whether it was drained and why, what Slurm said of it at the end, and what
-network-triage measured on its links. Read from the supervisor's journal, the agents' registry, the incidents'
+network-triage measured on its links. Read from the attempts' journal, the agents' registry, the incidents'
 evidence and the states `megaheal run` recorded on its way out (healer/runner/run.py); nothing here asks a host or
 the scheduler anything.
 
-    <run_dir>/supervisor/attempts.jsonl   each attempt's hosts (healer/launchers/journal.py)
-    <run_dir>/supervisor/agents.json      every host with an agent, spares included (healer/launchers/agent_registry.py)
-    <run_dir>/supervisor/hosts.json       {host: {"state": ..., "reason": ...}} from Slurm as the run ended
+    <run_dir>/launcher/attempts.jsonl     each attempt's hosts (wire/journal.py)
+    <run_dir>/launcher/agents.json        every host with an agent, spares included (healer/launchers/agent_registry.py)
+    <run_dir>/launcher/hosts.json         {host: {"state": ..., "reason": ...}} from Slurm as the run ended
 """
 
 from __future__ import annotations
@@ -15,28 +15,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-from healer.jsonl import read_jsonl
+from wire.journal import Journal, Start
+from wire.run_paths import RunPaths
 
 
 def states_path(run_dir: Path) -> Path:
-    return run_dir / "supervisor" / "hosts.json"
+    return RunPaths(run_dir).host_states
 
 
 def host_table(run_dir: Path, incidents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per host the run knew, in name order."""
-    starts = [e for e in read_jsonl(run_dir / "supervisor" / "attempts.jsonl") if e.get("event") == "start"]
-    final = _read_json(states_path(run_dir))
-    hosts = set(_read_json(run_dir / "supervisor" / "agents.json")) | set(final)
-    hosts |= {n for e in starts for n in e.get("nodes", [])} | {n for i in incidents for n in i.get("suspect_nodes", [])}
+    paths = RunPaths(run_dir)
+    starts = Journal.of(paths.journal).starts
+    final = _read_json(paths.host_states)
+    hosts = set(_read_json(paths.agents)) | set(final)
+    hosts |= {n for s in starts for n in s.nodes} | {n for i in incidents for n in i.get("suspect_nodes", [])}
     return [_row(host, starts, incidents, final.get(host)) for host in sorted(hosts)]
 
 
-def _row(host: str, starts: list[dict[str, Any]], incidents: list[dict[str, Any]],
+def _row(host: str, starts: list[Start], incidents: list[dict[str, Any]],
          final: dict[str, Any] | None) -> dict[str, Any]:
     roles, trained_before = {}, False
     for start in starts:
-        here = host in start.get("nodes", [])
-        roles[str(start.get("attempt"))] = "trained" if here else "left out" if trained_before or _excluded(
+        here = host in start.nodes
+        roles[str(start.attempt)] = "trained" if here else "left out" if trained_before or _excluded(
             host, incidents) else "spare"
         trained_before |= here
     named = [i for i in incidents if host in i.get("suspect_nodes", []) or host in _named_by(i)]
@@ -51,7 +53,7 @@ def _row(host: str, starts: list[dict[str, Any]], incidents: list[dict[str, Any]
 
 
 def _named_by(incident: dict[str, Any]) -> dict[str, Any]:
-    """Hosts a runbook across the job's hosts named in the incident (healer/core/respond.py `named_by`)."""
+    """Hosts a runbook across the job's hosts named in the incident (healer/engine/respond.py `named_by`)."""
     hosts = (_evidence(incident).get("named_by") or {}).get("hosts")
     return hosts if isinstance(hosts, dict) else {}
 

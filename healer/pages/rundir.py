@@ -1,10 +1,10 @@
-"""A supervised run's directory, read for the pages: the supervisor's journal of attempts (when each started and
+"""A supervised run's directory, read for the pages: the attempts' journal (when each started and
 ended, on which hosts, which rank ran where) and every rank's step records.
 
-    <run_dir>/supervisor/attempts.jsonl   start / ranks / end of each attempt (healer/launchers/supervisor.py)
+    <run_dir>/launcher/attempts.jsonl     start / ranks / end of each attempt (wire/journal.py)
     <run_dir>/ranks/<rank>.jsonl          one object per step of that rank, every attempt appended (train/)
 
-Nothing here writes. Torn last lines (a rank killed mid-write) are skipped, as everywhere else (healer/jsonl.py).
+Nothing here writes. Torn last lines (a rank killed mid-write) are skipped, as everywhere else (ground/jsonl.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from healer.jsonl import read_jsonl
+from ground.jsonl import read_jsonl
+from wire.journal import End, Journal, Ranks
+from wire.run_paths import RunPaths
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -54,22 +56,20 @@ class StepRecord:
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.paths = RunPaths(path)
         self._attempts: list[Attempt] | None = None
         self._records: dict[int, list[StepRecord]] = {}
 
     def exists(self) -> bool:
-        return (self.path / "supervisor" / "attempts.jsonl").is_file()
+        return self.paths.journal.is_file()
 
     def job(self) -> str | None:
         """The job the run ran, from its journal."""
-        for entry in read_jsonl(self.path / "supervisor" / "attempts.jsonl"):
-            if entry.get("event") == "start" and isinstance(entry.get("job"), str):
-                return str(entry["job"])
-        return None
+        return Journal.of(self.paths.journal).job()
 
     def attempts(self) -> list[Attempt]:
         if self._attempts is None:
-            self._attempts = _attempts(read_jsonl(self.path / "supervisor" / "attempts.jsonl"))
+            self._attempts = _attempts(Journal.of(self.paths.journal))
         return self._attempts
 
     def attempt(self, number: int | None) -> Attempt | None:
@@ -81,12 +81,12 @@ class RunDir:
         return max(started, key=lambda a: a.started_at) if started else None
 
     def rank_numbers(self) -> list[int]:
-        return sorted(int(p.stem) for p in (self.path / "ranks").glob("*.jsonl") if p.stem.isdigit())
+        return sorted(int(p.stem) for p in self.paths.ranks.glob("*.jsonl") if p.stem.isdigit())
 
     def records(self, rank: int) -> list[StepRecord]:
         """The rank's step records in the order written (redone steps appear again, after a restart)."""
         if rank not in self._records:
-            self._records[rank] = [r for r in (_record(rank, e) for e in read_jsonl(self.path / "ranks" / f"{rank}.jsonl"))
+            self._records[rank] = [r for r in (_record(rank, e) for e in read_jsonl(self.paths.rank_records(rank)))
                                    if r is not None]
         return self._records[rank]
 
@@ -113,22 +113,21 @@ def find_run_dir(roots: list[Path], job: str) -> RunDir | None:
 
 # ---- parsing ----------------------------------------------------------------------------------------------------
 
-def _attempts(entries: list[dict[str, Any]]) -> list[Attempt]:
-    starts = {e["attempt"]: e for e in entries if e.get("event") == "start" and isinstance(e.get("attempt"), int)}
+def _attempts(past: Journal) -> list[Attempt]:
     out = []
-    for number, start in sorted(starts.items()):
-        end = next((e for e in entries if e.get("event") == "end" and e.get("attempt") == number), {})
-        found = [e for e in entries if e.get("event") == "ranks" and e.get("attempt") == number]
+    for start in sorted({s.attempt: s for s in past.starts}.values(), key=lambda s: s.attempt):
+        events = past.of_attempt(start.attempt)
+        end = next((e for e in events if isinstance(e, End)), None)
         pids: set[str] = set()
         rank_nodes: dict[int, str] = {}
-        for e in found:
-            pids.update((e.get("ranks") or {}).keys())
-            rank_nodes.update({int(r): str(n) for r, n in (e.get("nodes") or {}).items() if str(r).isdigit()})
-        out.append(Attempt(number=number, started_at=float(start["at"]),
-                           ended_at=float(end["at"]) if "at" in end else None,
-                           nodes=tuple(str(n) for n in start.get("nodes") or ()), dp=start.get("dp"),
-                           resume=start.get("resume"), exit_codes=dict(end.get("exit_codes") or {}),
-                           stopped=end.get("stopped"), ranks=len(pids), rank_nodes=rank_nodes))
+        for e in events:
+            if isinstance(e, Ranks):
+                pids.update(e.ranks)
+                rank_nodes.update({int(r): n for r, n in e.nodes.items() if r.isdigit()})
+        out.append(Attempt(number=start.attempt, started_at=start.at, ended_at=end.at if end else None,
+                           nodes=tuple(start.nodes), dp=start.dp, resume=start.resume,
+                           exit_codes=dict(end.exit_codes) if end else {}, stopped=end.stopped if end else None,
+                           ranks=len(pids), rank_nodes=rank_nodes))
     return out
 
 

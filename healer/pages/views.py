@@ -2,7 +2,7 @@
 files the run left there. Nothing here writes, and nothing here renders.
 
 Where the run directory is known (the single-file report; the service with `run_roots`), the goodput ledger is
-computed from it (healer.core.goodput, exactly as `megaheal report` does) and the heat map and the loss plot are
+computed from it (healer.ledger.goodput, exactly as `megaheal report` does) and the heat map and the loss plot are
 drawn from the ranks' step records. Without it the ledger is the one `megaheal run` wrote into the database
 (goodput_intervals), and the pages say what they cannot show.
 """
@@ -18,12 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from healer.core.goodput import CATEGORIES, KINDS, Interval, compute, intervals
-from healer.core.jobstore import JobStore
-from healer.core.models import Incident, Remediation
-from healer.core.states import IncidentState
-from healer.core.store import IncidentStore
-from healer.core.timeline import job_timelines, suspects
+from healer.ledger.goodput import CATEGORIES, KINDS, Interval, compute, intervals
+from healer.incidents.jobstore import JobStore
+from healer.incidents.models import Incident, Remediation
+from healer.decide.states import IncidentState
+from healer.incidents.store import IncidentStore
+from healer.incidents.timeline import job_timelines, suspects
 from healer.pages import heatmap, lossplot, waterfall
 from healer.pages.cost import Cost, incident_costs
 from healer.pages.hosts import host_table
@@ -68,7 +68,7 @@ class JobLedger:
     """"run directory", "database", or None (no ledger recorded)."""
     run: RunDir | None
     timelines: list[dict[str, Any]]
-    """healer.core.timeline payloads, with the ledger's stage lengths (detected_in_s, ...) where computed."""
+    """healer.incidents.timeline payloads, with the ledger's stage lengths (detected_in_s, ...) where computed."""
     spans: list[Interval] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0

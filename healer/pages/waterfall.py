@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from healer.core.goodput import CATEGORIES, KINDS, Interval
+from healer.ledger.goodput import CATEGORIES, KINDS, Interval
 from healer.pages.axes import Scale, label, ticks
 
 COLOURS = {"productive": "#1a9850", "checkpointing": "#91cf60", "lost_work": "#d73027", "detection": "#fc8d59",

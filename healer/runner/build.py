@@ -12,31 +12,31 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from healer.core.db import ensure_schema, make_engine
-from healer.core.detectors.registry import default_registry
-from healer.core.engine import Healer
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.metrics import HealerMetrics
-from healer.core.rules import DetectorCondition, RuleSet, load_rule_set
-from healer.core.store import IncidentStore
+from ground.slurm import srun_env
+from ground.typedconfig import from_mapping
+from healer.incidents.db import ensure_schema, make_engine
+from healer.detect.registry import default_registry
+from healer.engine.engine import Healer
+from healer.observe.heartbeats import HeartbeatTable
+from healer.incidents.metrics import HealerMetrics
+from healer.decide.rules import DEFAULT_RULES, DetectorCondition, RuleSet, load_rule_set
+from healer.incidents.store import IncidentStore
 from healer.launchers.allocation import Allocation
 from healer.launchers.coordinator import Coordinator
-from healer.launchers.warm_control import WarmSettings
 from healer.launchers.drain import Drainer
 from healer.launchers.fleet import AgentFleet
 from healer.launchers.job_diagnosis import JobDiagnosis, local_env
 from healer.launchers.local_agents import LocalAgents, write_token
-from healer.launchers.slurm_agents import SlurmAgents
 from healer.launchers.remediator import LocalRemediator
+from healer.launchers.slurm_agents import SlurmAgents
+from healer.launchers.warm_control import WarmSettings
 from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
-from healer.runner.ledger import LedgerWriter
+from healer.ledger.store import LedgerWriter
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
-from healer.service.config import DEFAULT_RULES
-from megaheal.slurm import srun_env
-from megaheal.typedconfig import from_mapping
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
+from wire.run_paths import RunPaths
 
 
 @dataclass(kw_only=True, slots=True)
@@ -113,7 +113,7 @@ def shipped_rules(*, max_restarts: int | None = None, lemon_incidents: int | Non
 
 
 def db_url_of(spec: JobSpec) -> str:
-    return spec.db_url or f"sqlite:///{(spec.run_dir / 'healer.db').absolute()}"
+    return spec.db_url or RunPaths(spec.run_dir).database_url
 
 
 def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
@@ -129,7 +129,7 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     ensure_schema(engine)
     # The run's own token, in a file only this user reads: only this healer and its agents may kill or restart the
     # job. A healer that takes the run over reads it from there.
-    token_file = spec.run_dir / "supervisor" / "token"
+    token_file = RunPaths(spec.run_dir).token
     if token is None and token_file.exists():
         token = token_file.read_text().strip()
     token = write_token(token_file, token)

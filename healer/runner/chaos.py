@@ -29,12 +29,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from exporters import phase_now
-from healer.core.detectors.hang import DEFAULT_PHASE_FLOORS
-from healer.launchers import kill
-from megaheal.typedconfig import ConfigError, from_mapping, read_yaml
+from ground import kill
+from ground.typedconfig import ConfigError, from_mapping, read_yaml
+from healer.detect.hang import DEFAULT_PHASE_FLOORS
 from testbed import freezer
 from testbed.layout import FREEZER_ROOT
+from wire import phase_now
 
 log = logging.getLogger(__name__)
 HANG_KINDS = {"hang-spin": "spin", "hang-data": "data", "hang-collective": "collective", "hang-syscall": "syscall"}
@@ -196,7 +196,7 @@ class Chaos:
         self.fired.append(entry)
 
     def _phase_of(self, rank: int, pid: int) -> str | None:
-        """The phase rank `rank` (process `pid`) says it is in (exporters/phase_now.py: the file its node agent set it
+        """The phase rank `rank` (process `pid`) says it is in (wire/phase_now.py: the file its node agent set it
         on the host's scratch disk); None when it keeps none."""
         found = sorted((self._scratch_of(rank) / "megaheal-phase").glob(f"*/{pid}.phase"),
                        key=lambda p: p.stat().st_mtime)

@@ -11,7 +11,8 @@ from healer.pages.hosts import states_path
 
 
 def record_states(run_dir: Path, fleet: AgentFleet, hosts: list[str]) -> dict[str, dict[str, str | None]]:
-    """`fleet.host_states` of `hosts`, written to supervisor/hosts.json; nothing where no scheduler answered."""
+    """`fleet.host_states` of `hosts`, written to launcher/hosts.json (wire/run_paths.py); nothing where no
+    scheduler answered."""
     states = fleet.host_states(sorted(set(hosts)))
     if states:
         states_path(run_dir).write_text(json.dumps(states, indent=2) + "\n")

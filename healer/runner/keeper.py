@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
-from healer.core.heartbeats import HeartbeatTable
-from healer.jsonl import append_jsonl
-from healer.launchers import journal
+from healer.observe.heartbeats import HeartbeatTable
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
+from wire import journal
+from wire.run_paths import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -117,5 +118,5 @@ class AgentKeeper:
             return
         adopted = self.coordinator.reattach(node, AgentClient(node, url, self.token))
         self.restarts.append((node, now, adopted))
-        append_jsonl(journal.path(self.coordinator.cfg.run_dir),
-                     {"event": "agent-restarted", "node": node, "at": now, "url": url, "adopted": adopted})
+        journal.append(RunPaths(Path(self.coordinator.cfg.run_dir)).journal,
+                       journal.AgentRestarted(node=node, at=now, url=url, adopted=adopted))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from healer.core.timeline import IncidentTimeline
+from healer.incidents.timeline import IncidentTimeline
 from healer.runner.chaos import Chaos
 from healer.runner.loop import SelfHealingJob
 

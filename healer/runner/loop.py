@@ -1,4 +1,4 @@
-"""`megaheal run`'s loop: the one healer (healer.core.engine) embedded with the local launcher, healing the job it
+"""`megaheal run`'s loop: the one healer (healer.engine.engine) embedded with the local launcher, healing the job it
 started itself.
 
 The node agents (one per host, healer/agent/) post their batches to the healer's endpoint (healer/runner/reports.py)
@@ -21,16 +21,16 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from healer.core.catalogue import fault
-from healer.core.engine import Healer
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.states import IncidentState
-from healer.core.timeline import IncidentTimeline, job_timelines
+from healer.decide.catalogue import fault
+from healer.engine.engine import Healer
+from healer.observe.heartbeats import HeartbeatTable
+from healer.decide.states import IncidentState
+from healer.incidents.timeline import IncidentTimeline, job_timelines
 from healer.errors import DatabaseError
-from healer.launchers.remediator import LocalRemediator, wait_idle
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
+from healer.launchers.remediator import LocalRemediator, wait_idle
 from healer.runner.keeper import AgentKeeper
 from healer.runner.reports import ReportServer
 

@@ -9,23 +9,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-from healer.core.db import ensure_schema, make_engine
-from healer.core.goodput import CATEGORIES, Ledger, compute
-from healer.core.timeline import job_timelines
-from healer.jsonl import read_jsonl
+from healer.incidents.db import ensure_schema, make_engine
+from healer.ledger.goodput import CATEGORIES, Ledger, compute
+from healer.incidents.timeline import job_timelines
 from healer.pages.hosts import host_table
+from wire.journal import Journal
+from wire.run_paths import RunPaths
 
 
 def run_job_name(run_dir: Path) -> str:
-    """The job a supervised run ran (its supervisor journal says); ValueError when it has none."""
-    for entry in read_jsonl(run_dir / "supervisor" / "attempts.jsonl"):
-        if entry.get("event") == "start" and isinstance(entry.get("job"), str):
-            return str(entry["job"])
-    raise ValueError(f"{run_dir}: no supervisor/attempts.jsonl: not a supervised run")
+    """The job a supervised run ran (its attempts' journal says); ValueError when it has none."""
+    job = Journal.of(RunPaths(run_dir).journal).job()
+    if job is None:
+        raise ValueError(f"{run_dir}: no attempts' journal (launcher/attempts.jsonl): not a supervised run")
+    return job
 
 
 def default_db_url(run_dir: Path) -> str:
-    return f"sqlite:///{(run_dir / 'healer.db').absolute()}"
+    return RunPaths(run_dir).database_url
 
 
 def load_incidents(run_dir: Path, db_url: str | None = None) -> list[dict[str, Any]]:

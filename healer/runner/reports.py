@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from healer.core.heartbeats import HeartbeatTable
+from healer.observe.heartbeats import HeartbeatTable
 from healer.errors import BadRequest
 
 MAX_BODY = 4 << 20

@@ -7,7 +7,7 @@ them), diagnostics on the suspect hosts after a crash or a hang, the remediation
 database (`--db`, SQLite in the run directory by default) and page through Alertmanager (`--alertmanager`). At the
 end it prints the incident table and the goodput ledger (ETTR), writes them to `<run_dir>/report.json`, and writes
 the run's pages as one file, `<run_dir>/report.html` (healer/pages/), whose path it prints last. While
-it runs, the same ledger is served as Prometheus metrics (healer/runner/goodput_metrics.py) on
+it runs, the same ledger is served as Prometheus metrics (healer/ledger/metrics.py) on
 127.0.0.1:`--metrics-port`.
 """
 
@@ -22,21 +22,21 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from healer.core.rules import load_rule_set
-from healer.launchers import journal
+from ground.names import derive_name
+from healer.decide.rules import load_rule_set
 from healer.launchers.allocation import Allocation
 from healer.launchers.local_agents import LocalAgents
 from healer.launchers.warm_control import WarmSettings
 from healer.runner.build import JobSpec, build_job
 from healer.runner.chaos import Chaos, Schedule, load_schedule
-from healer.runner.goodput_metrics import GoodputServer
+from healer.ledger.metrics import GoodputServer
+from healer.runner.hosts import record_states
 from healer.runner.liveview import LiveView
 from healer.runner.loop import SelfHealingJob
-from healer.runner.hosts import record_states
 from healer.runner.report import report, run_job_name, write_html
 from healer.runner.shutdown import Interrupts, RunDirLock
-from megaheal.names import derive_name
 from train.config import TrainConfig, load_config
+from wire.run_paths import RunPaths
 
 NODES = ("n1", "n2")
 SPARES = ("n3",)
@@ -60,7 +60,7 @@ def _serve_goodput(run_dir: Path, job: str, incidents: Callable[[], list[dict[st
 
 def job_name(cfg_job: str | None, run_dir: Path, resume: bool) -> str:
     """The job's name: the config's `job` (or `--set job=...`), else one made from the run directory's name (a
-    directory named "my run" gives "my-run"; see megaheal/names.py). A take-over goes on under the name the
+    directory named "my run" gives "my-run"; see ground/names.py). A take-over goes on under the name the
     journal of the run recorded, whatever the directory is called now."""
     if resume:
         recorded = run_job_name(run_dir)
@@ -89,8 +89,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. Raises RunDirBusy
     when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if resume and (run_dir is None or not journal.path(run_dir).exists()):
-        raise ValueError(f"--resume needs the --run-dir of a supervised run (no supervisor/attempts.jsonl in {run_dir})")
+    if resume and (run_dir is None or not RunPaths(run_dir).journal.exists()):
+        raise ValueError(f"--resume needs the --run-dir of a supervised run (no attempts' journal in {run_dir})")
     if resume and chaos_path:
         raise ValueError("--resume takes over a run as it is: it cannot be combined with --chaos")
     if launcher not in LAUNCHERS:
@@ -148,7 +148,7 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
     # NOTE: a break-node fault breaks the host's local disk from here: only where the hosts are this machine's.
     scratch_of = (lambda rank: LocalAgents.scratch_dir(run_dir, sup.node_of_rank(rank))) \
         if placement.allocation is None else None
-    chaos = Chaos(schedule, job.remediator.signal_rank, run_dir / "checkpoints", scratch_of=scratch_of) \
+    chaos = Chaos(schedule, job.remediator.signal_rank, RunPaths(run_dir).checkpoints, scratch_of=scratch_of) \
         if schedule else None
 
     def incidents() -> list[dict[str, Any]]:
@@ -190,7 +190,7 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
     record_states(run_dir, job.agents, [*spec.nodes, *spec.spares])  # Slurm's say on each host, for the report
     ledger = report(run_dir, incidents(), chaos=chaos.summary() if chaos is not None else None)
     job.close()
-    html = write_html(run_dir, run_dir / "report.html", db_url)
+    html = write_html(run_dir, RunPaths(run_dir).report, db_url)
     if outcome == "interrupted":
         print(f"outcome: interrupted by {signal.Signals(interrupts.signum or signal.SIGINT).name}: the job was "
               f"stopped; go on with it: megaheal run --run-dir {run_dir} --resume")

@@ -1,7 +1,7 @@
 """How `megaheal run` holds its run directory and how it leaves.
 
 - `RunDirLock`: one runner per run directory. Two healers on one job would each restart it, and their ranks
-  would write the same checkpoints. The lock is an flock on `<run_dir>/supervisor/runner.lock`, which names its
+  would write the same checkpoints. The lock is an flock on `<run_dir>/launcher/runner.lock`, which names its
   holder (pid, host, since when, command line) for the refusal message; the kernel drops it when the holder dies,
   however it dies, so a lock left by a dead runner is stale by construction and the next runner takes it. A dead
   runner may have left its job running, though: only `--resume` goes on with such a run (it stops what was left,
@@ -27,7 +27,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from healer.launchers import journal
+from wire.journal import Journal
+from wire.run_paths import RunPaths
 
 
 class RunDirBusy(RuntimeError):
@@ -37,7 +38,7 @@ class RunDirBusy(RuntimeError):
 class RunDirLock:
     def __init__(self, run_dir: Path, resume: bool) -> None:
         self.run_dir, self.resume = run_dir, resume
-        self.path = run_dir / "supervisor" / "runner.lock"
+        self.path = RunPaths(run_dir).runner_lock
         self._fd: int | None = None
 
     def __enter__(self) -> RunDirLock:
@@ -52,7 +53,7 @@ class RunDirLock:
             raise RunDirBusy(f"{self.run_dir} is in use by {self._holder()}: one megaheal run per run directory. "
                              "Stop that one first (Ctrl-C, or kill -TERM its pid: it stops its job on the way out), "
                              "or choose another --run-dir") from None
-        unfinished = journal.unfinished(self.run_dir)
+        unfinished = Journal.of(RunPaths(self.run_dir).journal).unfinished()
         if unfinished is not None and not self.resume:
             os.close(fd)
             raise RunDirBusy(f"{self.run_dir}: the megaheal run before ({self._holder()}) ended without stopping "

@@ -29,13 +29,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from healer.core.engine import Healer
-from healer.core.states import IncidentState
+from healer.engine.engine import Healer
+from healer.decide.states import IncidentState
 from healer.errors import BadRequest, DatabaseError, IllegalTransition, NotFound
 from healer.service.detection_first import DetectionFirst
 from healer.service.health import UNAVAILABLE, Readiness
-from healer.service.requests import (Refused, decode_json, incident_query, not_empty, parse_int, person_fields,
-                                     read_body)
+from healer.service.requests import Refused, decode_json, incident_query, not_empty, parse_int, person_fields, read_body
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
@@ -62,7 +61,7 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
 
     async def heartbeats(request: Request) -> Response:
         authorize(request)
-        # NOTE: the raw bytes: the heartbeat table decodes them straight into the typed batch (exporters/schema.py).
+        # NOTE: the raw bytes: the heartbeat table decodes them straight into the typed batch (wire/telemetry.py).
         body = not_empty(await read_body(request, max_body))
         if detection_first is not None:
             await detection_first.wait()

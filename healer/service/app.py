@@ -24,25 +24,26 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 
+from ground.httpclient import RequestFailed
+from ground.secretfile import forbid_inspection, read_secret
+from ground.typedconfig import ConfigError
+from healer.decide.catalogue import fault
+from healer.incidents.db import default_db_url, ensure_schema, make_engine, safe_url
+from healer.engine.engine import Healer
+from healer.observe.heartbeats import HeartbeatTable
+from healer.incidents.metrics import HealerMetrics
+from healer.decide.promql import PrometheusClient, PromqlEvaluator
+from healer.decide.rules import RuleSet, load_rule_set
+from healer.incidents.store import IncidentStore
+from healer.errors import DatabaseError, DatabaseNotAtHead
+from healer.oncall.sinks import AlertmanagerSink, GrafanaSink, Sink, Sinks, WebhookSink
 from healer.pages.views import Sources
 from healer.service.api import create_app
-from healer.service.detection_first import DetectionFirst
-from healer.service.pages import page_routes
 from healer.service.config import HealerConfig, read_db_password, read_token, split_listen
-from healer.core.db import default_db_url, ensure_schema, make_engine, safe_url
+from healer.service.detection_first import DetectionFirst
 from healer.service.diagnosis import LocalRunbookDiagnoser
-from healer.core.engine import Healer
-from healer.errors import DatabaseError, DatabaseNotAtHead, SinkError
-from megaheal.secretfile import forbid_inspection, read_secret
-from megaheal.typedconfig import ConfigError
 from healer.service.health import Readiness
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.metrics import HealerMetrics
-from healer.core.promql import PromqlEvaluator, PrometheusClient
-from healer.core.catalogue import fault
-from healer.core.rules import RuleSet, load_rule_set
-from healer.oncall.sinks import AlertmanagerSink, GrafanaSink, Sink, Sinks, WebhookSink
-from healer.core.store import IncidentStore
+from healer.service.pages import page_routes
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ def run(cfg: HealerConfig) -> int:
     except DatabaseNotAtHead as exc:
         log.error("%s", exc)
         return 2
-    except (DatabaseError, ValueError, SinkError, OSError) as exc:  # SecretError and ConfigError are ValueErrors
+    except (DatabaseError, ValueError, RequestFailed, OSError) as exc:  # SecretError and ConfigError are ValueErrors
         log.error("cannot start: %s", exc)
         return 2
     service.serve()

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
 
 db_app = typer.Typer(no_args_is_help=True, add_completion=False,
                      help="The healer's database: apply, undo or show schema migrations.")
@@ -17,7 +17,7 @@ DbOption = Annotated[Optional[str], typer.Option("--db", help="database URL [def
 
 
 def _db_url(db: str | None) -> str:
-    from healer.core.db import default_db_url
+    from healer.incidents.db import default_db_url
 
     return db or os.environ.get("MEGAHEAL_DB") or default_db_url()
 
@@ -30,7 +30,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 @db_app.command("upgrade")
 def upgrade(db: DbOption = None, revision: Annotated[str, typer.Argument(help="target revision")] = "head") -> None:
     """Migrate the database up to REVISION (default: the newest)."""
-    from healer.core import db as dbmod
+    from healer.incidents import db as dbmod
     from healer.errors import DatabaseError
 
     try:
@@ -45,7 +45,7 @@ def upgrade(db: DbOption = None, revision: Annotated[str, typer.Argument(help="t
 @db_app.command("downgrade")
 def downgrade(revision: Annotated[str, typer.Argument(help="target revision, e.g. -1 or base")], db: DbOption = None) -> None:
     """Migrate the database down to REVISION (base: drop everything)."""
-    from healer.core import db as dbmod
+    from healer.incidents import db as dbmod
     from healer.errors import DatabaseError
 
     try:
@@ -60,7 +60,7 @@ def downgrade(revision: Annotated[str, typer.Argument(help="target revision, e.g
 @db_app.command("current")
 def current(db: DbOption = None) -> None:
     """Show the database's revision and the newest one; exit 1 when they differ."""
-    from healer.core import db as dbmod
+    from healer.incidents import db as dbmod
     from healer.errors import DatabaseError
 
     try:
@@ -74,8 +74,8 @@ def current(db: DbOption = None) -> None:
 
 def healer(config: str | None, listen: str | None, db: str | None, token_file: str | None) -> None:
     """Run the healer service (see megaheal/cli.py for the options)."""
-    from healer.service.config import load_config
     from healer.service.app import run
+    from healer.service.config import load_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("apscheduler", "alembic"):

@@ -11,11 +11,10 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
-from megaheal.secretfile import SecretError, check_token, read_secret, write_private
-from megaheal.typedconfig import ConfigError, from_mapping, load_yaml
+from ground.secretfile import SecretError, check_token, read_secret, write_private
+from ground.typedconfig import ConfigError, from_mapping, load_yaml
+from healer.decide.rules import DEFAULT_RULES
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_RULES = REPO / "configs" / "rules"
 TOKEN_ENV = "MEGAHEAL_TOKEN"
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})$")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import msgspec
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
-from exporters.wire_errors import json_syntax_error
-from healer.core.states import IncidentState
+from healer.decide.states import IncidentState
+from wire.errors import json_syntax_error
 
 _DIGITS = re.compile(r"[0-9]{1,19}")  # NOTE: a str pattern's [0-9] is ASCII only, unlike \d and isdigit()
 MAX_NAME = 128

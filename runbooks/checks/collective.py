@@ -19,7 +19,7 @@ from runbooks.baselines import BaselineStore, below_baseline
 from runbooks.busbw import COLLECTIVES, bus_factor, check_size, fit_size
 from runbooks.checks.pairwise import attribute
 from runbooks.registry import Check, CheckContext
-from runbooks.verdict import CheckResult, Measurement, Status
+from wire.verdict import CheckResult, Measurement, Status
 
 MAX_LOCAL_RANKS = 64
 LAUNCHERS = ("auto", "local", "srun")
@@ -128,7 +128,7 @@ class CollectiveBandwidthCheck(Check):
 
     def launcher(self, config: Config, ctx: CheckContext) -> str:
         """local or srun, as `config.launcher` asks and this process's surroundings allow."""
-        from megaheal.slurm import inside_allocation
+        from ground.slurm import inside_allocation
 
         if config.launcher != "auto":
             return config.launcher

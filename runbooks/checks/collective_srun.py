@@ -23,10 +23,10 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from megaheal.slurm import hostnames, srun_env
-from megaheal.typedconfig import from_mapping
+from ground.durations import to_mapping
+from ground.slurm import hostnames, srun_env
+from ground.typedconfig import from_mapping
 from runbooks.checks.collective_job import JobError, JobSpec, rank_body
-from runbooks.durations import to_mapping
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from runbooks.baselines import BaselineStore, below_baseline
 from runbooks.registry import Check, CheckContext
-from runbooks.verdict import CheckResult, Measurement, Status, Suspect, worst
+from wire.verdict import CheckResult, Measurement, Status, Suspect, worst
 
 MiB = 1 << 20
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"

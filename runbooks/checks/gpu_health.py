@@ -4,7 +4,7 @@ Per GPU: Xids in a window (kernel log), volatile double-bit ECC errors, remapped
 failed), the driver's recovery action (NVML field 230), clock event reasons, temperature against
 the slowdown threshold. The NVML module is an argument (pynvml by default) so tests pass a
 recorded fake device; without NVML or without GPUs the check is skipped with the reason.
-Which Xids fail or degrade a GPU comes from the fault catalogue (healer.core.catalogue: NVIDIA's Xid
+Which Xids fail or degrade a GPU comes from the fault catalogue (healer.decide.catalogue: NVIDIA's Xid
 catalog and DCGM's health watches).
 """
 
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
-from healer.core.catalogue import CRITICAL_XIDS, DEGRADED_XIDS
+from ground.gpu_faults import CRITICAL_XIDS, DEGRADED_XIDS
 from runbooks.checks import xid_log
 from runbooks.checks.gpu_snapshot import Snapshot, take_snapshot
 from runbooks.registry import Check, CheckContext
-from runbooks.verdict import CheckResult, Measurement, Status, Suspect, worst
+from wire.verdict import CheckResult, Measurement, Status, Suspect, worst
 
 log = logging.getLogger(__name__)
 

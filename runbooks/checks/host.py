@@ -17,7 +17,7 @@ from runbooks.baselines import BaselineStore, below_baseline
 from runbooks.checks.clock import ClockReading, kernel_clock, parse_server, sntp_offset
 from runbooks.checks.procscan import GPU_DEVICE, gpu_holders, stuck_ranks
 from runbooks.registry import Check, CheckContext
-from runbooks.verdict import CheckResult, Measurement, Status, Suspect, worst
+from wire.verdict import CheckResult, Measurement, Status, Suspect, worst
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -12,7 +12,7 @@ from datetime import timedelta
 from runbooks.baselines import BaselineStore, below_baseline
 from runbooks.checks import rdma_loopback, tcp_loopback
 from runbooks.registry import Check, CheckContext
-from runbooks.verdict import CheckResult, Measurement, Status, Suspect, worst
+from wire.verdict import CheckResult, Measurement, Status, Suspect, worst
 
 MiB = 1 << 20
 

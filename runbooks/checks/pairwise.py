@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from runbooks.verdict import Suspect
+from wire.verdict import Suspect
 
 
 def round_robin(n: int) -> list[list[tuple[int, int]]]:

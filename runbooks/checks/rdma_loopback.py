@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from runbooks.commands import run_command
+from ground.commands import run_command
 
 IB_SYSFS = Path("/sys/class/infiniband")
 _DEVICE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

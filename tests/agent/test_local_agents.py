@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from ground import procfs
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.local_agents import LocalAgents, write_token
-from megaheal import procfs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.services

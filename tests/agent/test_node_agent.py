@@ -9,16 +9,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from ground.httpclient import RequestFailed, request_json
 from healer.agent.node import NodeAgent
-from healer.core.heartbeats import HeartbeatTable
+from healer.observe.heartbeats import HeartbeatTable
 from healer.launchers.agent_client import AgentClient, OrderFailed
-from healer.oncall.httpclient import request_json
-from healer.errors import SinkError
 from healer.runner.reports import ReportServer
 from tests.conftest import CONFIGS, REPO
 from tests.support import wait_for
+from wire.orders import Order, RunbookOrder, SignalOrder, StartOrder, StopOrder
 
 TOKEN = "agent-test-token-0123456789"
 PHASES = {"startup", "restore", "data_wait", "forward_backward", "dp_gather", "dp_reduce", "grad_norm_clip",
@@ -45,17 +46,22 @@ def start_order(tmp_path: Path, order_id: str = "j-0:start:n1") -> dict[str, Any
             "overrides": ["steps=200", "job=j"]}
 
 
+def post(url: str, body: dict[str, Any], token: str = TOKEN) -> Any:
+    """An order as any client may send it, typed or not (the agent must refuse what does not fit)."""
+    return request_json("POST", f"{url}/v1/orders", body, {"Authorization": f"Bearer {token}"})
+
+
 @pytest.mark.services
 def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field(agent: Any, tmp_path: Path) -> None:
     node, client, _ = agent
-    with pytest.raises(SinkError, match="401"):
-        request_json("POST", f"{node.url}/v1/orders", start_order(tmp_path), {"Authorization": "Bearer wrong"})
+    with pytest.raises(RequestFailed, match="401"):
+        post(node.url, start_order(tmp_path), token="wrong")
     bad = {**start_order(tmp_path), "nproc_per_node": 0}
-    with pytest.raises(OrderFailed, match="400.*nproc_per_node"):
-        client.order(bad)
+    with pytest.raises(RequestFailed, match="400.*nproc_per_node"):
+        post(node.url, bad)
     hostile = {**start_order(tmp_path), "env": {"LD_PRELOAD": "/tmp/x.so"}}
-    with pytest.raises(OrderFailed, match="400.*env"):
-        client.order(hostile)  # only GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ settings reach a rank
+    with pytest.raises(RequestFailed, match="400.*env"):
+        post(node.url, hostile)  # only GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ settings reach a rank
 
 
 @pytest.mark.multiprocess
@@ -63,11 +69,12 @@ def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field
 def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_agent(agent: Any, tmp_path: Path) -> None:
     node, client, table = agent
     table.processes.started("j", 0)  # what the healer's coordinator does before it orders the start
-    order = start_order(tmp_path)
-    assert client.run(order, 30)["rdzv_endpoint"].startswith("127.0.0.1:")
-    assert client.order(order)["status"] == "done", "the same id again: the first order's state, no second start"
+    order = msgspec.convert(start_order(tmp_path), Order)
+    assert isinstance(order, StartOrder)
+    assert client.run(order, 30).rdzv_endpoint.startswith("127.0.0.1:")
+    assert client.order(order).status == "done", "the same id again: the first order's state, no second start"
     with pytest.raises(OrderFailed, match="409"):
-        client.order({**order, "attempt": 1})
+        client.order(msgspec.structs.replace(order, attempt=1))
     # The batches carry the host's part of the attempt into the healer's table.
     wait_for("four ranks in the table", lambda: len(table.processes.reported_ranks("j")) == 4, 60, every_s=0.1)
     # And the phase each rank says it is in now (its phase file), with when it entered it, by the healer's clock.
@@ -75,14 +82,14 @@ def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_ag
                         lambda: [s for s in table.processes.states() if s.phase in PHASES and s.phase_entered], 60,
                         every_s=0.1)
     assert all(s.phase_entered <= time.time() + 1 and s.phase_step is not None for s in in_phase)
-    pid = client.run({"kind": "signal", "id": "kill-3", "attempt": 0, "rank": 3, "signal": "SIGKILL"}, 10)["pid"]
+    pid = client.run(SignalOrder(id="kill-3", attempt=0, rank=3, signal="SIGKILL"), 10).pid
     wait_for("the crash in the batches", lambda: [e for e in table.processes.exits() if e.rank == 3], 30, every_s=0.1)
     (crashed,) = [e for e in table.processes.exits() if e.rank == 3]
     assert crashed.pid == pid and (crashed.signal == signal.SIGKILL or crashed.vanished)
     # torchrun stops the other ranks and exits by itself, its failure report saying how rank 3 died (a stop before
     # that would SIGKILL torchrun too, and a rank it reaped first would stay "vanished").
     wait_for("torchrun to end the attempt", lambda: client.state()["attempt"]["ended"], 60, every_s=0.1)
-    assert client.run({"kind": "stop", "id": "stop-0", "attempt": 0, "grace_s": 1}, 60)["stopped"] == 0
+    assert client.run(StopOrder(id="stop-0", attempt=0, grace_s=1), 60).stopped == 0
     state = client.state()["attempt"]
     assert state["ended"] and state["ranks"] == []
     exits = {e["rank"]: e for e in state["exits"]}
@@ -95,5 +102,5 @@ def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_ag
 @pytest.mark.timeout(120)
 def test_a_runbook_runs_on_the_agents_host_and_says_its_verdict(agent: Any) -> None:
     _, client, _ = agent
-    result = client.run({"kind": "runbook", "id": "rb-1", "runbook": "node-health", "timeout_s": 90}, 120)
-    assert result["returncode"] == 0 and '"verdict": "pass"' in result["stdout"]
+    result = client.run(RunbookOrder(id="rb-1", runbook="node-health", timeout_s=90), 120)
+    assert result.returncode == 0 and '"verdict": "pass"' in result.stdout

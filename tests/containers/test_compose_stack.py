@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from megaheal import procfs
-from tests.containers.stack import SERVICES, Stack
+from ground import procfs
 from tests.containers.conftest import RANKS
 from tests.containers.engine import podman
+from tests.containers.stack import SERVICES, Stack
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(900)]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from healer.core.models import Incident
+from healer.incidents.models import Incident
 from healer.oncall.alertmanager import AlertmanagerClient
 from healer.oncall.sinks import alertmanager_alerts
 from tests.deploy.configs import ALERTMANAGER, ALERTS, rules

@@ -1,4 +1,4 @@
-"""The fault catalogue (healer.core.catalogue) is the one list of GPU Xids: the Prometheus alert rules, the shipped
+"""The fault catalogue (healer.decide.catalogue) is the one list of GPU Xids: the Prometheus alert rules, the shipped
 runbooks' gpu_health steps, the operations guide and Alertmanager's inhibition agree with it.
 
 NOTE: the alert rule is checked against the catalogue rather than generated from it: the Xid set is one regex in a
@@ -11,14 +11,15 @@ import re
 
 import pytest
 
-from healer.core.catalogue import CATALOGUE, CRITICAL_XIDS, DEGRADED_XIDS
+from ground.gpu_faults import CRITICAL_XIDS, DEGRADED_XIDS
+from healer.decide.catalogue import CATALOGUE
 from runbooks.checks.gpu_health import GpuHealthCheck
 from runbooks.checks.xid_log import XidEvent
 from runbooks.registry import CheckContext
 from runbooks.spec import load_runbook, shipped_runbooks
-from runbooks.verdict import Status
 from tests.deploy.configs import ALERTMANAGER, ALERTS, OPERATIONS, load_yaml, rules
 from tests.runbooks.fake_nvml import FakeNvml, h200
+from wire.verdict import Status
 
 pytestmark = pytest.mark.unit
 
@@ -79,8 +80,8 @@ def test_it_holds_the_fleet_gpu_alerts_back_for_the_catalogues_gpu_fault_kind() 
 
 
 def test_the_gpu_fault_detector_evicts_on_exactly_the_catalogues_critical_xids() -> None:
-    from exporters.schema import GpuEntry
-    from healer.core.detectors.gpu_fault import GpuFault
+    from healer.detect.gpu_fault import GpuFault
+    from wire.telemetry import GpuEntry
 
     assert sorted(GpuFault.Config().xids) == sorted(CRITICAL_XIDS)
     detector = GpuFault(GpuFault.Config())

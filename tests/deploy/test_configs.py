@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from healer.service.config import load_config
-from healer.core.rules import load_rules
+from healer.decide.rules import load_rules
 from tests.deploy.configs import (ALERT_TESTS, ALERTMANAGER, ALERTS, COMPOSE, DEPLOY, OPERATIONS, PROMETHEUS_DIR,
                                   RECORDING, load_yaml, markdown_anchors, rules, tool)
 

@@ -15,8 +15,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from dashboards.build import load, queries
-from healer.core import db as dbmod
-from healer.core.models import GoodputInterval, Incident, IncidentEvent, Remediation, Restart
+from healer.incidents import db as dbmod
+from healer.incidents.models import GoodputInterval, Incident, IncidentEvent, Remediation, Restart
 from tests.healer.services import Postgres
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megaheal import procfs
+from ground import procfs
 from tests.conftest import CONFIGS, REPO, job_env, kill_job
 from train.records import read_records
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CONFIGS, job_env, rank_records, run_training
-from train.warm.plan import key
 from train.warm.pool import WarmPool
 from train.warm.worker import STUCK_EXIT_CODE
+from wire.warm_plan import key
 
 pytestmark = pytest.mark.multiprocess
 STEPS = 60

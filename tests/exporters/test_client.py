@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from exporters.client import SOCKET_ENV, NullRankClient, RankClient
-from exporters.schema import Event, Hello, SchemaError, StepRecord, build_record, decode, encode
 from tests.exporters.helpers import step_record
+from wire.telemetry import Event, Hello, SchemaError, StepRecord, build_record, decode, encode
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters import phase_now
-from exporters.phase_now import PhaseBeacon
+from wire import phase_now
+from wire.phase_now import PhaseBeacon
 
 pytestmark = pytest.mark.unit
 

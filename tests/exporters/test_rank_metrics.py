@@ -9,16 +9,16 @@ import sys
 import time
 
 import msgspec
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-import pytest
 
-from exporters.rank_collector import SERIES_PER_RANK_BUDGET, RankCollector
 from exporters.heartbeat import rank_summary
+from exporters.rank_collector import SERIES_PER_RANK_BUDGET, RankCollector
 from exporters.ranks import RankTable
-from exporters.schema import RankEntry, build_record, decode, encode
 from tests.exporters.helpers import step_record
 from tests.exporters.promtools import promtool_check_metrics, wait_for
+from wire.telemetry import RankEntry, build_record, decode, encode
 
 pytestmark = pytest.mark.multiprocess
 

@@ -1,4 +1,4 @@
-"""The relay hop by column (exporters/relay_wire.py): every field of every rank entry gets to the healer as its node
+"""The relay hop by column (wire/relay.py): every field of every rank entry gets to the healer as its node
 sent it, the healer's columns hold the same numbers as for a batch the node posted itself, and a relay batch whose
 lists do not agree is refused, naming the list, with nothing stored."""
 
@@ -14,10 +14,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from exporters.relay_wire import NodeColumns, columns_of, decode_relay_batch, encode_relay
-from exporters.schema import HEARTBEAT_SCHEMA, EventBody, GpuEntry, HeartbeatBatch, RankEntry, SchemaError
-from healer.core.heartbeats import HeartbeatTable
+from healer.observe.heartbeats import HeartbeatTable
 from healer.errors import BadRequest
+from wire.relay import NodeColumns, columns_of, decode_relay_batch, encode_relay
+from wire.telemetry import HEARTBEAT_SCHEMA, EventBody, GpuEntry, HeartbeatBatch, RankEntry, SchemaError
 
 pytestmark = pytest.mark.unit
 

@@ -13,12 +13,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from exporters.client import RankClient
 from exporters.heartbeat import HeartbeatForwarder
-from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch
 from exporters.receiver import SocketInUseError, bind_datagram_socket
-from exporters.schema import PHASE_ORDER
 from exporters.sidecar import Sidecar
 from tests.exporters.helpers import step_record
 from tests.exporters.promtools import free_port, wait_for
+from wire.telemetry import HEARTBEAT_SCHEMA, PHASE_ORDER, HeartbeatBatch
 
 pytestmark = pytest.mark.unit
 

@@ -19,10 +19,10 @@ import pytest
 
 from exporters.client import RankClient
 from exporters.receiver import UnsafeSocketDirError
-from exporters.schema import build_record, encode
 from exporters.sidecar import Sidecar
 from tests.exporters.helpers import step_record
 from tests.support import wait_for
+from wire.telemetry import build_record, encode
 
 pytestmark = pytest.mark.services
 

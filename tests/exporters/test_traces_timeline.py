@@ -8,15 +8,14 @@ import logging
 import threading
 
 import pytest
-
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from typer.testing import CliRunner
 
-from exporters.schema import PHASE_ORDER, build_record, decode, encode
 from exporters.timeline import build_trace, read_rank_files
 from exporters.traces import OTLP_HTTP_LOGGER, StepTracer, otlp_exporter, step_trace_id
 from megaheal.cli import app
 from tests.exporters.helpers import step_record
+from wire.telemetry import PHASE_ORDER, build_record, decode, encode
 
 pytestmark = pytest.mark.unit
 

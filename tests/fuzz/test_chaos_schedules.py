@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ground.typedconfig import ConfigError
 from healer.runner.chaos import KINDS, Schedule, load_schedule
-from megaheal.typedconfig import ConfigError
 from tests.conftest import CONFIGS
 from tests.fuzz.strategies import dump, mutated, values, yaml_text
 

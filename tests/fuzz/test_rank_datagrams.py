@@ -1,4 +1,4 @@
-"""Fuzz: rank datagrams (exporters/schema.py decode, exporters/receiver.py). Any bytes give a decoded record or a
+"""Fuzz: rank datagrams (wire/telemetry.py decode, exporters/receiver.py). Any bytes give a decoded record or a
 SchemaError naming what is wrong, never another exception; the receiver counts every datagram it refuses and hands
 nothing of it on."""
 
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from exporters.peers import Credentials
 from exporters.receiver import DatagramReceiver
-from exporters.schema import MAX_DATAGRAM_BYTES, Message, SchemaError, build_record, decode, encode
 from tests.exporters.helpers import step_record
+from wire.telemetry import MAX_DATAGRAM_BYTES, Message, SchemaError, build_record, decode, encode
 
 pytestmark = pytest.mark.unit
 

@@ -7,14 +7,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healer.core.rules import RuleSet, load_rule_set
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
+from healer.decide.rules import RuleSet, load_rule_set
 from tests.fuzz.json_strategies import JSON, TEXT, mutated
 
 pytestmark = pytest.mark.unit

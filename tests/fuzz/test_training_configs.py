@@ -1,5 +1,5 @@
-"""Fuzz: training configs (train/config.py) and their `--set` items (megaheal/typedconfig.py), and the one name rule
-(megaheal/names.py). Any file and any items give a TrainConfig or a ConfigError naming the file or the `--set` item,
+"""Fuzz: training configs (train/config.py) and their `--set` items (ground/typedconfig.py), and the one name rule
+(ground/names.py). Any file and any items give a TrainConfig or a ConfigError naming the file or the `--set` item,
 never another exception; `megaheal train`'s layout check then gives a layout or a LayoutError (a ConfigError). A
 string field takes a `--set` value as typed. A name is valid in a config exactly when the wire takes it."""
 
@@ -17,13 +17,13 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporters.schema import build_record
-from megaheal.names import NAME_PATTERN, check_name, derive_name, is_name
-from megaheal.typedconfig import ConfigError
+from ground.names import NAME_PATTERN, check_name, derive_name, is_name
+from ground.typedconfig import ConfigError
 from tests.conftest import CONFIGS
 from tests.fuzz.strategies import dump, mutated, values, yaml_text
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
+from wire.telemetry import build_record
 
 pytestmark = pytest.mark.unit
 

@@ -8,15 +8,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from healer.core import db
-from healer.core.remediator import Diagnoser
-from healer.core.engine import Healer
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.metrics import HealerMetrics
-from healer.core.remediator import Remediator
-from healer.core.rules import load_rule_set
+from healer.incidents import db
+from healer.ports import Diagnoser
+from healer.engine.engine import Healer
+from healer.observe.heartbeats import HeartbeatTable
+from healer.incidents.metrics import HealerMetrics
+from healer.ports import Remediator
+from healer.decide.rules import load_rule_set
 from healer.oncall.sinks import Sink, Sinks
-from healer.core.store import IncidentStore
+from healer.incidents.store import IncidentStore
 
 RUNBOOKS = Path(__file__).resolve().parent / "runbooks"
 

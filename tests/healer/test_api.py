@@ -20,8 +20,8 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 from healer.service.api import create_app
-from healer.core.db import ensure_schema
-from healer.core.engine import Healer
+from healer.incidents.db import ensure_schema
+from healer.engine.engine import Healer
 from healer.service.health import Readiness
 from tests.healer.helpers import batch, make_healer
 from tests.healer.services import TOKEN, webhook
@@ -144,7 +144,7 @@ def test_health_readiness_and_metrics(client: TestClient) -> None:
 
 
 def test_a_database_that_goes_away_gives_503_and_a_failing_readyz(healer: Healer, tmp_path: Path) -> None:
-    from healer.core.db import make_engine
+    from healer.incidents.db import make_engine
 
     healer.store.engine = make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
     readiness = Readiness(lambda: ensure_schema(healer.store.engine))

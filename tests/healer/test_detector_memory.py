@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from healer.core.detectors.base import Evaluation
-from healer.core.detectors.heartbeat_stale import HeartbeatStale
-from healer.core.detectors.history import RankHistory
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.states import IncidentState
+from healer.detect.base import Evaluation
+from healer.detect.heartbeat_stale import HeartbeatStale
+from healer.observe.history import RankHistory
+from healer.observe.heartbeats import HeartbeatTable
+from healer.decide.states import IncidentState
 from tests.healer.helpers import ManualClock, batch, make_healer
 from tests.healer.services import TOKEN
 

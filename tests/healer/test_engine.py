@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.detectors.heartbeat_stale import HeartbeatStale
+from healer.detect.heartbeat_stale import HeartbeatStale
 from healer.service.diagnosis import LocalRunbookDiagnoser
 from healer.errors import BadRequest
-from healer.core.heartbeats import HeartbeatTable
+from healer.observe.heartbeats import HeartbeatTable
 from healer.oncall.sinks import WebhookSink
-from healer.core.states import IncidentState
+from healer.decide.states import IncidentState
 from tests.healer.helpers import RUNBOOKS, ManualClock, Receiver, batch, make_healer
 from tests.healer.services import webhook, wait_for
 
@@ -152,7 +152,7 @@ GPU = "- name: gpu\n  when: {detector: gpu_fault}\n  severity: critical\n"
 
 def test_a_faulty_gpus_incident_resolves_once_its_node_reports_it_clean_and_healthy_keys_are_made_only_then(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from healer.core.detectors import base
+    from healer.detect import base
 
     made = []
     real = base.LazyKeys._made

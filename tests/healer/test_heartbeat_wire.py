@@ -9,13 +9,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from exporters.schema import (GpuEntry, HeartbeatBatch, RankEntry, build_record, decode, encode, encode_batch)
 from exporters.sidecar import Sidecar
-from healer.core.heartbeats import HeartbeatTable, parse_batch
+from healer.observe.heartbeats import HeartbeatTable, parse_batch
 from healer.errors import BadRequest
 from tests.exporters.helpers import step_record
 from tests.exporters.recorded_nvml import RecordedNvml
 from tests.healer.helpers import batch
+from wire.telemetry import GpuEntry, HeartbeatBatch, RankEntry, build_record, decode, encode, encode_batch
 
 pytestmark = pytest.mark.unit
 

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from healer.core.detectors.collective_slowdown import CollectiveSlowdown
-from healer.core.detectors.history import HistoryPool, RankHistory
-from healer.core.detectors.phases import EVIDENCE_ROWS, PhaseTable, evidence_rows, masked_median, phase_table
-from healer.core.detectors.straggler import Straggler, _median_without_top
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.jobview import TickView
+from healer.detect.collective_slowdown import CollectiveSlowdown
+from healer.observe.history import HistoryPool, RankHistory
+from healer.detect.phases import EVIDENCE_ROWS, PhaseTable, evidence_rows, masked_median, phase_table
+from healer.detect.straggler import Straggler, _median_without_top
+from healer.observe.heartbeats import HeartbeatTable
+from healer.observe.jobview import TickView
 from tests.healer.helpers import ManualClock, batch
 from tests.selfheal.streams import JobStream
 
@@ -80,7 +80,7 @@ def _ingest(table: HeartbeatTable, step: int, ranks: int = 8) -> None:
 
 def test_straggler_and_collective_slowdown_share_one_phase_table_per_cycle(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     made = []
-    import healer.core.detectors.phases as phases
+    import healer.detect.phases as phases
 
     real = phases.phase_table
     monkeypatch.setattr(phases, "phase_table", lambda *a, **k: made.append(a[1:]) or real(*a, **k))

@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from healer.core import db
+from healer.incidents import db
 from healer.errors import DatabaseError, DatabaseNotAtHead
-from healer.core.models import Base
+from healer.incidents.models import Base
 from tests.healer.services import MEGAHEAL
 
 pytestmark = pytest.mark.services

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.schema import AttemptReport, RankProcess
-from healer.core.jobview import TickView
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.processes import ProcessState, ProcessView
+from healer.observe.heartbeats import HeartbeatTable
+from healer.observe.jobview import TickView
+from healer.observe.processes import ProcessState, ProcessView
+from wire.telemetry import AttemptReport, RankProcess
 
 pytestmark = pytest.mark.unit
 
@@ -70,7 +70,7 @@ def test_a_new_attempt_starts_with_no_reported_pids_and_the_launchers_found_pids
 
 
 def test_the_tick_view_counts_every_heartbeat_without_a_launcher_and_only_the_attempts_pids_with_one() -> None:
-    from exporters.schema import HEARTBEAT_SCHEMA, HeartbeatBatch, RankEntry
+    from wire.telemetry import HEARTBEAT_SCHEMA, HeartbeatBatch, RankEntry
 
     def batch(node: str, job: str, pids: list[int]) -> HeartbeatBatch:
         # NOTE: a lower pid's record is older: a node's oldest record changes when the view leaves pids out

@@ -1,4 +1,4 @@
-"""The heartbeat table's columns (healer/core/rank_columns.py), which the detectors compute over: each rank's latest
+"""The heartbeat table's columns (healer/observe/rank_columns.py), which the detectors compute over: each rank's latest
 numbers and flags as its heartbeat carried them, and ranks the table forgets leaving them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.rank_columns import ALIVE, FINISHING, NONFINITE, STOPPED
+from healer.observe.heartbeats import HeartbeatTable
+from healer.observe.rank_columns import ALIVE, FINISHING, NONFINITE, STOPPED
 from tests.healer.helpers import ManualClock, batch
 
 pytestmark = pytest.mark.unit

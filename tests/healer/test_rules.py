@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from healer.service.config import DEFAULT_RULES, HealerConfig, load_config
-from healer.core.rules import AlertCondition, DetectorCondition, PromqlCondition, load_rules
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
+from healer.decide.rules import DEFAULT_RULES, AlertCondition, DetectorCondition, PromqlCondition, load_rules
+from healer.service.config import HealerConfig, load_config
 
 pytestmark = pytest.mark.unit
 
@@ -46,9 +46,9 @@ def test_it_loads_every_condition_kind_into_typed_configs(tmp_path: Path) -> Non
 
 
 def test_the_shipped_rules_enable_every_detector_with_the_catalogues_remedies() -> None:
-    from healer.core.catalogue import DETECTED, fault
-    from healer.core.detectors.registry import default_registry
-    from healer.core.rules import DetectorCondition, load_rule_set
+    from healer.decide.catalogue import DETECTED, fault
+    from healer.detect.registry import default_registry
+    from healer.decide.rules import DetectorCondition, load_rule_set
 
     rules = load_rule_set([DEFAULT_RULES])
     detectors = {r.condition.detector for r in rules.rules if isinstance(r.condition, DetectorCondition)}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from healer.core import db
+from healer.incidents import db
 from tests.healer.services import (MEGAHEAL, TOKEN, HealerProcess, Postgres, free_port, http, post_oversized,
                                    status_of, wait_for, webhook)
 
@@ -76,7 +76,7 @@ def test_it_refuses_to_start_on_a_database_behind_the_migrations(tmp_path: Path)
 
 def test_a_rule_that_acts_on_the_job_is_refused_by_the_service_without_a_launcher_and_taken_by_megaheal_run(
         tmp_path: Path) -> None:
-    from healer.core.rules import load_rule_set
+    from healer.decide.rules import load_rule_set
     from healer.runner.build import JobSpec, build_job
     from tests.conftest import REPO
 

@@ -105,7 +105,7 @@ def _rejected_401(url: str) -> float:
 # interpreter may sit where nobody cannot exec it, so each child imports what it needs before dropping root.
 _TARGET = """
 import os, sys, ctypes
-from megaheal.secretfile import forbid_inspection
+from ground.secretfile import forbid_inspection
 os.setgid(65534); os.setuid(65534)
 ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again: changing uid made it non-dumpable by itself
 print("open", flush=True); sys.stdin.readline()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from megaheal.secretfile import write_private
+from ground.secretfile import write_private
 from tests.healer.services import MEGAHEAL, free_port, http, wait_for
 
 pytestmark = pytest.mark.services

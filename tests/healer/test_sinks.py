@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from healer.errors import SinkError
-from healer.core.models import Incident
+from healer.incidents.models import Incident
 from healer.oncall.sinks import GrafanaSink, alertmanager_alerts
 
 pytestmark = pytest.mark.unit

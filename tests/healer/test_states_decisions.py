@@ -1,4 +1,4 @@
-"""The incident state machine (one table, illegal transitions raise) and the pure policy (healer.core.policy)."""
+"""The incident state machine (one table, illegal transitions raise) and the pure policy (healer.decide.policy)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from healer.core.catalogue import Remedy, fault
-from healer.core.plans import JobFacts, Verdict
-from healer.core.policy import Action, IncidentFacts, JobNow, decide, page_now
-from healer.core.rules import AlertCondition, Rule
-from healer.core.states import ACTIVE_STATES, TRANSITIONS, IncidentState, check_transition
+from healer.decide.catalogue import Remedy, fault
+from healer.decide.plans import JobFacts, Verdict
+from healer.decide.policy import Action, IncidentFacts, JobNow, decide, page_now
+from healer.decide.rules import AlertCondition, Rule
+from healer.decide.states import ACTIVE_STATES, TRANSITIONS, IncidentState, check_transition
 from healer.errors import IllegalTransition
 
 pytestmark = pytest.mark.unit
@@ -89,7 +89,7 @@ def test_one_remediation_at_a_time_and_a_fault_of_an_older_attempt_is_superseded
 
 
 def test_a_spent_budget_escalates_and_stops_a_job_that_cannot_go_on() -> None:
-    from healer.core.plans import RestartBudget
+    from healer.decide.plans import RestartBudget
 
     d = decide(_facts(S.OPEN, _rule(), kind="crash", job=_job(), budget=RestartBudget(max_restarts=0)))
     assert (d.action, d.to_state, d.stop_job) == (Action.ESCALATE, S.ESCALATED, True)

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from healer.core import db
+from healer.incidents import db
 from healer.errors import IllegalTransition, NotFound
-from healer.core.models import IncidentEvent
-from healer.core.signals import Signal
-from healer.core.states import IncidentState
-from healer.core.store import IncidentStore
+from healer.incidents.models import IncidentEvent
+from healer.decide.signals import Signal
+from healer.decide.states import IncidentState
+from healer.incidents.store import IncidentStore
 
 pytestmark = pytest.mark.services
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 
-from megaheal import slurm
+from ground import slurm
 from testbed import job
 from tests.support import wait_for
 

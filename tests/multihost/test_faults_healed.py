@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from megaheal import procfs
+from ground import procfs
+from testbed import faults, procs, slurm
 from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
-from testbed import faults, procs, slurm
 
 pytestmark = pytest.mark.multihost
 CHECKPOINT_EVERY = 5  # megaheal run's default

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from testbed import faults
 from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
-from testbed import faults
+from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.multihost
 # NOTE: the bed's links are veths on one machine: 100 Mbit/s is far below what they carry (network-triage measured
@@ -84,7 +85,7 @@ def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_a_slowed_link_
     names = [h.name for h in bed.hosts]
     assert f"3 host(s) x 2 ranks ({', '.join(names[:3])}; dp 3), spare(s): {names[3]}" in text, text[-3000:]
     assert job.attempt(0)["nodes"] == names[:3] and job.attempt(0)["dp"] == 3
-    agents = json.loads((job.run_dir / "supervisor" / "agents.json").read_text())
+    agents = json.loads(RunPaths(job.run_dir).agents.read_text())
     assert {n: re.match(r"http://([\d.]+):\d+$", u).group(1) for n, u in agents.items()} == \
         {h.name: h.address for h in bed.hosts}  # type: ignore[union-attr]
     placed = job.host_of_rank(0)

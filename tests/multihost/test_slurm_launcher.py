@@ -13,22 +13,22 @@ from datetime import timedelta
 
 import pytest
 
-from healer.core import db
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.signals import Signal
-from healer.core.states import IncidentState
-from healer.core.store import IncidentStore
+from ground import slurm
+from healer.incidents import db
+from healer.observe.heartbeats import HeartbeatTable
+from healer.decide.signals import Signal
+from healer.decide.states import IncidentState
+from healer.incidents.store import IncidentStore
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.allocation import Allocation
 from healer.launchers.drain import Drainer
 from healer.launchers.local_agents import write_token
 from healer.launchers.slurm_agents import STEP_PREFIX, SlurmAgents
 from healer.runner.reports import ReportServer
-from megaheal import slurm
+from testbed import faults, procs
 from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
-from testbed import faults, procs
 
 pytestmark = pytest.mark.multihost
 S = IncidentState

@@ -8,9 +8,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from healer.core.db import ensure_schema, make_engine
-from healer.core.signals import Signal
-from healer.core.store import IncidentStore
+from healer.incidents.db import ensure_schema, make_engine
+from healer.decide.signals import Signal
+from healer.incidents.store import IncidentStore
 
 JOB = "synth"
 T0 = 1_800_000_000.0

@@ -20,9 +20,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-from healer.core.db import ensure_schema
-from healer.core.engine import Healer
-from healer.core.goodput import Interval
+from healer.incidents.db import ensure_schema
+from healer.engine.engine import Healer
+from healer.ledger.goodput import Interval
 from healer.pages import heatmap
 from healer.pages.cost import incident_costs
 from healer.pages.onefile import write_report
@@ -126,7 +126,7 @@ def test_it_writes_a_report_that_is_one_file_and_may_load_nothing(tmp_path: Path
     run = write_run(tmp_path)
     db_url = f"sqlite:///{tmp_path / 'healer.db'}"
     write_incidents(db_url)
-    from healer.core.db import make_engine
+    from healer.incidents.db import make_engine
 
     engine = make_engine(db_url)
     page = write_report(run, engine, JOB, tmp_path / "report.html").read_text()
@@ -144,7 +144,7 @@ def test_the_report_shows_each_host_with_its_role_and_its_slurm_state_at_the_end
                                                    '"n2": {"state": "IDLE+DRAIN", "reason": "megaheal: incident 1"}}')
     db_url = f"sqlite:///{tmp_path / 'healer.db'}"
     write_incidents(db_url)
-    from healer.core.db import make_engine
+    from healer.incidents.db import make_engine
 
     engine = make_engine(db_url)
     page = write_report(run, engine, JOB, tmp_path / "report.html").read_text()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from runbooks.registry import Check, CheckContext
-from runbooks.verdict import CheckResult, Status
+from wire.verdict import CheckResult, Status
 
 
 class SleepCheck(Check):

@@ -12,8 +12,8 @@ from runbooks.busbw import COLLECTIVES
 from runbooks.registry import CheckContext
 from runbooks.runner import run_runbook
 from runbooks.spec import load_runbook
-from runbooks.verdict import Status
 from tests.conftest import REPO, job_env
+from wire.verdict import Status
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 

@@ -12,8 +12,8 @@ from runbooks.checks.gpu_compute import GpuComputeCheck, memtest, reference_erro
 from runbooks.checks.gpu_health import GpuHealthCheck
 from runbooks.checks.xid_log import XidEvent, parse_kmsg_record
 from runbooks.registry import CheckContext
-from runbooks.verdict import Status
 from tests.runbooks.fake_nvml import NOT_SUPPORTED, FakeNvml, h200
+from wire.verdict import Status
 
 pytestmark = pytest.mark.unit
 

@@ -17,9 +17,9 @@ from runbooks.checks.clock import ntp_timestamp
 from runbooks.checks.host import HostCheck
 from runbooks.checks.loopback import LoopbackCheck
 from runbooks.registry import CheckContext
-from runbooks.verdict import Status
 from testbed import freezer
 from testbed.layout import FREEZER_ROOT
+from wire.verdict import Status
 
 pytestmark = pytest.mark.services
 

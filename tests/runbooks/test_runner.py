@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
-import sys
 import subprocess
+import sys
 
 import pytest
 
-from megaheal import procfs
+from ground import procfs
 from runbooks.registry import CheckContext, default_registry
 from runbooks.runner import run_runbook
 from runbooks.spec import load_runbook
-from runbooks.verdict import Status
 from tests.conftest import REPO, job_env
+from wire.verdict import Status
 
 pytestmark = pytest.mark.services
 

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from megaheal.typedconfig import ConfigError, parse_duration
+from ground.durations import format_duration
+from ground.typedconfig import ConfigError, parse_duration
 from runbooks.busbw import bus_factor, busbw, check_size
 from runbooks.checks.pairwise import attribute, round_robin
-from runbooks.durations import format_duration
 from runbooks.registry import CheckContext, CheckRegistry, default_registry
 from runbooks.runner import run_runbook
 from runbooks.spec import load_runbook, shipped_runbooks

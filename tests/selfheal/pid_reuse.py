@@ -20,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from healer.agent.host import HostAttempt, run_id
-from megaheal import procfs
+from ground import procfs
+from healer.agent.host import HostAttempt
+from wire.run_ids import run_id
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 AGENT = """import os, subprocess, sys, time

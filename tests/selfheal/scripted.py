@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from healer.core.processes import ProcessView
-from healer.core.remediator import Failed, HostVerdict, JobState, RestartOrder, Started
+from healer.observe.processes import ProcessView
+from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from healer.core.heartbeats import HeartbeatTable
+from healer.observe.heartbeats import HeartbeatTable
 
 Phases = dict[str, float]
 

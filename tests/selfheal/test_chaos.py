@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from megaheal import procfs
+from ground import procfs
+from ground.typedconfig import ConfigError
 from healer.runner.chaos import (
     Chaos,
     Fault,
@@ -22,7 +23,6 @@ from healer.runner.chaos import (
     corrupt_newest_checkpoint,
     load_schedule,
 )
-from megaheal.typedconfig import ConfigError
 from train.checkpoint.catalog import choose_resume
 from train.config import load_config
 from train.hang_faults import HangFault
@@ -143,7 +143,7 @@ def test_a_freeze_waits_while_the_rank_saves_and_then_leaves_it_stuck_in_the_ker
     rank = subprocess.Popen([sys.executable, "-c", (
         "import sys, time, pathlib\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from exporters.phase_now import PhaseBeacon\n"
+        "from wire.phase_now import PhaseBeacon\n"
         f"beacon = PhaseBeacon({str(phase_dir)!r}, rank=3)\n"
         f"marker = pathlib.Path({str(marker)!r})\n"
         "beacon.enter('checkpoint_save', step=28)\n"

@@ -10,23 +10,23 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from exporters.schema import AttemptReport, RankExit
-from healer.core.detectors.collective_slowdown import CollectiveSlowdown
-from healer.core.detectors.crash import Crash
-from healer.core.detectors.gpu_fault import GpuFault
-from healer.core.detectors.hang import Hang
-from healer.core.detectors.host_lost import HostLost
-from healer.core.detectors.logtail import classify
-from healer.core.detectors.loss_spike import LossSpike, robust_z
-from healer.core.detectors.nonfinite import NonFinite
-from healer.core.detectors.registry import default_registry
-from healer.core.detectors.phases import PhaseTable
-from healer.core.detectors.straggler import Straggler, attribute, attribute_by_stage
-from healer.core.heartbeats import HeartbeatTable
-from healer.core.processes import ProcessExit, ProcessState
-from healer.core.rules import load_rules
+from healer.detect.collective_slowdown import CollectiveSlowdown
+from healer.detect.crash import Crash
+from healer.detect.gpu_fault import GpuFault
+from healer.detect.hang import Hang
+from healer.detect.host_lost import HostLost
+from healer.detect.logtail import classify
+from healer.detect.loss_spike import LossSpike, robust_z
+from healer.detect.nonfinite import NonFinite
+from healer.detect.phases import PhaseTable
+from healer.detect.registry import default_registry
+from healer.detect.straggler import Straggler, attribute, attribute_by_stage
+from healer.observe.heartbeats import HeartbeatTable
+from healer.observe.processes import ProcessExit, ProcessState
+from healer.decide.rules import load_rules
 from tests.healer.helpers import ManualClock
 from tests.selfheal.streams import JobStream
+from wire.telemetry import AttemptReport, RankExit
 
 pytestmark = pytest.mark.unit
 

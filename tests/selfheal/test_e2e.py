@@ -17,20 +17,20 @@ from typing import Any
 
 import pytest
 
-from healer.core.goodput import compute
-from healer.core.jobstore import JobStore
-from healer.core.rules import RuleSet
-from healer.oncall.alertmanager import AlertmanagerClient
+from healer.ledger.goodput import compute
+from healer.incidents.jobstore import JobStore
+from healer.decide.rules import RuleSet
 from healer.launchers.local_agents import LocalAgents
+from healer.oncall.alertmanager import AlertmanagerClient
 from healer.runner.build import JobSpec, build_job
 from healer.runner.build import shipped_rules as rule_set
 from healer.runner.chaos import break_scratch
 from healer.runner.loop import SelfHealingJob
 from tests.conftest import REPO
-from tests.selfheal.straggler_crash_run import HealedRun
 from tests.healer.services import Alertmanager
-
+from tests.selfheal.straggler_crash_run import HealedRun
 from tests.support import free_port, wait_for
+from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.e2e
 STEPS = 24
@@ -344,6 +344,6 @@ def test_a_killed_node_agent_is_replaced_and_takes_on_its_ranks_without_a_restar
     assert last[2] == last[3] == n_steps - 1
     curve = losses(loop.sup.cfg.run_dir)
     assert sorted(curve) == list(range(n_steps)) and all(math.isfinite(v) for v in curve.values())
-    events = [json.loads(x)["event"] for x in (loop.sup.cfg.run_dir / "supervisor" / "attempts.jsonl").read_text()
+    events = [json.loads(x)["event"] for x in RunPaths(loop.sup.cfg.run_dir).journal.read_text()
               .splitlines()]
     assert "agent-restarted" in events and "adopted" in events and events.count("start") == 1

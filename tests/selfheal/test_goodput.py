@@ -1,5 +1,5 @@
 """The goodput ledger over a run directory written the way the supervisor and the trainer write it, and incidents
-as the healer's store gives them back (healer.core.timeline payloads)."""
+as the healer's store gives them back (healer.incidents.timeline payloads)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.goodput import CATEGORIES, KINDS, compute, intervals
+from healer.ledger.goodput import CATEGORIES, KINDS, compute, intervals
 from healer.runner.report import report
 
 pytestmark = pytest.mark.unit

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import DuplicateTimeseries
 
-from healer.core.goodput import CATEGORIES
+from healer.ledger.goodput import CATEGORIES
 from healer.errors import DatabaseError
-from healer.runner.goodput_metrics import GoodputCollector, GoodputServer
+from healer.ledger.metrics import GoodputCollector, GoodputServer
 from tests.selfheal.test_goodput import CRASH, write_crash_run
 
 pytestmark = pytest.mark.unit
@@ -132,7 +132,7 @@ def test_a_garbled_run_file_or_a_database_that_is_down_empties_the_page_and_warn
     corrupt(tmp_path, store)  # type: ignore[operator]
     registry = CollectorRegistry()
     GoodputCollector(tmp_path, "j", store, clock=clock, registry=registry)
-    with caplog.at_level(logging.WARNING, logger="healer.runner.goodput_metrics"):
+    with caplog.at_level(logging.WARNING, logger="healer.ledger.metrics"):
         for _ in range(3):
             assert scrape(registry) == {}
             clock.now += 10  # past the cache: every scrape reads the files again
@@ -144,7 +144,7 @@ def test_a_repaired_file_exports_again_and_a_later_breakage_warns_again(tmp_path
     store = write_run(tmp_path)
     registry = CollectorRegistry()
     GoodputCollector(tmp_path, "j", store, clock=clock, registry=registry)
-    with caplog.at_level(logging.WARNING, logger="healer.runner.goodput_metrics"):
+    with caplog.at_level(logging.WARNING, logger="healer.ledger.metrics"):
         for _ in range(2):
             store.down = True
             assert scrape(registry) == {}

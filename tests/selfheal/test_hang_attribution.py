@@ -1,4 +1,4 @@
-"""Naming the rank that holds a hung job from what every rank was doing (healer/core/hang_attribution.py), on the
+"""Naming the rank that holds a hung job from what every rank was doing (healer/detect/hang_attribution.py), on the
 shapes the four injected hangs leave on the demo's mesh (2 pipeline stages x 2 data-parallel ranks: ranks 0, 1 in
 stage 0, 2, 3 in stage 1), and on the cases where it must say it cannot tell."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from healer.core.hang_attribution import attribute
+from healer.detect.hang_attribution import attribute
 
 pytestmark = pytest.mark.unit
 

@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from healer.core import db
-from healer.core.signals import Signal
-from healer.core.states import IncidentState as S
-from healer.core.store import IncidentStore
-from healer.core.timeline import IncidentTimeline
-from healer.launchers import agent_registry, journal
+from healer.decide.signals import Signal
+from healer.decide.states import IncidentState as S
+from healer.incidents import db
+from healer.incidents.store import IncidentStore
+from healer.incidents.timeline import IncidentTimeline
+from healer.launchers import agent_registry
 from healer.launchers.drain import Drainer
 from healer.pages.hosts import host_table, states_path
 from healer.runner.hosts import record_states
 from healer.runner.report import report
+from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.unit
 
@@ -88,7 +89,7 @@ def a_run(tmp_path: Path) -> tuple[Path, list[dict[str, object]]]:
     """A run on h1-h3 with h4 spare: h3's link slowed (named by network-triage), then h2 lost and replaced by h4."""
     run = tmp_path / "run"
     agent_registry.save(run, {h: f"http://{h}:1" for h in ("h1", "h2", "h3", "h4")})
-    journal.path(run).write_text("".join(json.dumps(e) + "\n" for e in (
+    RunPaths(run).journal.write_text("".join(json.dumps(e) + "\n" for e in (
         {"event": "start", "job": "j", "attempt": 0, "at": 100.0, "nodes": ["h1", "h2", "h3"], "dp": 3},
         {"event": "end", "attempt": 0, "at": 200.0},
         {"event": "start", "job": "j", "attempt": 1, "at": 210.0, "nodes": ["h1", "h3", "h4"], "dp": 3},

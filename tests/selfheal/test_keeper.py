@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from healer.core.heartbeats import HeartbeatTable
+from healer.observe.heartbeats import HeartbeatTable
 from healer.launchers.agent_client import AgentClient
 from healer.runner.keeper import AgentKeeper
 from tests.healer.helpers import ManualClock, batch

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.processes import ProcessView
-from healer.launchers import kill
+from ground import kill, procfs
+from healer.observe.processes import ProcessView
 from healer.launchers.coordinator import Coordinator
-from megaheal import procfs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit

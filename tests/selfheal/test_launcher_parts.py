@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from megaheal import procfs
-from healer.launchers.agent_log import parse_failures
-from healer.core.processes import ProcessView
+from ground import procfs
+from ground.torchrun_report import parse_failures
+from healer.observe.processes import ProcessView
 from healer.launchers.coordinator import Coordinator, Unauthorized
 
 pytestmark = pytest.mark.unit
@@ -89,7 +89,7 @@ def test_killing_or_restarting_needs_the_runs_token(tmp_path: Path) -> None:
 def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sampled_heartbeats(tmp_path: Path) -> None:
     import json
 
-    from healer.core.detectors.loss_spike import LossSpike
+    from healer.detect.loss_spike import LossSpike
     from healer.launchers.rank_records import first_nonfinite_step, first_spike_step
 
     losses = [5.0, 4.6, 4.3, 4.1, 3.9, 3.8, 3.7, 3.6, 3.55, 3.5, 3.45, 19.0, 18.0, float("nan")]
@@ -108,7 +108,7 @@ def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sam
 def test_the_first_spiking_step_is_the_one_of_the_spike_the_detector_saw_not_an_earlier_blip(tmp_path: Path) -> None:
     import json
 
-    from healer.core.detectors.loss_spike import LossSpike
+    from healer.detect.loss_spike import LossSpike
     from healer.launchers.rank_records import first_spike_step
 
     # A long run: a blip at step 12 that calmed down, 60 calm steps, then the spike the detector saw at step 75

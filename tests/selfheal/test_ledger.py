@@ -20,12 +20,12 @@ from sqlalchemy import text
 
 from dashboards.incidents import RESTARTS_SQL, TIMINGS_SQL
 from dashboards.training import GOODPUT_SQL
-from healer.core.engine import Healer
-from healer.core.jobstore import JobStore
-from healer.core.remediator import HostVerdict
-from healer.core.timeline import job_timelines
-from healer.jsonl import append_jsonl
-from healer.runner.ledger import LedgerWriter
+from ground.jsonl import append_jsonl
+from healer.engine.engine import Healer
+from healer.incidents.jobstore import JobStore
+from healer.ports import HostVerdict
+from healer.incidents.timeline import job_timelines
+from healer.ledger.store import LedgerWriter
 from tests.deploy.test_dashboard_sql import grafana_sql
 from tests.selfheal.scripted import ScriptedRemediator
 from tests.selfheal.test_lifecycle import JOB, crash, setup, tick

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.plans import Verdict
-from healer.core.remediator import HostVerdict, to_verdict
-from healer.core.processes import ProcessView
+from healer.decide.plans import Verdict
+from healer.ports import HostVerdict, to_verdict
+from healer.observe.processes import ProcessView
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.local_agents import LocalAgents, write_token
 from healer.launchers.node_diagnosis import (

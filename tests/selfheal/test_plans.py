@@ -1,4 +1,4 @@
-"""Choosing the remedy (healer.core.plans.choose, pure): restart, exclude with a spare or a smaller job, roll back,
+"""Choosing the remedy (healer.decide.plans.choose, pure): restart, exclude with a spare or a smaller job, roll back,
 notify, escalate; the restart budget and its backoff; a smaller job only at a degree the training layout accepts."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from healer.core.catalogue import CATALOGUE, FaultKind, Remedy, fault
-from healer.core.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, gate, restart_mode
+from healer.decide.catalogue import CATALOGUE, FaultKind, Remedy, fault
+from healer.decide.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, gate, restart_mode
 
 pytestmark = pytest.mark.unit
 

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from healer.launchers import journal, kill
+from ground import kill, procfs
+from ground.names import derive_name
+from healer.launchers.journal import targets
 from healer.runner.shutdown import RunDirBusy, RunDirLock
-from megaheal import procfs
-from megaheal.names import derive_name
 from tests.conftest import REPO, job_env, kill_job
 from tests.support import wait_for
+from wire.journal import Journal
+from wire.run_paths import RunPaths
 
 HOLD = """import sys, time
 from pathlib import Path
@@ -39,7 +41,7 @@ def megaheal_run(run_dir: Path, log: Path, *extra: str) -> subprocess.Popen[byte
 def training(run_dir: Path, runner: int) -> list[int] | None:
     """Once all four ranks of attempt 0 have trained a step: every process the runner started (the node agents,
     their torchrun agents, the ranks), else None."""
-    entries = [e for e in _read(journal.path(run_dir)) if e.get("attempt") == 0]
+    entries = [e for e in _read(RunPaths(run_dir).journal) if e.get("attempt") == 0]
     ranks = [int(p) for e in entries if e["event"] == "ranks" for p in e["ranks"]]
     stepped = all((run_dir / "ranks" / f"{r}.jsonl").is_file() and (run_dir / "ranks" / f"{r}.jsonl").stat().st_size
                   for r in range(4))
@@ -50,7 +52,7 @@ def training(run_dir: Path, runner: int) -> list[int] | None:
 
 def _kill_left(run_dir: Path, job: str) -> None:
     """Whatever attempt 0 still runs (the runner did not stop it: the test fails), checked as the healer checks."""
-    for target in journal.targets([e for e in _read(journal.path(run_dir)) if e.get("attempt") == 0], f"{job}-0"):
+    for target in targets(Journal.of(RunPaths(run_dir).journal).of_attempt(0), f"{job}-0"):
         kill.send(target, signal.SIGKILL)
 
 
@@ -91,7 +93,7 @@ def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile
     left = [p for p in pids if procfs.alive(p)]
     _kill_left(run_dir, derive_name(dirname))
     assert not left, "the job's ranks, torchrun agents and node agents were all stopped"
-    end = _read(journal.path(run_dir))[-1]
+    end = _read(RunPaths(run_dir).journal)[-1]
     assert end["event"] == "end" and end["attempt"] == 0 and end["stopped"]
     # Graceful: the ranks took their SIGTERM as a preemption, saved a final checkpoint and left with 0.
     assert end["exit_codes"] == {"n1": 0, "n2": 0}, out[-3000:]
@@ -113,7 +115,7 @@ def test_it_refuses_a_run_directory_another_runner_holds_and_takes_a_dead_runner
     with RunDirLock(tmp_path, resume=False) as lock:
         assert json.loads(lock.path.read_text())["pid"] != holder.pid
     # A dead runner that left an attempt unfinished: only --resume goes on with that run.
-    journal.path(tmp_path).write_text(json.dumps({"event": "start", "attempt": 3, "at": 1.0}) + "\n")
+    RunPaths(tmp_path).journal.write_text(json.dumps({"event": "start", "attempt": 3, "at": 1.0}) + "\n")
     with pytest.raises(RunDirBusy, match=r"ended without stopping attempt 3 of its job.*--resume"):
         RunDirLock(tmp_path, resume=False).__enter__()
     with RunDirLock(tmp_path, resume=True):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.timeline import IncidentTimeline
+from ground import slurm
+from healer.incidents.timeline import IncidentTimeline
 from healer.launchers.allocation import Allocation, NotInAllocation, route_address
 from healer.launchers.drain import drain_reason, proven_bad
 from healer.launchers.slurm_agents import SlurmAgents
-from megaheal import slurm
 from tests.conftest import REPO
 from train.config import load_config
 

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.db import make_engine
-from healer.core.goodput import compute
-from healer.core.timeline import IncidentTimeline, job_timelines
-from megaheal import procfs
+from ground import procfs
+from healer.incidents.db import make_engine
+from healer.ledger.goodput import compute
+from healer.incidents.timeline import IncidentTimeline, job_timelines
 from tests.conftest import REPO, job_env, kill_job
 from tests.support import wait_for
+from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.e2e
 STEPS = 16
@@ -116,7 +117,7 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
     assert final.stages.count("restarted") == 1, "one restart: the second healer's, adopted by the third"
     assert final.state == "resolved" and final.taken_over_at is not None and final.rule == "crash"
     assert final.suspect_ranks == [3] and final.resume_step in (4, 8)
-    attempts = [json.loads(x) for x in (run_dir / "supervisor" / "attempts.jsonl").read_text().splitlines()]
+    attempts = [json.loads(x) for x in RunPaths(run_dir).journal.read_text().splitlines()]
     starts = [a["attempt"] for a in attempts if a["event"] == "start"]
     assert starts == [0, 1]
     # Attempt 0 had crashed: what was left of it was stopped, once. The stop is the second healer's (a take-over), or

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from healer.core.jobstore import JobStore
-from healer.core.models import RunbookRun
+from healer.incidents.jobstore import JobStore
+from healer.incidents.models import RunbookRun
 from healer.launchers.warm_control import WarmSettings
 from healer.runner.build import JobSpec, build_job
 from healer.runner.build import shipped_rules as rule_set

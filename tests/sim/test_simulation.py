@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.rules import load_rule_set
-from healer.service.config import DEFAULT_RULES
-from megaheal.typedconfig import ConfigError
+from ground.typedconfig import ConfigError
+from healer.decide.rules import DEFAULT_RULES, load_rule_set
 from sim.analytic import exact_ettr, kokolis_ettr
 from sim.config import load_config
 from sim.engine import Simulation

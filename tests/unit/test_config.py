@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from megaheal.typedconfig import ConfigError
-from train.config import TrainConfig, load_config
+from ground.typedconfig import ConfigError
 from tests.conftest import CONFIGS
+from train.config import TrainConfig, load_config
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Names of jobs and nodes: one rule (megaheal/names.py) wherever a name enters (the CLI's run directory, training
+"""Names of jobs and nodes: one rule (ground/names.py) wherever a name enters (the CLI's run directory, training
 configs and `--set`, the sidecar's node, rank datagrams, heartbeat batches), and `--set` values for string fields
 kept as typed (a run directory named after a date once became a YAML date in every rank's config)."""
 
@@ -12,19 +12,19 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from exporters.schema import SchemaError, build_record, decode_batch
 from exporters.sidecar import Sidecar
+from ground.names import check_name, derive_name, is_name
+from ground.typedconfig import ConfigError
 from healer.agent.node import torchrun_argv
-from healer.agent.orders import decode_order
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.remediator import LocalRemediator
 from healer.runner.run import job_name
-from megaheal.names import check_name, derive_name, is_name
-from megaheal.typedconfig import ConfigError
 from runbooks.spec import load_runbook
 from tests.conftest import CONFIGS
 from tests.healer.helpers import batch
 from train.config import load_config
+from wire.orders import decode_order
+from wire.telemetry import SchemaError, build_record, decode_batch
 
 pytestmark = pytest.mark.unit
 
@@ -98,8 +98,8 @@ def test_every_rank_of_a_run_in_a_directory_named_after_a_date_loads_its_config(
     coordinator = Coordinator(Coordinator.Config(job=job, config=str(CONFIGS / "demo.yaml"), run_dir=run_dir,
                                                  overrides=("checkpoint.every_steps=5",), grace=timedelta(seconds=1)),
                               view=None, token="t" * 16)  # type: ignore[arg-type]  # start() is not called
-    order = decode_order(json.dumps(coordinator.start_order(0, ("n1", "n2"), 1, "127.0.0.1:29500", "auto",
-                                                            coordinator.overrides(dp=2))).encode())
+    order = decode_order(msgspec.json.encode(coordinator.start_order(0, ("n1", "n2"), 1, "127.0.0.1:29500", "auto",
+                                                                     coordinator.overrides(dp=2))))
     argv = torchrun_argv(order, "127.0.0.1:29500", sys.executable, tmp_path / "logs")  # type: ignore[arg-type]
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
     assert load_config(argv[argv.index("--config") + 1], sets).job == "2024-06-01"

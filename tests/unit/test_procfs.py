@@ -1,4 +1,4 @@
-"""megaheal.procfs: real processes this test starts, stops, turns into zombies and reaps, and fixture /proc files
+"""ground.procfs: real processes this test starts, stops, turns into zombies and reaps, and fixture /proc files
 (tests/fixtures/proc) for what a live machine will not show on demand: exit statuses of other kinds, a kernel
 without field 52, command names that look like the rest of the line."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megaheal import procfs
+from ground import procfs
 from tests.support import wait_for
 
 pytestmark = pytest.mark.unit

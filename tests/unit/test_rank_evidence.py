@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from megaheal import procfs, rank_evidence
+from ground import procfs
+from healer.agent import rank_evidence
 from tests.support import wait_for
 
 pytestmark = pytest.mark.unit
@@ -29,7 +30,7 @@ spin_here()
 READ = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from exporters.phase_now import PhaseBeacon
+from wire.phase_now import PhaseBeacon
 beacon = PhaseBeacon({phase_dir!r}, rank=5)
 beacon.enter("checkpoint", 11)
 def read_forever():

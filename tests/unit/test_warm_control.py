@@ -9,7 +9,7 @@ import json
 import msgspec
 import pytest
 
-from healer.agent.orders import StartOrder, WorkersOrder, decode_order
+from wire.orders import StartOrder, Worker, WorkersOrder, decode_order
 from healer.launchers.warm_control import WarmControl, WarmSettings, WarmUnavailable
 
 pytestmark = pytest.mark.unit
@@ -25,15 +25,15 @@ def control() -> WarmControl:
     return c
 
 
-def answer(dead: tuple[str, ...] = (), standbys: dict[str, str] | None = None) -> dict[str, list[dict[str, object]]]:
+def answer(dead: tuple[str, ...] = (), standbys: dict[str, str] | None = None) -> dict[str, list[Worker]]:
     """Each host's answer to a workers order: the formation's workers (alive unless named) and its standbys."""
-    out: dict[str, list[dict[str, object]]] = {n: [] for n in NODES}
+    out: dict[str, list[Worker]] = {n: [] for n in NODES}
     for node in NODES:
         for local in range(2):
             w = f"{node}.r{local}.a0"
-            out[node].append({"id": w, "alive": w not in dead})
+            out[node].append(Worker(id=w, pid=0, alive=w not in dead))
     for w, node in (standbys or {}).items():
-        out[node].append({"id": w, "alive": True})
+        out[node].append(Worker(id=w, pid=0, alive=True))
     return out
 
 
@@ -73,7 +73,7 @@ def test_each_hosts_start_order_decodes_and_a_malformed_worker_id_is_refused(con
     warm = control.start_orders(gen, NODES)["n1"]
     order = decode_order(json.dumps({
         "kind": "start", "id": "o1", "job": "j", "attempt": 1, "nnodes": 2, "node_rank": 0, "nproc_per_node": 2,
-        "config": "c.yaml", "run_dir": "/tmp/run", "warm": warm}).encode())
+        "config": "c.yaml", "run_dir": "/tmp/run", "warm": msgspec.to_builtins(warm)}).encode())
     assert isinstance(order, StartOrder) and order.warm is not None
     assert order.warm.assign == {"n1.s1.a0": 0, "n1.r1.a0": 1} and order.warm.local_rank == {"n1.s1.a0": 0,
                                                                                               "n1.r1.a0": 1}

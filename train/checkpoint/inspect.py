@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from train.checkpoint import catalog
+from wire.run_paths import RunPaths
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspect and verify a run's checkpoints.")
 
@@ -17,7 +18,8 @@ Checksums = Annotated[bool, typer.Option("--checksums", help="also verify file c
 
 
 def _ckpt_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
+    checkpoints = RunPaths(run_dir).checkpoints
+    return checkpoints if checkpoints.is_dir() else run_dir
 
 
 @app.command("list")

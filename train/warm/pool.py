@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from train.warm.plan import Plan, key
+from wire.run_paths import RunPaths
+from wire.warm_plan import Plan, key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +70,7 @@ class WarmPool:
         self._refills = 0
         """Standbys to start once the running restart is ready (started earlier, their imports would take the cores
         the restart needs: the standby that took a rank was ready in 1.89 s instead of ~0.5 s, once measured)."""
-        self.log_dir = self.run_dir / "warm"
+        self.log_dir = RunPaths(self.run_dir).warm
 
     # ---- workers -------------------------------------------------------------------------------------------
 

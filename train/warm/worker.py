@@ -3,7 +3,7 @@
     python -m train.warm.worker --control HOST:PORT --worker ID [--from-generation G]
 
 It starts once (interpreter, torch, the trainer imported) and then takes plans from its pool's store
-(train/warm/plan.py). In a plan that gives it a rank it joins the generation's process group, resumes (from its own
+(wire/warm_plan.py). In a plan that gives it a rank it joins the generation's process group, resumes (from its own
 snapshot in memory, from a peer's replica when it replaces a rank that died, or from the disk checkpoint when no
 state is held by all) and trains. When a peer dies its collectives fail (gloo: the connection to the dead peer
 closes; those blocked on live peers are released when they tear down their group in turn, or at the generation's
@@ -31,8 +31,8 @@ from train.config import load_config
 from train.entry import leave_process_group
 from train.trainer import Trainer
 from train.warm.abort import GenerationSockets, open_sockets
-from train.warm.plan import Plan, key
 from train.warm.replicas import Replicas, gather_resume_state, replica_stride
+from wire.warm_plan import Plan, key
 
 WATCH_EVERY_S = 0.05
 """How often a rank in a generation looks for the next one (a store round trip on the host's network)."""

@@ -1,0 +1,132 @@
+"""Asking Slurm, through its own commands: where this process runs, which hosts a job holds, how the cluster
+reaches them, which steps a job has, and changing a node's state. Used by the runbooks' srun jobs and by the
+Slurm launcher (healer/launchers/slurm_agents.py).
+
+Every command is an argument list with a timeout (ground.commands.run_command): no shell. Names that reach a
+command are Slurm's own (from `scontrol show hostnames`) or checked by ground/names.py; a drain reason is
+built by megaheal and cut to a safe alphabet here (`safe_reason`), never taken from an alert as it came.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ground.commands import CommandResult, run_command
+from ground.names import check_name
+
+TIMEOUT = timedelta(seconds=15)
+REASON_MAX = 200
+# Letters, digits, spaces and a little punctuation: what a person reads in `sinfo -R`; no quotes, `=`, `%` or
+# control characters, whatever scontrol and the tools that parse its output make of them.
+_REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 .,:;_/()+#@-]+")
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or did not answer; the message names the command and what it said."""
+
+
+def inside_allocation() -> bool:
+    """Whether this process runs inside a Slurm job allocation (salloc, sbatch, or a step of one)."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def srun_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of work started on other hosts through srun: `base` without a loopback-only gloo."""
+    env = dict(base)
+    # NOTE: `megaheal run` pins gloo to loopback for jobs on one machine; across hosts that would make every rank
+    # advertise 127.0.0.1. Unset, gloo takes the address its hostname resolves to.
+    if env.get("GLOO_SOCKET_IFNAME") == "lo":
+        del env["GLOO_SOCKET_IFNAME"]
+    return env
+
+
+def _run(argv: list[str], timeout: timedelta = TIMEOUT) -> CommandResult:
+    result = run_command(argv, timeout)
+    if not result.ok:
+        said = (result.err or result.out).strip().splitlines()
+        raise SlurmError(f"{' '.join(argv[:2])}: {said[-1] if said else f'exit status {result.rc}'}")
+    return result
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """Slurm's compressed node list ("mh[1-4]") expanded by scontrol, in order."""
+    out = _run(["scontrol", "show", "hostnames", nodelist]).out.split()
+    if not out:
+        raise SlurmError(f"scontrol could not expand the node list {nodelist!r}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    address: str
+    """NodeAddr: where Slurm itself reaches the node's slurmd (an address or a name the cluster resolves)."""
+    state: str
+    """State as scontrol prints it (IDLE, MIXED, ALLOCATED, IDLE+DRAIN, DOWN*, ...)."""
+    reason: str | None
+
+
+def nodes(names: list[str]) -> dict[str, NodeInfo]:
+    """What scontrol knows of each of `names` (one line per node: `scontrol -o show node`)."""
+    out = _run(["scontrol", "-o", "show", "node", ",".join(names)]).out
+    found: dict[str, NodeInfo] = {}
+    for line in out.splitlines():
+        fields = _fields(line)
+        if "NodeName" in fields:
+            found[fields["NodeName"]] = NodeInfo(fields["NodeName"], fields.get("NodeAddr", fields["NodeName"]),
+                                                 fields.get("State", ""), fields.get("Reason"))
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise SlurmError(f"scontrol show node: no such node(s) {', '.join(missing)}")
+    return found
+
+
+def _fields(line: str) -> dict[str, str]:
+    """`Key=value Key=value ... Reason=free text [user@time]` (Reason is last and may hold spaces)."""
+    head, sep, reason = line.partition(" Reason=")
+    fields = dict(item.split("=", 1) for item in head.split() if "=" in item)
+    if sep:
+        fields["Reason"] = reason.strip()
+    return fields
+
+
+def steps(job_id: str) -> dict[str, list[str]]:
+    """The job's running steps by step name: {name: ["JOB.STEP", ...]}."""
+    out = _run(["squeue", "--steps", f"--jobs={job_id}", "--noheader", "--format=%i|%j"]).out
+    found: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        step, _, name = line.strip().partition("|")
+        if step and not step.endswith((".batch", ".extern")):
+            found.setdefault(name, []).append(step)
+    return found
+
+
+def cancel_steps(step_ids: list[str]) -> None:
+    """End these steps (SIGKILL to every process Slurm tracks in them); a step that ended meanwhile is no error."""
+    if step_ids:
+        result = run_command(["scancel", *step_ids], TIMEOUT)
+        if result.rc is None:
+            raise SlurmError(f"scancel {' '.join(step_ids)}: {result.err}")
+
+
+def safe_reason(text: str) -> str:
+    """`text` cut to what a drain reason may hold: a safe alphabet, one line, at most REASON_MAX characters."""
+    return " ".join(_REASON_UNSAFE.sub(" ", text).split())[:REASON_MAX].rstrip()
+
+
+def drain(node: str, reason: str) -> None:
+    """Keep the scheduler off `node` (its running jobs go on); `sinfo -R` shows the reason. SlurmError when
+    slurmctld refuses (draining needs a Slurm operator or administrator) or does not answer."""
+    try:
+        _run(drain_argv(node, reason))
+    except SlurmError as exc:
+        raise SlurmError(f"draining {node}: {exc}") from exc
+
+
+def drain_argv(node: str, reason: str) -> list[str]:
+    check_name(node, "node")
+    return ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={safe_reason(reason)}"]

@@ -1,0 +1,98 @@
+"""The fault catalogue: every kind of fault the healer knows, in one table, and the GPU Xid codes it acts on (ground/gpu_faults.py).
+
+For each kind: its severity, whether the job can go on without a restart, whether its suspect hosts run their
+diagnostics before the decision (and the job is stopped first, because it cannot go on and a diagnosis wants the
+host idle), whether it counts towards a host's lemon history, and the remedy the policy takes when a rule leaves
+`remediate:` unset. Detectors, rules, the policy, the Prometheus alert rules (deploy/prometheus/rules/alerts.yml)
+and the gpu_health runbook all read from here; a test checks that the alert rules and the runbook agree with it.
+
+Each fault has one owner. In-job faults (the kinds below with a detector) belong to the healer's detectors.
+Prometheus alerts routed to the healer are for what it cannot see itself: a host or its sidecar down, telemetry
+gone blind; they notify.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Remedy(str, enum.Enum):
+    """What the policy can do about an incident (rules name them in `remediate:`)."""
+
+    RESTART = "restart"
+    """Start the job again on the same hosts (hosts proven bad by a diagnosis or lemon history are left out)."""
+    EXCLUDE_AND_RESTART = "exclude-node-and-restart"
+    """Leave the suspect hosts out (a spare takes their place, or the job comes back smaller) and restart."""
+    ROLLBACK = "rollback-and-skip"
+    """Restart from the newest good checkpoint before the first bad step and skip the batches that caused it."""
+    NOTIFY = "notify"
+    """Tell on-call and wait for the condition to clear."""
+    ESCALATE = "escalate"
+    """Page a person at once."""
+
+    @property
+    def restarts(self) -> bool:
+        return self in (Remedy.RESTART, Remedy.EXCLUDE_AND_RESTART, Remedy.ROLLBACK)
+
+
+JOB_ACTIONS = frozenset(r for r in Remedy if r.restarts)
+"""Remedies that act on the job: they need a launcher (`megaheal run`); the service alone can only notify."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultKind:
+    name: str
+    severity: str
+    """info, warning or critical: the `severity` label on Alertmanager."""
+    remedy: Remedy
+    """The policy's choice when a rule leaves `remediate:` unset."""
+    stops_job: bool = False
+    """The job cannot go on (a rank is dead or hangs): its attempt is stopped as soon as the incident is acted on."""
+    diagnose_first: bool = False
+    """Suspect hosts run the rule's runbook before the decision (the attempt stopped first, see stops_job)."""
+    lemon: bool = False
+    """Counts towards a host's lemon history (only faults that point at the host itself, never ones the job may
+    cause, like a straggler without a failed diagnosis)."""
+    evicts_suspects: bool = False
+    """The suspect hosts leave the job even without a failed diagnosis (the fault is the host's by definition)."""
+    warm: str = ""
+    """Why a restart for this kind may be warm (the surviving processes and what they hold are trusted: a job that
+    runs warm then restarts without stopping them, healer/launchers/warm_control.py); empty: it restarts cold."""
+    description: str = ""
+
+
+CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
+    FaultKind("crash", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
+              warm="a rank's process died and the others are intact: they keep their state, a standby takes its rank",
+              description="a rank or agent ended with a failure (signal, OOM, NCCL/gloo error, exception)"),
+    FaultKind("hang", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
+              description="no step progress past the learned timeout"),
+    FaultKind("gpu_fault", "critical", Remedy.EXCLUDE_AND_RESTART, lemon=True, evicts_suspects=True,
+              description="a critical Xid, an uncorrectable ECC error, a failed or pending row remap, or a recovery "
+                          "action asked for by the driver"),
+    FaultKind("nonfinite", "critical", Remedy.ROLLBACK,
+              warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
+              description="NaN or Inf in the loss or the gradient norm"),
+    FaultKind("loss_spike", "warning", Remedy.ROLLBACK,
+              warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
+              description="a loss far above its recent level"),
+    FaultKind("straggler", "warning", Remedy.NOTIFY, description="one rank holds the job up"),
+    FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
+              description="every rank slower in the collectives while compute stays flat"),
+    FaultKind("heartbeat_stale", "critical", Remedy.NOTIFY, description="ranks on a host stopped reporting"),
+    FaultKind("host_lost", "critical", Remedy.EXCLUDE_AND_RESTART, stops_job=True, lemon=True, evicts_suspects=True,
+              description="a host of the job went silent and the job stopped with it (the host is down or cut off)"),
+    # What the healer cannot see itself, told by Prometheus through Alertmanager (deploy/healer/rules/alerts.yaml).
+    FaultKind("node_down", "critical", Remedy.NOTIFY, description="a host's sidecar cannot be scraped"),
+    FaultKind("telemetry_absent", "critical", Remedy.NOTIFY, description="no sidecar is scraped at all"),
+)}
+
+DETECTED = frozenset(k for k in CATALOGUE if k not in ("node_down", "telemetry_absent"))
+"""The kinds a detector of the healer finds (the others come from Prometheus alerts)."""
+
+
+def fault(kind: str) -> FaultKind:
+    """The catalogue entry of `kind`; a kind the catalogue does not know (an alert's, a PromQL rule's) is a
+    warning that notifies and changes nothing."""
+    return CATALOGUE.get(kind) or FaultKind(kind, "warning", Remedy.NOTIFY)

@@ -1,0 +1,259 @@
+"""Choosing the remedy of an incident: a pure function from the incident, its runbook verdict, the job's facts and
+the limits to a Plan, with the basis of the choice recorded.
+
+The remedy is the rule's `remediate:` or, when the rule leaves it unset, the fault catalogue's default; a host
+that a diagnosis failed, or a lemon, is left out whenever the remedy restarts (and, with the default remedy, even
+when the kind would only notify: a host proven bad is not kept in a job the healer can act on).
+
+    restart                    hosts proven bad (failed diagnosis, lemon) left out; otherwise restart in place
+    exclude-node-and-restart   the suspects too (a GPU fault's host is at fault by definition)
+    rollback-and-skip          restart from the newest good checkpoint before the first bad step, skipping the
+                               batches from that step back `skip_steps`
+    notify, escalate           as they say
+
+Leaving hosts out takes spares first; with too few, the job comes back smaller: its data-parallel degree shrinks
+with the hosts, if the training layout accepts the new degree and `min_nodes` remain. A data-parallel replica may
+span several hosts (pipeline stages, or tensor groups wider than a host): the job then shrinks by whole replicas,
+and the healthy hosts a partial replica would leave are released, idle, as spares. Every restart spends the
+restart budget (at most `max_restarts` in `window`, each after an exponential backoff); a spent budget escalates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from healer.decide.catalogue import FaultKind, Remedy
+from wire.verdict import Status
+
+
+@dataclass(kw_only=True, slots=True)
+class RestartBudget:
+    """How often a job may be restarted (a rule's `budget:`, or the rule set's `remediation.budget`)."""
+
+    max_restarts: int = 5
+    """Restarts allowed within `window`; one more escalates."""
+    window: timedelta = timedelta(hours=1)
+    """The sliding window the budget counts in (every restart of the job counts, whatever its rule)."""
+    backoff: timedelta = timedelta(seconds=0)
+    """Wait before the second restart in the window; doubled for each further one (the first is immediate)."""
+    max_backoff: timedelta = timedelta(minutes=5)
+    """The backoff never grows past this."""
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.window <= timedelta(0):
+            raise ValueError(f"window must be > 0, got {self.window}")
+        if self.backoff < timedelta(0) or self.max_backoff < self.backoff:
+            raise ValueError(f"backoff must be >= 0 and <= max_backoff, got {self.backoff}, {self.max_backoff}")
+
+
+@dataclass(kw_only=True, slots=True)
+class Limits:
+    """The policy's limits for a job (a rule file's `remediation:` section)."""
+
+    budget: RestartBudget = field(default_factory=RestartBudget)
+    """The restart budget of rules that set none of their own."""
+    lemon_incidents: int = 3
+    """A host named in this many incidents (across jobs, within `lemon_window`) is left out on sight."""
+    lemon_window: timedelta = timedelta(days=7)
+    """How far back host history counts."""
+    min_nodes: int = 1
+    """The job never runs on fewer hosts; below this it escalates."""
+    skip_steps: int = 2
+    """Steps' batches skipped at a loss spike or NaN: the first bad step and the ones just before it (a batch that
+    poisons the weights shows in the *next* step's loss, so 1 would skip an innocent batch)."""
+
+    def __post_init__(self) -> None:
+        if self.lemon_window <= timedelta(0):
+            raise ValueError(f"lemon_window must be > 0, got {self.lemon_window}")
+        if self.lemon_incidents < 1 or self.min_nodes < 1 or self.skip_steps < 1:
+            raise ValueError("lemon_incidents, min_nodes and skip_steps must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A finished diagnosis as the policy sees it."""
+
+    status: Status
+    """pass, degraded, fail or error (error: the runbook could not run; it names no host)."""
+    bad_nodes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))  # a status's name is taken too; a typo is an error
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What the launcher and the store know of the job when the decision is made."""
+
+    nodes: tuple[str, ...]
+    """Hosts the job runs on now, in node-rank order."""
+    spares: tuple[str, ...] = ()
+    """Healthy idle hosts that can replace one left out."""
+    dp: int = 1
+    """The job's data-parallel degree now."""
+    valid_dp: tuple[int, ...] = ()
+    """Data-parallel degrees the training layout accepts for this job (train/layout.py); empty: any."""
+    checkpoint_steps: tuple[int, ...] = ()
+    """Steps of the good (verified) checkpoints."""
+    restarts: tuple[datetime, ...] = ()
+    """When the job was restarted by a remediation (take-overs do not count)."""
+    node_incidents: dict[str, int] = field(default_factory=dict)
+    """Per host, incidents naming it within the lemon window, across jobs (this one included)."""
+    warm_unavailable: str | None = "the job does not run warm"
+    """Why no restart of the job can be warm now; None: one can (its attempts run as warm generations)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    remedy: Remedy
+    basis: dict[str, Any]
+    """Why: the facts and limits that made the choice."""
+    exclude: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    """The host set to start on (remedies that restart)."""
+    dp: int | None = None
+    resume_step: int | None = None
+    """The checkpoint step to resume from; None: the newest good one."""
+    skip_steps: tuple[int, ...] = ()
+    not_before: datetime | None = None
+    """Backoff: the restart is due then; decide again at that time (`remedy` is what it would be)."""
+    warm: bool = False
+    """Restart warm: the surviving ranks keep their processes and state (basis["restart"] says why either way)."""
+    released: tuple[str, ...] = ()
+    """Healthy hosts of the job the smaller restart leaves idle (a partial replica): spares from now on."""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"remedy": self.remedy.value, "decision_basis": self.basis, "exclude": list(self.exclude),
+                "nodes": list(self.nodes), "released": list(self.released), "dp": self.dp,
+                "resume_step": self.resume_step,
+                "skip_steps": list(self.skip_steps), "warm": self.warm,
+                "not_before": self.not_before.isoformat() if self.not_before else None}
+
+
+def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], first_bad_step: int | None,
+           verdict: Verdict | None, job: JobFacts, limits: Limits, budget: RestartBudget, now: datetime,
+           basis: dict[str, Any]) -> Plan:
+    """The plan for an incident of `kind` (`remedy` None: the catalogue's default, see the module docstring)."""
+    basis = basis | {"kind": kind.name, "verdict": verdict.status.value if verdict else None,
+                     "verdict_bad_nodes": list(verdict.bad_nodes) if verdict else []}
+    lemons = sorted(n for n in set(suspects) | set(verdict.bad_nodes if verdict else ())
+                    if job.node_incidents.get(n, 0) >= limits.lemon_incidents)
+    if lemons:
+        basis["lemons"] = {n: job.node_incidents[n] for n in lemons}
+    proven = set(verdict.bad_nodes if verdict and verdict.status in (Status.FAIL, Status.DEGRADED) else ()) | set(lemons)
+    chosen = remedy
+    if chosen is None:
+        chosen = Remedy.EXCLUDE_AND_RESTART if proven & set(job.nodes) else kind.remedy
+        basis["remedy_from"] = "catalogue" if chosen is kind.remedy else "a host proven bad"
+    else:
+        basis["remedy_from"] = "rule"
+    if chosen is Remedy.ESCALATE:
+        return Plan(Remedy.ESCALATE, basis | {"reason": "the rule escalates to a person"})
+    if chosen is Remedy.NOTIFY:
+        return Plan(Remedy.NOTIFY, basis | {"reason": f"{kind.name}: notify, then wait for the condition to clear"})
+    if chosen is Remedy.ROLLBACK:
+        return gate(_rollback(kind, first_bad_step, job, limits, basis), job, budget, now)
+    targets = proven | (set(suspects) if chosen is Remedy.EXCLUDE_AND_RESTART else set())
+    if targets & set(job.nodes):
+        return gate(_exclude(tuple(sorted(targets)), job, limits, basis), job, budget, now)
+    why = "no host found at fault" if chosen is Remedy.RESTART else "the hosts to leave out are not in the job"
+    return gate(Plan(Remedy.RESTART, basis | {"reason": f"{kind.name} with {why}: restart in place"},
+                     nodes=job.nodes, dp=job.dp), job, budget, now)
+
+
+def _exclude(bad: tuple[str, ...], job: JobFacts, limits: Limits, basis: dict[str, Any]) -> Plan:
+    leaving = tuple(n for n in job.nodes if n in bad)
+    spares = [s for s in job.spares if s not in bad]
+    kept = [n for n in job.nodes if n not in bad]
+    if len(spares) >= len(leaving):
+        return Plan(Remedy.EXCLUDE_AND_RESTART, basis | {
+            "reason": f"exclude {', '.join(leaving)}; replace with spare(s) {', '.join(spares[:len(leaving)])}"},
+            exclude=leaving, nodes=tuple(kept + spares[:len(leaving)]), dp=job.dp)
+    new = tuple(kept + spares)
+    n_old = len(job.nodes)
+    released: tuple[str, ...] = ()
+    per_replica = n_old // job.dp if job.dp >= 1 and n_old % job.dp == 0 else None
+    if per_replica and len(new) % per_replica:
+        # NOTE: a replica spans `per_replica` hosts: the smaller job keeps whole replicas only, and what is left of
+        # the last one waits as spares (healthy: they are not drained), taken again at the next host's loss.
+        usable = len(new) // per_replica * per_replica
+        new, released = new[:usable], new[usable:]
+    cannot = None
+    if len(new) < limits.min_nodes:
+        cannot = f"it would leave {len(new)} host(s), below min_nodes {limits.min_nodes}"
+    elif (job.dp * len(new)) % n_old:
+        cannot = f"dp {job.dp} over {n_old} hosts does not shrink evenly to {len(new)}"
+    elif job.valid_dp and job.dp * len(new) // n_old not in job.valid_dp:
+        cannot = (f"the training layout does not accept dp {job.dp * len(new) // n_old} "
+                  f"(it accepts {', '.join(map(str, job.valid_dp))})")
+    if cannot:
+        return Plan(Remedy.ESCALATE, basis | {
+            "reason": f"excluding {', '.join(leaving)} with no spare left: the job cannot run smaller ({cannot})"},
+            exclude=leaving)
+    dp = job.dp * len(new) // n_old
+    idle = f"; {', '.join(released)} left idle as spare(s) ({per_replica} hosts a replica)" if released else ""
+    return Plan(Remedy.EXCLUDE_AND_RESTART, basis | {
+        "reason": f"exclude {', '.join(leaving)}; no spare left: restart on {len(new)} host(s) with dp {dp} "
+                  f"(was {job.dp}), resharding the checkpoint{idle}"},
+        exclude=leaving, nodes=new, dp=dp, released=released)
+
+
+def _rollback(kind: FaultKind, bad_step: int | None, job: JobFacts, limits: Limits, basis: dict[str, Any]) -> Plan:
+    if bad_step is None:
+        return Plan(Remedy.ESCALATE, basis | {"reason": f"{kind.name} without the step it began at"})
+    before = [s for s in job.checkpoint_steps if s < bad_step]
+    if not before:
+        return Plan(Remedy.ESCALATE, basis | {"reason": f"no good checkpoint before step {bad_step}"})
+    resume = max(before)
+    # NOTE: a checkpoint of step N holds N steps done (0..N-1): the first step it can skip is N itself.
+    skip = tuple(range(max(resume, bad_step - limits.skip_steps + 1), bad_step + 1))
+    return Plan(Remedy.ROLLBACK, basis | {
+        "reason": f"{kind.name} at step {bad_step}: roll back to the checkpoint of step {resume} and skip the "
+                  f"batches of step(s) {', '.join(map(str, skip))}"},
+        nodes=job.nodes, dp=job.dp, resume_step=resume, skip_steps=skip)
+
+
+def warm_reason(kind: FaultKind, job: JobFacts) -> str | None:
+    """Why an incident of `kind` may restart the job warm; None when it cannot (see restart_mode)."""
+    return kind.warm if kind.warm and job.warm_unavailable is None else None
+
+
+def restart_mode(p: Plan, kind: FaultKind, job: JobFacts) -> Plan:
+    """`p` with its restart made warm where that is safe, and why it is warm or cold in its basis: warm only for a
+    kind whose surviving processes are trusted (a crash of a rank, a bad batch), on the same hosts and layout, in a
+    job whose attempts run warm and whose current attempt is not itself a warm restart that never trained."""
+    if not p.remedy.restarts:
+        return p
+    why = warm_reason(kind, job)
+    if why is None:
+        cold = job.warm_unavailable if kind.warm else f"{kind.name}: the ranks' processes cannot be trusted after it"
+        return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": cold}})
+    if p.exclude or tuple(p.nodes) != tuple(job.nodes) or (p.dp is not None and p.dp != job.dp):
+        return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": "the hosts or the layout change"}})
+    return replace(p, warm=True, basis=p.basis | {"restart": {"mode": "warm", "why": why}})
+
+
+def gate(p: Plan, job: JobFacts, budget: RestartBudget, now: datetime) -> Plan:
+    """Apply the restart budget and the backoff to a plan that restarts."""
+    if not p.remedy.restarts:
+        return p
+    recent = sorted(t for t in job.restarts if now - t < budget.window)
+    spent = {"restarts_in_window": len(recent), "max_restarts": budget.max_restarts,
+             "window_s": budget.window.total_seconds()}
+    if len(recent) >= budget.max_restarts:
+        return Plan(Remedy.ESCALATE, p.basis | spent | {
+            "reason": f"restart budget spent: {len(recent)} restarts in the last {budget.window}; "
+                      f"paging instead of restarting again (would have: {p.basis.get('reason')})"},
+            exclude=p.exclude)
+    if recent:
+        backoff = min(budget.backoff * (2 ** (len(recent) - 1)), budget.max_backoff)
+        spent["backoff_s"] = backoff.total_seconds()
+        due = recent[-1] + backoff
+        if now < due:
+            return replace(p, basis=p.basis | spent | {"backoff": f"next restart due at {due.isoformat()}"},
+                           not_before=due)
+    return replace(p, basis=p.basis | spent)

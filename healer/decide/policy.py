@@ -1,0 +1,183 @@
+"""The healer's one policy: a pure function from the frozen facts of an incident to what happens next.
+
+    open         another incident of the job is being remediated            -> wait for it
+                 the job has moved on to a later attempt (another restart answered this fault) -> resolve
+                 a runbook diagnoses it first (the rule names one; the catalogue diagnoses this kind's suspects
+                 first, or the healer runs runbooks locally)                 -> diagnose (diagnosing)
+                 otherwise                                                   -> choose the remedy (below)
+    diagnosing   the verdict is in                                           -> choose the remedy
+                 past the diagnosis deadline                                 -> escalate
+    remediating  past the recovery deadline                                  -> escalate
+    otherwise    wait: a person owns it, or it is over
+
+Choosing the remedy (healer.decide.plans.choose) gives notify (remediating: told, waiting for the condition to
+clear), escalate, or a restart (remediating: restarted, waiting for the new attempt to train); a restart due
+later (backoff) waits. Without a launcher nothing can restart the job: the remedy becomes notify, said in the
+basis. Every decision carries its basis: the rule, the facts, the verdict, the budget and the deadline.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from healer.decide.catalogue import FaultKind, Remedy
+from healer.decide.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, restart_mode, warm_reason
+from healer.decide.rules import Rule
+from healer.decide.states import IncidentState
+
+S = IncidentState
+BUSY_RETRY = timedelta(seconds=1)
+"""How soon an incident that waits for another one's remediation is looked at again."""
+LIVE_RUNBOOK = "node-health-live"
+"""The diagnosis before a warm restart (runbooks/library/node-health-live.yaml): the suspect host's checks that
+leave its running processes alone."""
+
+
+class Action(str, enum.Enum):
+    DIAGNOSE = "diagnose"
+    REMEDIATE = "remediate"
+    ESCALATE = "escalate"
+    RESOLVE = "resolve"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class JobNow:
+    """The job as the launcher sees it now (None in IncidentFacts: no launcher, the service alone)."""
+
+    facts: JobFacts
+    attempt: int | None
+    """The attempt running (or last started) now."""
+    busy_with: int | None = None
+    """Another incident of the job whose diagnosis or restart is in flight: one remediation at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentFacts:
+    """What a decision may look at."""
+
+    incident_id: int
+    kind: FaultKind
+    state: IncidentState
+    state_since: datetime
+    now: datetime
+    rule: Rule | None
+    """The incident's rule as configured now; None when it is no longer configured."""
+    limits: Limits = field(default_factory=Limits)
+    budget: RestartBudget = field(default_factory=RestartBudget)
+    suspects: tuple[str, ...] = ()
+    """Hosts the detector named."""
+    attempt: int | None = None
+    """The attempt the fault happened in."""
+    first_bad_step: int | None = None
+    """For rollbacks: the first step with the bad value."""
+    verdict: Verdict | None = None
+    """The incident's finished diagnosis, if any."""
+    diagnosis_available: bool = False
+    """Whether this healer can run the rule's runbook."""
+    job: JobNow | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    to_state: IncidentState | None
+    basis: dict[str, Any] = field(default_factory=dict)
+    """Why: the rule, the facts and the deadline that made the call."""
+    next_action_at: datetime | None = None
+    """When to look at the incident again; None: only when something happens to it."""
+    plan: Plan | None = None
+    """REMEDIATE (and a plan's ESCALATE): what to do, with the plan's own basis."""
+    stop_job: bool = False
+    """The job cannot go on and will not be restarted: stop it (an escalation of a fault that stopped it)."""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"action": self.action.value, "to_state": self.to_state.value if self.to_state else None,
+                "basis": self.basis, "plan": self.plan.to_payload() if self.plan else None,
+                "stop_job": self.stop_job,
+                "next_action_at": self.next_action_at.isoformat() if self.next_action_at else None}
+
+
+def decide(f: IncidentFacts) -> Decision:
+    rule = f.rule
+    if f.state not in (S.OPEN, S.DIAGNOSING, S.REMEDIATING):
+        return Decision(Action.WAIT, None, {"reason": f"{f.state.value}: a person owns it or it is over"})
+    if rule is None:
+        return Decision(Action.ESCALATE, S.ESCALATED, {"reason": "its rule is no longer configured"})
+    basis: dict[str, Any] = {"rule": rule.name, "remediate": rule.remediate or f"{f.kind.remedy.value} (catalogue)",
+                             "runbook": rule.runbook}
+    if f.state is S.OPEN:
+        return _open(f, rule, basis)
+    if f.state is S.DIAGNOSING:
+        if f.verdict is not None:
+            return _remedy(f, rule, basis)
+        deadline = f.state_since + rule.diagnosis_deadline
+        if f.now >= deadline:
+            return Decision(Action.ESCALATE, S.ESCALATED, basis | {
+                "reason": "no verdict from the diagnosis within its deadline",
+                "deadline_s": rule.diagnosis_deadline.total_seconds()}, stop_job=f.kind.stops_job and f.job is not None)
+        return Decision(Action.WAIT, None, basis | {"reason": "diagnosing"}, deadline)
+    deadline = f.state_since + rule.recovery_deadline
+    if f.now >= deadline:
+        return Decision(Action.ESCALATE, S.ESCALATED, basis | {
+            "reason": "the condition did not clear within the recovery deadline",
+            "deadline_s": rule.recovery_deadline.total_seconds()})
+    return Decision(Action.WAIT, None, basis | {"reason": "waiting for the condition to clear"}, deadline)
+
+
+def _open(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
+    job = f.job
+    if job is not None and job.busy_with is not None:
+        return Decision(Action.WAIT, None, basis | {"reason": f"incident {job.busy_with} of the job is being "
+                                                              "remediated: one remediation at a time"},
+                        f.now + BUSY_RETRY)
+    if job is not None and f.attempt is not None and job.attempt is not None and job.attempt > f.attempt:
+        return Decision(Action.RESOLVE, S.RESOLVED, basis | {
+            "reason": f"superseded: the job was restarted (attempt {job.attempt}) after the attempt this fault "
+                      f"happened in ({f.attempt})"})
+    warm = warm_reason(f.kind, job.facts) if job is not None else None
+    if rule.runbook and f.diagnosis_available and warm is None:
+        return Decision(Action.DIAGNOSE, S.DIAGNOSING, basis | {"reason": f"run runbook {rule.runbook}"},
+                        f.now + rule.diagnosis_deadline)
+    if rule.runbook and f.diagnosis_available:
+        # NOTE: the rule's runbook wants the host idle, and stopping the job would end the warm pool the restart
+        # needs: only the checks that leave the survivors running (a failure makes the restart cold, without the host).
+        return Decision(Action.DIAGNOSE, S.DIAGNOSING, basis | {
+            "runbook": LIVE_RUNBOOK, "live": True,
+            "reason": f"run runbook {LIVE_RUNBOOK} (not {rule.runbook}: a warm restart keeps the survivors running)"},
+            f.now + rule.diagnosis_deadline)
+    if rule.runbook:
+        basis["diagnosis"] = "skipped: this healer does not run runbooks"
+    return _remedy(f, rule, basis)
+
+
+def _remedy(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
+    remedy = rule.remedy
+    if f.job is None and (remedy is None or remedy.restarts):
+        # NOTE: the service alone has no launcher: a default remedy that would restart the job only notifies
+        # (a rule that names such a remedy is refused when the service starts).
+        remedy = Remedy.ESCALATE if remedy is Remedy.ESCALATE else Remedy.NOTIFY
+        basis = basis | {"launcher": "none: notify only"}
+    job_facts = f.job.facts if f.job is not None else JobFacts(nodes=())
+    plan = restart_mode(choose(f.kind, remedy, f.suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget,
+                               f.now, basis | ({"verdict": f.verdict.status.value} if f.verdict else {})),
+                        f.kind, job_facts)
+    if plan.not_before is not None:
+        return Decision(Action.WAIT, None, plan.basis | {"reason": plan.basis.get("backoff", "backoff")},
+                        plan.not_before, plan)
+    if plan.remedy is Remedy.ESCALATE:
+        return Decision(Action.ESCALATE, S.ESCALATED, plan.basis, plan=plan,
+                        stop_job=f.job is not None and (f.kind.stops_job or f.kind.remedy.restarts))
+    return Decision(Action.REMEDIATE, S.REMEDIATING, plan.basis, f.now + rule.recovery_deadline, plan)
+
+
+def page_now(policy: str, state: IncidentState) -> bool:
+    """Whether the incident should carry page="true" to Alertmanager now."""
+    if policy == "always":
+        return state is not S.RESOLVED
+    if policy == "never":
+        return False
+    return state is S.ESCALATED

@@ -1,0 +1,345 @@
+"""Responding to incidents: gather the facts, let the policy decide (healer.decide.policy, pure), claim the
+transition in the store (a conditional UPDATE: of several healers on one database, one acts), then carry the
+decision out through the remediator, off the loop: a diagnosis or a restart reports back through a callback that
+writes the store and makes the incident due again.
+
+What each incident goes through, as events in the store (healer.incidents.timeline reads them back):
+detected (opened) -> [diagnosing -> diagnosed] -> decided (remediating: notified or restart ordered; escalated;
+or resolved as superseded) -> restarted (the new attempt started) -> recovered (it trained: resolved).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from healer.decide.catalogue import Remedy, fault
+from healer.detect.hang_attribution import attribute
+from healer.incidents.jobstore import JobStore
+from healer.incidents.metrics import HealerMetrics
+from healer.incidents.models import Incident
+from healer.decide.plans import JobFacts, Verdict
+from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide
+from healer.ports import Diagnoser, Failed, HostVerdict, Remediator, RestartOrder, Started, to_verdict
+from healer.decide.rules import DetectorCondition, Rule, RuleSet
+from healer.decide.signals import Signal
+from healer.decide.states import IncidentState
+from healer.incidents.store import IncidentStore
+from wire.verdict import Status
+
+log = logging.getLogger(__name__)
+S = IncidentState
+RETRY_AFTER = timedelta(seconds=30)
+FAULT_GRACE = timedelta(seconds=0.5)
+"""SIGTERM to SIGKILL when the healer stops a job that cannot go on: its ranks are stuck in a collective that will
+never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
+Changed = Callable[[int, str, str | None, str | None], None]
+
+
+def suspects_of(incident: Incident) -> tuple[str, ...]:
+    ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+    named = [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), incident.node]
+    return tuple(sorted({n for n in named if isinstance(n, str) and n}))
+
+
+class Responder:
+    def __init__(self, *, store: IncidentStore, jobs: JobStore, ruleset: RuleSet, metrics: HealerMetrics,
+                 remediator: Remediator | None, diagnoser: Diagnoser | None, changed: Changed) -> None:
+        self.store, self.jobs, self.ruleset, self.metrics = store, jobs, ruleset, metrics
+        self.remediator, self.diagnoser, self._changed = remediator, diagnoser, changed
+        self.rules = {r.name: r for r in ruleset.rules}
+        self.halted: str | None = None
+        """Why the healer stopped its job for good (an escalation of a fault the job cannot go on with)."""
+
+    # ---- new incidents -----------------------------------------------------------------------------------
+
+    def opened(self, incident_id: int, signal: Signal) -> None:
+        """A new (or reopened) incident: the job is known, and a lemon kind counts towards its hosts' history."""
+        if signal.job:
+            self.jobs.touch_job(signal.job)
+        kind = fault(signal.kind)
+        if kind.lemon and signal.job:
+            ev = signal.evidence
+            hosts = {n for n in [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), signal.node] if n}
+            self.jobs.record_node_incidents(sorted(hosts), signal.job, str(incident_id), kind.name,
+                                            incident_id=incident_id)
+
+    # ---- due incidents -----------------------------------------------------------------------------------
+
+    def respond_due(self, limit: int, now: datetime) -> bool:
+        due = self.store.due(limit)
+        for incident in due:
+            try:
+                self.respond(incident, now)
+            except Exception:
+                # NOTE: push the incident back before re-raising, so one bad incident cannot stall the others forever.
+                # Logged here: the caller's log of the error cannot say which incident it was.
+                log.error("incident %d: responding failed; tried again in %s", incident.id, RETRY_AFTER, exc_info=True)
+                self.store.set_next_action(incident.id, now + RETRY_AFTER)
+                raise
+        return len(due) == limit
+
+    def respond(self, incident: Incident, now: datetime) -> None:
+        state = S(incident.state)
+        rule = self.rules.get(incident.rule)
+        if state is S.OPEN and fault(incident.kind).remedy is Remedy.ROLLBACK:
+            incident = self._refine_first_bad_step(incident, rule)
+        if state is S.OPEN and incident.kind == "hang" and "stacks" not in (incident.evidence or {}):
+            incident = self._look_at_hang(incident)
+        facts = self.facts(incident, rule, now)
+        decision = decide(facts)
+        if decision.action is Action.WAIT or decision.to_state is None:
+            self.store.set_next_action(incident.id, decision.next_action_at)
+            return
+        payload = decision.to_payload()
+        if not self.store.transition(incident.id, state, decision.to_state, {"decision": payload},
+                                     next_action_at=decision.next_action_at):
+            self.metrics.claims_lost.inc()
+            return
+        self.metrics.transitions.labels(state.value, decision.to_state.value).inc()
+        log.warning("incident %d: %s -> %s (%s)", incident.id, state.value, decision.to_state.value,
+                    decision.basis.get("reason"))
+        self._changed(incident.id, "transition", state.value, decision.to_state.value)
+        if decision.action is Action.DIAGNOSE and rule is not None and rule.runbook:
+            live = bool(decision.basis.get("live"))
+            self._diagnose(incident, decision.basis["runbook"] if live else rule.runbook, facts,
+                           stop_first=facts.kind.stops_job and not live)
+        elif decision.action is Action.REMEDIATE:
+            self._remediate(incident, decision, facts)
+        elif decision.action is Action.ESCALATE:
+            self._escalate(incident, decision)
+
+    def facts(self, incident: Incident, rule: Rule | None, now: datetime) -> IncidentFacts:
+        kind = fault(incident.kind)
+        state = S(incident.state)
+        ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+        suspects = suspects_of(incident)
+        job = self._job_now(incident, rule, now)
+        verdict = self._verdict(incident.id) if state is S.DIAGNOSING else None
+        if self.remediator is not None and job is not None:
+            # A runbook across the job's hosts needs no suspect (a collective slowdown names none) and runs beside the
+            # training; one per host runs where the kind's suspects are diagnosed first.
+            across = rule is not None and rule.runbook_scope == "job" and len(job.facts.nodes) > 1
+            diagnosable = across or (kind.diagnose_first and bool(set(suspects) & set(job.facts.nodes)))
+        else:
+            diagnosable = self.diagnoser is not None
+        first = ev.get("first_step")
+        return IncidentFacts(
+            incident_id=incident.id, kind=kind, state=state, state_since=incident.state_since, now=now, rule=rule,
+            limits=self.ruleset.limits, budget=self.ruleset.budget(rule), suspects=suspects, attempt=incident.attempt,
+            first_bad_step=first if isinstance(first, int) else None, verdict=verdict,
+            diagnosis_available=diagnosable, job=job)
+
+    def _job_now(self, incident: Incident, rule: Rule | None, now: datetime) -> JobNow | None:
+        r = self.remediator
+        if r is None or incident.job != r.job:
+            return None
+        st = r.state()
+        budget = self.ruleset.budget(rule)
+        facts = JobFacts(nodes=st.nodes, spares=st.spares, dp=st.dp, valid_dp=st.valid_dp,
+                         warm_unavailable=st.warm_unavailable,
+                         checkpoint_steps=r.checkpoint_steps(), restarts=self.jobs.restart_times(r.job, now - budget.window),
+                         node_incidents=self.jobs.node_incident_counts(now - self.ruleset.limits.lemon_window))
+        return JobNow(facts=facts, attempt=st.attempt, busy_with=self._busy_with(r.job, incident.id))
+
+    def _busy_with(self, job: str, incident_id: int) -> int | None:
+        """Another incident of the job whose diagnosis, or whose restart not yet started, is in flight."""
+        for other in self.store.of_job(job, frozenset({S.DIAGNOSING, S.REMEDIATING})):
+            if other.id == incident_id:
+                continue
+            if other.state == S.DIAGNOSING.value and fault(other.kind).stops_job:
+                # NOTE: only a diagnosis with the job stopped holds the others up; one beside the training (a
+                # network test across the hosts) must not keep a crash waiting for its restart.
+                return other.id
+            pending = self.jobs.pending_restart(other.id)
+            if pending is not None and pending.attempt is None:
+                return other.id
+        return None
+
+    def _verdict(self, incident_id: int) -> Verdict | None:
+        run = self.store.latest_run(incident_id)
+        if run is None or run.verdict is None:
+            return None
+        hosts = (run.result or {}).get("diagnosis") or []
+        bad = tuple(h["node"] for h in hosts if isinstance(h, dict) and h.get("status") == Status.FAIL.value)
+        try:
+            status = Status(run.verdict)
+        except ValueError:
+            status = Status.ERROR  # a verdict this healer does not know names no host
+        return Verdict(status=status, bad_nodes=bad)
+
+    def _refine_first_bad_step(self, incident: Incident, rule: Rule | None) -> Incident:
+        """The heartbeats sample steps; the ranks' own records have every step: take the true first bad one (the
+        rollback skips the batches just before it, so one step late would skip the wrong ones)."""
+        r = self.remediator
+        if r is None or incident.job != r.job or incident.attempt is None:
+            return incident
+        params = rule.condition.params if rule is not None and isinstance(rule.condition, DetectorCondition) else None
+        seen = incident.evidence.get("first_step")
+        first = r.first_bad_step(incident.kind, incident.attempt, params, seen if isinstance(seen, int) else None)
+        if first is None or (isinstance(seen, int) and first >= seen):
+            return incident
+        self.store.update_evidence(incident.id, {"first_step": first, "first_step_from": "ranks/0.jsonl"})
+        return self.store.row(incident.id)
+
+    def _look_at_hang(self, incident: Incident) -> Incident:
+        """Before anything is stopped: what every rank is doing (healer.detect.hang_attribution reads it), and the
+        rank that holds the job up becomes the suspect. The detector alone names a stopped rank (state T) or the one
+        behind; a rank spinning, blocked in a read or in another collective looks like all the others to it."""
+        r = self.remediator
+        if r is None or incident.job != r.job or incident.attempt is None:
+            return incident
+        t0 = time.monotonic()
+        try:
+            found = r.rank_evidence(incident.attempt)
+        except Exception:  # noqa: BLE001 - evidence is worth having, never worth failing the incident for
+            log.warning("incident %d: the ranks could not be looked at", incident.id, exc_info=True)
+            found = None
+        if not found or not found.get("ranks"):
+            self.store.update_evidence(incident.id, {"stacks": {"error": "no rank could be looked at",
+                                                                "unreached": (found or {}).get("unreached", {})}})
+            return self.store.row(incident.id)
+        ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+        mesh = {x["rank"]: x["mesh"] for x in ev.get("ranks", [])
+                if isinstance(x, dict) and isinstance(x.get("mesh"), dict)}
+        att = attribute(found["ranks"], mesh)
+        nodes = sorted({x["node"] for x in found["ranks"] if x.get("rank") in att.suspects})
+        said = f"rank(s) {', '.join(map(str, att.suspects))} on {', '.join(nodes)}: {att.how}"
+        update: dict[str, Any] = {
+            "stacks": {"attempt": found.get("attempt"), "ranks": found["ranks"],
+                       "unreached": found.get("unreached", {}), "attribution": att.to_payload(),
+                       "took_s": round(time.monotonic() - t0, 3)},
+            "suspect_ranks": att.suspects, "suspect_nodes": nodes, "suspected_by": att.how}
+        if len(nodes) == 1:
+            update["suspect_node"] = nodes[0]
+        log.warning("incident %d: the ranks' stacks name %s", incident.id, said)
+        self.store.update_evidence(incident.id, update, summary=f"{incident.summary} [stacks: {said}]"[:2000])
+        return self.store.row(incident.id)
+
+    def restart_pending(self, incident_id: int) -> bool:
+        return self.jobs.pending_restart(incident_id) is not None
+
+    # ---- carrying decisions out --------------------------------------------------------------------------
+
+    def _diagnose(self, incident: Incident, runbook: str, facts: IncidentFacts, stop_first: bool) -> None:
+        """`stop_first`: stop the job before the runbook runs (one that wants the hosts idle, for a fault that ended
+        the job anyway)."""
+        job = facts.job
+        nodes = [n for n in facts.suspects if job is None or n in job.facts.nodes]
+        # A runbook given as a file path is stored by its name (the column is short; the result holds the rest).
+        name = runbook.rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml")
+        if self.remediator is not None and job is not None and facts.rule is not None \
+                and facts.rule.runbook_scope == "job":
+            nodes = list(job.facts.nodes)
+            run_id = self.store.start_runbook_run(incident.id, name, nodes)
+            self.remediator.diagnose_across(
+                nodes, runbook, lambda verdicts: self._diagnosed(incident.id, run_id, name, verdicts, across=True))
+            return
+        run_id = self.store.start_runbook_run(incident.id, name, nodes)
+        if self.remediator is not None and job is not None:
+            self.remediator.diagnose(nodes, runbook, stop_first,
+                                     lambda verdicts: self._diagnosed(incident.id, run_id, name, verdicts))
+            return
+        assert self.diagnoser is not None
+
+        def done(verdict: str, summary: str, result: dict[str, Any] | None) -> None:
+            # NOTE: the note first: the tick decides as soon as the run has its verdict, and the timeline must read
+            # diagnosed before decided.
+            self.store.note(incident.id, {"runbook": name, "verdict": verdict, "summary": summary}, kind="diagnosed")
+            self.store.finish_runbook_run(run_id, incident.id, verdict, summary, result)
+            log.info("incident %d: runbook %s: %s", incident.id, runbook, summary)
+
+        self.diagnoser.submit(runbook, nodes, done)
+
+    def _diagnosed(self, incident_id: int, run_id: int, runbook: str, verdicts: list[HostVerdict],
+                   across: bool = False) -> None:
+        verdict = to_verdict(verdicts)
+        summary = "; ".join(f"{v.node}: {v.status.value}: {v.summary}" for v in verdicts) or "no host to diagnose"
+        hosts = [v.to_payload() for v in verdicts]
+        for v in verdicts:
+            if v.status is not Status.PASS:
+                log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status.value, v.summary)
+        self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status.value, "diagnosis": hosts},
+                        kind="diagnosed")
+        # NOTE: after the note: the tick decides as soon as the run has its verdict (diagnosed before decided).
+        self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
+        if across:
+            self._name_hosts(incident_id, runbook, [v for v in verdicts if v.status is Status.FAIL])
+
+    def _name_hosts(self, incident_id: int, runbook: str, failed: list[HostVerdict]) -> None:
+        """Hosts a runbook across the job's hosts failed go into the incident's evidence and summary (which host,
+        which link, measured against expected), and become its suspects when the detector named none (a collective
+        slowdown). A runbook per suspect host names no new host: its verdicts are in the diagnosis already."""
+        if not failed:
+            return
+        incident = self.store.row(incident_id)
+        named = {v.node: {"summary": v.summary, **v.details} for v in failed}
+        evidence: dict[str, Any] = {"named_by": {"runbook": runbook, "hosts": named}}
+        if not suspects_of(incident):
+            evidence["suspect_nodes"] = sorted(named)
+        said = "; ".join(f"{runbook}: {v.node}: {v.summary}" for v in failed)
+        self.store.update_evidence(incident_id, evidence, summary=f"{incident.summary} [{said}]"[:2000])
+
+    def _remediate(self, incident: Incident, decision: Decision, facts: IncidentFacts) -> None:
+        plan = decision.plan
+        assert plan is not None
+        payload = plan.to_payload()
+        if not plan.remedy.restarts:
+            self.store.add_remediation(incident.id, plan.remedy.value, payload, "notified")
+            return
+        r = self.remediator
+        assert r is not None and incident.job == r.job, "the policy restarts only a job with a launcher"
+        if plan.exclude:
+            self.jobs.exclude_nodes(plan.exclude, r.job, incident.id,
+                                    f"incident {incident.id} ({incident.kind}): {plan.basis.get('reason')}")
+        earlier = {s for row in self.jobs.restarts(r.job) for s in (row.skip_steps or [])}
+        skip = tuple(sorted(earlier | set(plan.skip_steps)))
+        highest = r.highest_step(incident.attempt) if incident.attempt is not None else None
+        remediation_id = self.store.add_remediation(incident.id, plan.remedy.value, payload, "ordered", finished=False)
+        restart_id = self.jobs.add_restart(job=r.job, incident_id=incident.id, nodes=list(plan.nodes),
+                                           excluded=list(plan.exclude), dp=plan.dp, skip_steps=list(skip),
+                                           resume_step=plan.resume_step, highest_step=highest)
+        order = RestartOrder(incident_id=incident.id, restart_id=restart_id, nodes=plan.nodes,
+                             dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
+                             skip_steps=skip, warm=plan.warm, released=plan.released,
+                             mode_why=str((plan.basis.get("restart") or {}).get("why", "")))
+        r.restart(order, lambda result: self._restarted(incident.id, remediation_id, restart_id, result,
+                                                        incident.attempt))
+
+    def _restarted(self, incident_id: int, remediation_id: int | None, restart_id: int,
+                   result: Started | Failed, stopped: int | None = None) -> None:
+        if isinstance(result, Started):
+            # NOTE: read again now that the attempt is stopped: its ranks trained on between the decision and the
+            # stop, and those steps are lost too (the goodput ledger counts them from the same records).
+            highest = self.remediator.highest_step(stopped) if self.remediator and stopped is not None else None
+            self.jobs.restart_started(restart_id, result.attempt, result.at, result.from_step, result.resume,
+                                      highest_step=highest, mode=result.mode, mode_why=result.mode_why)
+            if remediation_id is not None:
+                self.store.finish_remediation(remediation_id, "started")
+            self.store.note(incident_id, {"attempt": result.attempt, "resume_step": result.from_step,
+                                          "resume": result.resume, "nodes": list(result.nodes), "dp": result.dp,
+                                          "mode": result.mode, "mode_why": result.mode_why},
+                            kind="restarted")
+            return
+        self.jobs.restart_ended(restart_id, "failed")
+        if remediation_id is not None:
+            self.store.finish_remediation(remediation_id, "failed")
+        self.store.note(incident_id, {"reason": result.reason, "permanent": result.permanent}, kind="restart-failed")
+        log.error("incident %d: the restart could not be started: %s", incident_id, result.reason)
+        if self.store.transition(incident_id, S.REMEDIATING, S.ESCALATED,
+                                 {"reason": f"the restart could not be started: {result.reason}"}, next_action_at=None):
+            self._halt(f"incident {incident_id}: the restart could not be started")
+            self._changed(incident_id, "transition", S.REMEDIATING.value, S.ESCALATED.value)
+
+    def _escalate(self, incident: Incident, decision: Decision) -> None:
+        self.store.add_remediation(incident.id, Remedy.ESCALATE.value, decision.to_payload(), "paged")
+        if decision.stop_job and self.remediator is not None and incident.job == self.remediator.job:
+            self._halt(f"incident {incident.id} escalated: {decision.basis.get('reason')}")
+
+    def _halt(self, reason: str) -> None:
+        self.halted = reason
+        if self.remediator is not None:
+            self.remediator.stop(reason, FAULT_GRACE)

@@ -1,0 +1,227 @@
+"""Orders a node agent takes from the healer, and what it answers: typed once, built as structs by the healer's
+coordinator and decoded by the agent (no argument list, path or value from the healer reaches a shell). An order is
+known by its id (healer/agent/order_book.py keeps them), so a retried POST returns the first one's state.
+
+    {"kind": "start", "id": "job-7:start:n2", "job": ..., "attempt": 7, "nnodes": 2, "node_rank": 1, ...}
+    {"kind": "stop", "id": ..., "attempt": 7, "grace_s": 0.5}
+    {"kind": "signal", "id": ..., "attempt": 7, "rank": 3, "signal": "SIGKILL"}
+    {"kind": "runbook", "id": ..., "runbook": "node-health", "timeout_s": 90}
+    {"kind": "adopt", "id": ..., "job": ..., "attempt": 7, "node_rank": 1}
+    {"kind": "evidence", "id": ..., "attempt": 7, "timeout_s": 10}
+    {"kind": "workers", "id": ...}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from wire.telemetry import Count, Finite, Name
+
+OrderId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$", description="an order id")]
+EnvKey = Annotated[str, Meta(pattern=r"^(GLOO|NCCL|TORCH|OMP|CUDA|MKL)_[A-Z0-9_]{1,64}$",
+                             description="a GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ variable")]
+EnvValue = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}$", description="a value without NUL")]
+Override = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*=[^\x00]{0,4096}$", description="KEY=VALUE")]
+Endpoint = Annotated[str, Meta(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}:[0-9]{1,5}$", description="HOST:PORT")]
+RunbookName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$", description="a shipped runbook's name")]
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT")
+WorkerId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", description="a warm worker's id")]
+
+
+class WarmStart(Struct, frozen=True, kw_only=True):
+    """This host's part of one generation of a warm pool (healer/agent/warm_host.py)."""
+
+    control: Endpoint
+    """The pool's store, where the coordinator writes each generation's plan."""
+    formed_in: Count
+    """The attempt that formed the pool (its workers' run id); a start with another one forms a new pool here."""
+    assign: dict[WorkerId, Count] = {}
+    """This host's workers that hold a rank in this generation -> global rank (those not running yet are started)."""
+    local_rank: dict[WorkerId, Count] = {}
+    standbys: Annotated[int, Meta(ge=0, le=64)] = 1
+    """Idle workers this host keeps ready to take a rank."""
+
+
+class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start"):
+    """Start this host's part of an attempt: a torchrun agent with `node_rank` of `nnodes`."""
+
+    id: OrderId
+    job: Name
+    attempt: Count
+    nnodes: Annotated[int, Meta(ge=1, le=100_000)]
+    node_rank: Count
+    nproc_per_node: Annotated[int, Meta(ge=1, le=1024)]
+    rdzv_endpoint: Endpoint | None = None
+    """The attempt's rendezvous (the first host's); None on the first host: it picks a free port and says which."""
+    config: Annotated[str, Meta(min_length=1, max_length=4096)]
+    run_dir: Annotated[str, Meta(min_length=1, max_length=4096)]
+    resume: Annotated[str, Meta(max_length=4096)] | None = "auto"
+    overrides: list[Override] = []
+    env: dict[EnvKey, EnvValue] = {}
+    shutdown_timeout_s: Annotated[int, Meta(ge=0, le=300)] = 1
+    warm: WarmStart | None = None
+    """Start a generation of warm workers instead of a torchrun agent."""
+
+
+class WorkersOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="workers"):
+    """Say which warm workers run on this host, and which rank each holds now (the coordinator's view before a warm
+    restart: survivors keep their ranks, a standby takes a dead one's)."""
+
+    id: OrderId
+
+
+class StopOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="stop"):
+    id: OrderId
+    attempt: Count | None = None
+    """Stop this attempt (None: whatever runs)."""
+    grace_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0
+
+
+class SignalOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="signal"):
+    id: OrderId
+    attempt: Count
+    rank: Count
+    signal: Literal["SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT"]
+
+
+class RunbookOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="runbook"):
+    id: OrderId
+    runbook: RunbookName
+    timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 90.0
+
+
+class ReportOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="report"):
+    """Send the batches here from now on (a healer that took the job over from one that died)."""
+
+    id: OrderId
+    healer_url: Annotated[str, Meta(pattern=r"^https?://[A-Za-z0-9.:\[\]-]{1,253}(:[0-9]{1,5})?$",
+                                    description="an http(s) base URL")]
+
+
+class AdoptOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="adopt"):
+    """Take on this host's part of an attempt that runs without an agent (the one that started it died): its torchrun
+    agent is found by the attempt's run id, its ranks under it, as if this agent had started them."""
+
+    id: OrderId
+    job: Name
+    attempt: Count
+    node_rank: Count
+
+
+class EvidenceOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="evidence"):
+    """Say what each rank of the attempt on this host is doing (state, phase, Python stack), touching none of them:
+    a hang is looked at before anything is stopped."""
+
+    id: OrderId
+    attempt: Count
+    timeout_s: Annotated[float, Meta(gt=0, le=120)] = 10.0
+    """Per rank's stack dump."""
+
+
+class ShutdownOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="shutdown"):
+    """End the agent (its job is over; the ranks must already be stopped)."""
+
+    id: OrderId
+
+
+Order = (StartOrder | StopOrder | SignalOrder | RunbookOrder | ReportOrder | ShutdownOrder | AdoptOrder
+         | EvidenceOrder | WorkersOrder)
+decode_order = msgspec.json.Decoder(Order).decode
+
+
+# ---- what the agent answers (OrderState.result, by the order's kind) ---------------------------------------------
+
+
+class Started(Struct, frozen=True, kw_only=True):
+    """A start: the rendezvous endpoint, and the torchrun agent's pid and start time (what a healer that takes over
+    checks before it signals that pid); a warm generation has no torchrun agent (all None)."""
+
+    attempt: Count
+    rdzv_endpoint: str | None = None
+    pid: int | None = None
+    started: float | None = None
+
+
+class Stopped(Struct, frozen=True, kw_only=True):
+    stopped: Count | None = None
+    """The attempt it stopped; None: it ran none (or another one)."""
+    exit_code: int | None = None
+
+
+class Signalled(Struct, frozen=True, kw_only=True):
+    pid: int
+
+
+class RunbookRun(Struct, frozen=True, kw_only=True):
+    """`megaheal diagnose RUNBOOK --json` on the host: its exit status (None: it ran past its timeout) and output."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timeout: bool = False
+
+
+class Reporting(Struct, frozen=True, kw_only=True):
+    healer_url: str
+
+
+class Adopted(Struct, frozen=True, kw_only=True):
+    adopted: Count
+    pid: int | None = None
+
+
+class Evidence(Struct, frozen=True, kw_only=True):
+    """What each rank of the attempt on the host is doing (healer/agent/rank_evidence.py's payloads: free-form, for
+    hang attribution and for display)."""
+
+    node: str
+    ranks: list[dict[str, Any]] = []
+    took_s: float = 0.0
+
+
+class Worker(Struct, frozen=True, kw_only=True):
+    """One warm worker on the host."""
+
+    id: WorkerId
+    pid: int
+    alive: bool
+    rank: int | None = None
+    """The rank it holds now (None: a standby)."""
+    exit_code: int | None = None
+
+
+class Workers(Struct, frozen=True, kw_only=True):
+    node: str
+    workers: list[Worker] = []
+
+
+class ShuttingDown(Struct, frozen=True, kw_only=True):
+    shutdown: bool = True
+
+
+Result = Started | Stopped | Signalled | RunbookRun | Reporting | Adopted | Evidence | Workers | ShuttingDown
+RESULT_OF: dict[type, type] = {StartOrder: Started, StopOrder: Stopped, SignalOrder: Signalled, RunbookOrder: RunbookRun,
+                               ReportOrder: Reporting, AdoptOrder: Adopted, EvidenceOrder: Evidence,
+                               WorkersOrder: Workers, ShutdownOrder: ShuttingDown}
+"""The result each kind of order answers with."""
+
+
+def result_of(order: Order, raw: Any) -> Any:
+    """The agent's answer to `order` (as it came: JSON builtins) decoded into its result struct; a ValidationError
+    names what does not fit."""
+    return msgspec.convert(raw, RESULT_OF[type(order)])
+
+
+class OrderState(Struct, kw_only=True):
+    """An order as the agent holds it: the answer to POST /v1/orders and GET /v1/orders/{id}."""
+
+    id: str
+    kind: str
+    status: Literal["accepted", "running", "done", "failed"] = "accepted"
+    result: Any = None
+    error: str | None = None
+    received_at: Finite = 0.0
+    finished_at: Finite | None = None
