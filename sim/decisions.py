@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from healer.decide.catalogue import fault
 from healer.decide.plans import JobFacts, Verdict
-from healer.decide.policy import Decision, IncidentFacts, JobNow, decide
+from healer.decide.policy import Decision, JobNow, decide, facts_of
 from healer.decide.rules import DetectorCondition, Rule, RuleSet
 from healer.decide.states import IncidentState
 
@@ -65,16 +64,12 @@ def rule_for(rules: RuleSet, kind: str) -> Rule | None:
 def decide_incident(inc: SimIncident, rules: RuleSet, job: JobSnapshot, names: list[str], now: float) -> Decision:
     """What the policy decides for `inc` now."""
     rule = rule_for(rules, inc.kind)
-    kind = fault(inc.kind)
-    suspects = (names[inc.host],) if inc.host is not None else ()
-    budget = rules.budget(rule)
+    window = rules.budget(rule).window.total_seconds()
     facts = JobFacts(nodes=job.nodes, spares=job.spares, dp=job.dp, checkpoint_steps=job.checkpoint_steps,
-                     restarts=tuple(at(t) for t in job.restarts if now - t < budget.window.total_seconds()),
+                     restarts=tuple(at(t) for t in job.restarts if now - t < window),
                      node_incidents=job.node_incidents, warm_unavailable=job.warm_unavailable)
-    across = rule is not None and rule.runbook_scope == "job" and len(job.nodes) > 1
-    diagnosable = across or (kind.diagnose_first and bool(set(suspects) & set(job.nodes)))
-    return decide(IncidentFacts(
-        incident_id=inc.id, kind=kind, state=inc.state, state_since=at(inc.state_since), now=at(now), rule=rule,
-        limits=rules.limits, budget=budget, suspects=suspects, attempt=inc.attempt,
-        first_bad_step=inc.first_bad_step, verdict=inc.verdict if inc.state is IncidentState.DIAGNOSING else None,
-        diagnosis_available=diagnosable, job=JobNow(facts=facts, attempt=job.attempt)))
+    return decide(facts_of(incident_id=inc.id, kind=inc.kind, state=inc.state, state_since=at(inc.state_since),
+                           now=at(now), rule=rule, rules=rules,
+                           suspects=(names[inc.host],) if inc.host is not None else (), attempt=inc.attempt,
+                           first_bad_step=inc.first_bad_step, verdict=inc.verdict, job=JobNow(facts=facts,
+                                                                                             attempt=job.attempt)))

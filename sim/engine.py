@@ -308,9 +308,9 @@ class Simulation:
 
     def _open(self, host: int, cat: Category) -> None:
         kind = cat.sees
+        bad_batch = not fault(kind).names_host
         inc = SimIncident(id=next(self._ids), kind=kind, cause=cat.name, fault_at=self.now, attempt=self.attempt,
-                          host=None if kind == "nonfinite" else host,
-                          first_bad_step=self._step(self.progress) if kind == "nonfinite" else None)
+                          host=None if bad_batch else host, first_bad_step=self._step(self.progress) if bad_batch else None)
         self.incidents[kind] += 1
         if kind not in self.detect or rule_for(self.rules, kind) is None:
             # Nothing of the healer's watches for it: it stays down until someone notices.

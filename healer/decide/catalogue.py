@@ -40,6 +40,16 @@ JOB_ACTIONS = frozenset(r for r in Remedy if r.restarts)
 """Remedies that act on the job: they need a launcher (`megaheal run`); the service alone can only notify."""
 
 
+class BadStep(str, enum.Enum):
+    """How the first bad step of a rollback is found in rank 0's records (every step, where the heartbeats only
+    sample them): healer/launchers/rank_records.py reads each."""
+
+    NONFINITE = "nonfinite"
+    """The first record whose loss or grad norm is not finite."""
+    SPIKE = "spike"
+    """The first record whose loss is far above the ones before it, by the detector's own robust z-score."""
+
+
 @dataclass(frozen=True, slots=True)
 class FaultKind:
     name: str
@@ -59,6 +69,15 @@ class FaultKind:
     warm: str = ""
     """Why a restart for this kind may be warm (the surviving processes and what they hold are trusted: a job that
     runs warm then restarts without stopping them, healer/launchers/warm_control.py); empty: it restarts cold."""
+    looks_first: bool = False
+    """Every rank is looked at from its host (kernel state, phase, Python stack, flight recorder) before anything
+    is stopped: the incident's culprit is named from what the ranks were doing (healer/detect/hang_attribution.py)."""
+    bad_step: BadStep | None = None
+    """A rollback's first bad step, read from rank 0's every record; None: the kind rolls nothing back."""
+    drains_suspects: bool = False
+    """Its suspect hosts count as proven bad for the scheduler (drained), without a diagnosis they could not answer."""
+    names_host: bool = True
+    """The fault is a host's (False: a bad batch, which names none)."""
     description: str = ""
 
 
@@ -66,15 +85,15 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("crash", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
               warm="a rank's process died and the others are intact: they keep their state, a standby takes its rank",
               description="a rank or agent ended with a failure (signal, OOM, NCCL/gloo error, exception)"),
-    FaultKind("hang", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True,
+    FaultKind("hang", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True, looks_first=True,
               description="no step progress past the learned timeout"),
     FaultKind("gpu_fault", "critical", Remedy.EXCLUDE_AND_RESTART, lemon=True, evicts_suspects=True,
               description="a critical Xid, an uncorrectable ECC error, a failed or pending row remap, or a recovery "
                           "action asked for by the driver"),
-    FaultKind("nonfinite", "critical", Remedy.ROLLBACK,
+    FaultKind("nonfinite", "critical", Remedy.ROLLBACK, bad_step=BadStep.NONFINITE, names_host=False,
               warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
               description="NaN or Inf in the loss or the gradient norm"),
-    FaultKind("loss_spike", "warning", Remedy.ROLLBACK,
+    FaultKind("loss_spike", "warning", Remedy.ROLLBACK, bad_step=BadStep.SPIKE, names_host=False,
               warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
               description="a loss far above its recent level"),
     FaultKind("straggler", "warning", Remedy.NOTIFY, description="one rank holds the job up"),
@@ -82,7 +101,7 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
               description="every rank slower in the collectives while compute stays flat"),
     FaultKind("heartbeat_stale", "critical", Remedy.NOTIFY, description="ranks on a host stopped reporting"),
     FaultKind("host_lost", "critical", Remedy.EXCLUDE_AND_RESTART, stops_job=True, lemon=True, evicts_suspects=True,
-              description="a host of the job went silent and the job stopped with it (the host is down or cut off)"),
+              drains_suspects=True, description="a host of the job went silent and the job stopped with it (the host is down or cut off)"),
     # What the healer cannot see itself, told by Prometheus through Alertmanager (deploy/healer/rules/alerts.yaml).
     FaultKind("node_down", "critical", Remedy.NOTIFY, description="a host's sidecar cannot be scraped"),
     FaultKind("telemetry_absent", "critical", Remedy.NOTIFY, description="no sidecar is scraped at all"),

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from healer.decide.catalogue import FaultKind, Remedy
+from healer.decide.catalogue import FaultKind, Remedy, fault
 from healer.decide.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, restart_mode, warm_reason
-from healer.decide.rules import Rule
+from healer.decide.rules import Rule, RuleSet
 from healer.decide.states import IncidentState
 
 S = IncidentState
@@ -79,6 +79,27 @@ class IncidentFacts:
     diagnosis_available: bool = False
     """Whether this healer can run the rule's runbook."""
     job: JobNow | None = None
+
+
+def facts_of(*, incident_id: int, kind: str, state: IncidentState, state_since: datetime, now: datetime,
+             rule: Rule | None, rules: RuleSet, suspects: tuple[str, ...], attempt: int | None,
+             first_bad_step: int | None, verdict: Verdict | None, job: JobNow | None,
+             diagnoser: bool = False) -> IncidentFacts:
+    """An incident's facts as the policy takes them, from the responder (healer/engine/respond.py) and the simulator
+    (sim/decisions.py) alike. `job`: the job as its launcher sees it (None: no launcher acts on it); `diagnoser`:
+    without a launcher, whether this healer can still run the rule's runbook."""
+    fk = fault(kind)
+    if job is not None:
+        # A runbook across the job's hosts needs no suspect (a collective slowdown names none) and runs beside the
+        # training; one per host runs where the kind's suspects are diagnosed first.
+        across = rule is not None and rule.runbook_scope == "job" and len(job.facts.nodes) > 1
+        diagnosable = across or (fk.diagnose_first and bool(set(suspects) & set(job.facts.nodes)))
+    else:
+        diagnosable = diagnoser
+    return IncidentFacts(incident_id=incident_id, kind=fk, state=state, state_since=state_since, now=now, rule=rule,
+                         limits=rules.limits, budget=rules.budget(rule), suspects=suspects, attempt=attempt,
+                         first_bad_step=first_bad_step, verdict=verdict if state is IncidentState.DIAGNOSING else None,
+                         diagnosis_available=diagnosable, job=job)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from healer.incidents.jobstore import JobStore
 from healer.incidents.metrics import HealerMetrics
 from healer.incidents.models import Incident
 from healer.decide.plans import JobFacts, Verdict
-from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide
+from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide, facts_of
 from healer.ports import Diagnoser, Failed, HostVerdict, Remediator, RestartOrder, Started, to_verdict
 from healer.decide.rules import DetectorCondition, Rule, RuleSet
 from healer.decide.signals import Signal
@@ -87,7 +87,7 @@ class Responder:
         rule = self.rules.get(incident.rule)
         if state is S.OPEN and fault(incident.kind).remedy is Remedy.ROLLBACK:
             incident = self._refine_first_bad_step(incident, rule)
-        if state is S.OPEN and incident.kind == "hang" and "stacks" not in (incident.evidence or {}):
+        if state is S.OPEN and fault(incident.kind).looks_first and "stacks" not in (incident.evidence or {}):
             incident = self._look_at_hang(incident)
         facts = self.facts(incident, rule, now)
         decision = decide(facts)
@@ -113,25 +113,14 @@ class Responder:
             self._escalate(incident, decision)
 
     def facts(self, incident: Incident, rule: Rule | None, now: datetime) -> IncidentFacts:
-        kind = fault(incident.kind)
         state = S(incident.state)
         ev = incident.evidence if isinstance(incident.evidence, dict) else {}
-        suspects = suspects_of(incident)
-        job = self._job_now(incident, rule, now)
-        verdict = self._verdict(incident.id) if state is S.DIAGNOSING else None
-        if self.remediator is not None and job is not None:
-            # A runbook across the job's hosts needs no suspect (a collective slowdown names none) and runs beside the
-            # training; one per host runs where the kind's suspects are diagnosed first.
-            across = rule is not None and rule.runbook_scope == "job" and len(job.facts.nodes) > 1
-            diagnosable = across or (kind.diagnose_first and bool(set(suspects) & set(job.facts.nodes)))
-        else:
-            diagnosable = self.diagnoser is not None
         first = ev.get("first_step")
-        return IncidentFacts(
-            incident_id=incident.id, kind=kind, state=state, state_since=incident.state_since, now=now, rule=rule,
-            limits=self.ruleset.limits, budget=self.ruleset.budget(rule), suspects=suspects, attempt=incident.attempt,
-            first_bad_step=first if isinstance(first, int) else None, verdict=verdict,
-            diagnosis_available=diagnosable, job=job)
+        return facts_of(incident_id=incident.id, kind=incident.kind, state=state, state_since=incident.state_since,
+                        now=now, rule=rule, rules=self.ruleset, suspects=suspects_of(incident),
+                        attempt=incident.attempt, first_bad_step=first if isinstance(first, int) else None,
+                        verdict=self._verdict(incident.id) if state is S.DIAGNOSING else None,
+                        job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None)
 
     def _job_now(self, incident: Incident, rule: Rule | None, now: datetime) -> JobNow | None:
         r = self.remediator

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ground.slurm import SlurmError, safe_reason
+from healer.decide.catalogue import fault
 from healer.incidents.store import IncidentStore
 from healer.incidents.timeline import IncidentTimeline, job_timelines
 from healer.launchers.fleet import AgentFleet
@@ -38,7 +39,7 @@ def proven_bad(timeline: IncidentTimeline, node: str) -> str | None:
     for host in timeline.diagnosis:
         if isinstance(host, dict) and host.get("node") == node and host.get("status") == Status.FAIL.value:
             return f"failed diagnosis: {host.get('summary') or 'no summary'}"
-    if timeline.kind == "host_lost" and node in timeline.suspect_nodes:
+    if fault(timeline.kind).drains_suspects and node in timeline.suspect_nodes:
         # Silent while its peers stopped: dead, cut off or its agent unable to run; nothing should land on it until
         # someone has looked (Slurm marks a host DOWN only when its slurmd is gone too, not when a link is).
         silent = timeline.evidence.get("silent_s")

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ground.names import check_name
-from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
+from healer.decide.catalogue import BadStep, fault
 from healer.launchers import rank_records
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
 from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.warm_control import WarmUnavailable
+from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
 from wire.journal import Journal
 from wire.run_paths import RunPaths
@@ -188,9 +189,10 @@ class LocalRemediator:
         window = rank_records.attempt_window(self.sup.cfg.run_dir, attempt)
         if window is None:
             return None
-        if kind == "nonfinite":
+        how = fault(kind).bad_step
+        if how is BadStep.NONFINITE:
             return rank_records.first_nonfinite_step(self.sup.cfg.run_dir, window[0])
-        if kind == "loss_spike":
+        if how is BadStep.SPIKE:
             return rank_records.first_spike_step(self.sup.cfg.run_dir, window[0], detector_config, seen)
         return None
 

@@ -196,4 +196,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # NOTE: out without the interpreter's shutdown, which joins every thread pool's threads: an async save that was
+    # in flight when its generation was aborted can stay blocked in that generation's collective for good, and held
+    # a worker whose job had finished (its own final save committed) at exit for the pool's whole timeout.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
