@@ -223,12 +223,12 @@ def exact_cycles(nodes: int, ranks_per_node: int, rules: str = "stale") -> dict[
     """One detection cycle (the tick's view and every detector of the rule set) on a full table, in this process
     and unloaded: exact percentiles. Between cycles every node's batch comes again one step further on (untimed),
     so that the detectors that learn from new steps do their real work each cycle."""
+    from healer.decide.rules import DetectorCondition, load_rule_set
     from healer.detect.heartbeat_stale import HeartbeatStale
-    from healer.observe.history import HistoryPool
     from healer.detect.registry import default_registry
     from healer.observe.heartbeats import HeartbeatTable
+    from healer.observe.history import HistoryPool
     from healer.observe.jobview import TickView
-    from healer.decide.rules import DetectorCondition, load_rule_set
 
     if rules == "stale":
         detectors = [HeartbeatStale(HeartbeatStale.Config())]

@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ground import procfs
-from healer.ledger.goodput import compute
 from healer.launchers.warm_control import WarmSettings
+from healer.ledger.goodput import compute
 from healer.runner.build import JobSpec, build_job
 from healer.runner.build import shipped_rules as rule_set
 from healer.runner.chaos import HANG_KINDS

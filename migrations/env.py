@@ -8,7 +8,6 @@ from MEGAHEAL_DB or from sqlalchemy.url in alembic.ini.
 from __future__ import annotations
 
 import os
-
 from typing import Any, Literal
 
 from alembic import context

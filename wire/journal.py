@@ -108,6 +108,7 @@ class AgentRestarted(Struct, frozen=True, kw_only=True, tag_field="event", tag="
 
 
 Event = Start | Launched | Ranks | End | WarmReady | Adopted | LeftoverStopped | AgentRestarted
+_decode = msgspec.json.Decoder(Event).decode  # type: ignore[arg-type]
 KINDS = frozenset(str(t.__struct_config__.tag) for t in Event.__args__)  # type: ignore[attr-defined]
 
 
@@ -131,7 +132,9 @@ def read(path: Path) -> list[Event]:
         if not isinstance(raw, dict) or raw.get("event") not in KINDS:
             continue
         try:
-            events.append(msgspec.convert(raw, Event))  # type: ignore[arg-type]
+            # NOTE: decoded from the line, not converted from `raw`: JSON keys are strings, and only the JSON decoder
+            # reads a rank's key ("3") into the int it stands for.
+            events.append(_decode(line))
         except msgspec.ValidationError as exc:
             log.warning("%s:%d: a %s event that does not fit its kind, skipped: %s", path, lineno, raw["event"], exc)
     return events

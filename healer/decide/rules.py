@@ -29,8 +29,8 @@ from typing import Any
 
 from ground.typedconfig import ConfigError, LineDict, from_mapping, line_of, parse_duration, read_yaml
 from healer.decide.catalogue import Remedy, fault
-from healer.detect.registry import DetectorRegistry, default_registry
 from healer.decide.plans import Limits, RestartBudget
+from healer.detect.registry import DetectorRegistry, default_registry
 
 DEFAULT_RULES = Path(__file__).resolve().parents[2] / "configs" / "rules"
 """The shipped rules (every file of the folder), what both front doors and the simulator load when given none."""

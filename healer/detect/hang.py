@@ -32,9 +32,9 @@ from datetime import timedelta
 import numpy as np
 
 from healer.detect.base import Detector, Evaluation, Finding
-from healer.observe.history import JobSamples, RankHistory, prune, quantile
 from healer.detect.silence import silent_hosts
 from healer.observe.heartbeats import RankBeat
+from healer.observe.history import JobSamples, RankHistory, prune, quantile
 from healer.observe.jobview import Readings
 from healer.observe.processes import ProcessState
 from healer.observe.rank_columns import FINISHING, STOPPED_STATES

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from healer.detect.base import Detector, Evaluation, Finding
-from healer.observe.history import RankHistory, prune
 from healer.detect.phases import PhaseTable, evidence_rows, shared_phase_table
+from healer.observe.history import RankHistory, prune
 from healer.observe.jobview import Readings
 
 

@@ -15,25 +15,25 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from healer.incidents.db import unreachable
-from healer.detect.base import Detector, Evaluation
-from healer.observe.history import HistoryPool
-from healer.detect.registry import DetectorRegistry, default_registry
-from healer.observe.heartbeats import HeartbeatTable
-from healer.incidents.jobstore import JobStore
-from healer.observe.jobview import TickView
-from healer.incidents.metrics import HealerMetrics
 from healer.decide.promql import PromqlEvaluator
-from healer.engine.recovery import recover, take_over
-from healer.ports import Diagnoser, JobState, Remediator
-from healer.engine.respond import Responder
 from healer.decide.rules import AlertCondition, DetectorCondition, PromqlCondition, Rule, RuleSet
 from healer.decide.signals import Signal, from_rule
 from healer.decide.states import IncidentState
-from healer.incidents.store import IncidentStore, incident_dict
+from healer.detect.base import Detector, Evaluation
+from healer.detect.registry import DetectorRegistry, default_registry
+from healer.engine.recovery import recover, take_over
+from healer.engine.respond import Responder
 from healer.errors import HealerError
+from healer.incidents.db import unreachable
+from healer.incidents.jobstore import JobStore
+from healer.incidents.metrics import HealerMetrics
+from healer.incidents.store import IncidentStore, incident_dict
+from healer.observe.heartbeats import HeartbeatTable
+from healer.observe.history import HistoryPool
+from healer.observe.jobview import TickView
 from healer.oncall.alertmanager import INCIDENT_ALERTNAME, WebhookAlert, parse_webhook
 from healer.oncall.sinks import Change, Sinks
+from healer.ports import Diagnoser, JobState, Remediator
 
 log = logging.getLogger(__name__)
 S = IncidentState

@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from healer.observe.jobview import TickView
-from healer.ports import RestartOrder
-from healer.engine.respond import Responder
 from healer.decide.rules import Rule
 from healer.decide.states import IncidentState
+from healer.engine.respond import Responder
+from healer.observe.jobview import TickView
+from healer.ports import RestartOrder
 
 log = logging.getLogger(__name__)
 S = IncidentState

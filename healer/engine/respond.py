@@ -17,17 +17,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from healer.decide.catalogue import Remedy, fault
+from healer.decide.plans import JobFacts, Verdict
+from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide, facts_of
+from healer.decide.rules import DetectorCondition, Rule, RuleSet
+from healer.decide.signals import Signal
+from healer.decide.states import IncidentState
 from healer.detect.hang_attribution import attribute
 from healer.incidents.jobstore import JobStore
 from healer.incidents.metrics import HealerMetrics
 from healer.incidents.models import Incident
-from healer.decide.plans import JobFacts, Verdict
-from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide, facts_of
-from healer.ports import Diagnoser, Failed, HostVerdict, Remediator, RestartOrder, Started, to_verdict
-from healer.decide.rules import DetectorCondition, Rule, RuleSet
-from healer.decide.signals import Signal
-from healer.decide.states import IncidentState
 from healer.incidents.store import IncidentStore
+from healer.ports import Diagnoser, Failed, HostVerdict, Remediator, RestartOrder, Started, to_verdict
 from wire.verdict import Status
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from healer.incidents.models import Incident, IncidentEvent, Remediation, RunbookRun
 from healer.decide.signals import Signal
 from healer.decide.states import ACTIVE_STATES, HEALER_OWNED, IncidentState, check_transition
 from healer.errors import DatabaseError, IllegalTransition, NotFound
+from healer.incidents.models import Incident, IncidentEvent, Remediation, RunbookRun
 
 log = logging.getLogger(__name__)
 S = IncidentState

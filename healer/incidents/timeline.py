@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from healer.incidents.models import Incident, Restart, RunbookRun
 from healer.decide.states import IncidentState
+from healer.incidents.models import Incident, Restart, RunbookRun
 
 S = IncidentState
 

@@ -26,10 +26,10 @@ import msgspec
 
 from ground import kill
 from ground.names import check_name
-from healer.observe.processes import ProcessView
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
 from healer.launchers.journal import targets as journal_targets
 from healer.launchers.warm_control import Generation, WarmControl, WarmSettings, WarmUnavailable
+from healer.observe.processes import ProcessView
 from wire import journal
 from wire.orders import (
     AdoptOrder,

@@ -22,8 +22,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from healer.ports import HostVerdict
 from healer.launchers.node_diagnosis import RunRunbook, run_parsed
+from healer.ports import HostVerdict
 from wire.verdict import Status
 
 KILL_GRACE_S = 10.0

@@ -36,8 +36,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
-from healer.ledger.goodput import CATEGORIES, Ledger, compute
 from healer.errors import DatabaseError
+from healer.ledger.goodput import CATEGORIES, Ledger, compute
 
 log = logging.getLogger(__name__)
 Incidents = Callable[[], list[dict[str, Any]]]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from healer.ledger.goodput import intervals
 from healer.incidents.jobstore import IntervalRow, JobStore
 from healer.incidents.timeline import job_timelines
+from healer.ledger.goodput import intervals
 
 
 def _utc(ts: float) -> datetime:

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 from msgspec import Struct
 
+from healer.errors import BadRequest
 from healer.observe.node_times import NodeTimes
 from healer.observe.processes import ProcessView
 from healer.observe.rank_columns import JobView, RankColumns
-from healer.errors import BadRequest
 from wire.relay import Relayed, Rows, decode_relay_batch
 from wire.telemetry import GpuEntry, HeartbeatBatch, RankEntry, SchemaError, convert_batch, decode_batch
 

@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ground.httpclient import request_json
-from healer.incidents.models import Incident
 from healer.decide.policy import page_now
 from healer.decide.states import IncidentState
 from healer.errors import BadRequest
+from healer.incidents.models import Incident
 
 INCIDENT_ALERTNAME = "MegahealIncident"
 MAX_ALERTS = 10000

@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ground.httpclient import RequestFailed, request_json
-from healer.incidents.models import Incident
 from healer.errors import SinkError
+from healer.incidents.models import Incident
 from healer.oncall.alertmanager import AlertmanagerClient, incident_alert
 
 log = logging.getLogger(__name__)

@@ -18,12 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from healer.ledger.goodput import CATEGORIES, KINDS, Interval, compute, intervals
+from healer.decide.states import IncidentState
 from healer.incidents.jobstore import JobStore
 from healer.incidents.models import Incident, Remediation
-from healer.decide.states import IncidentState
 from healer.incidents.store import IncidentStore
 from healer.incidents.timeline import job_timelines, suspects
+from healer.ledger.goodput import CATEGORIES, KINDS, Interval, compute, intervals
 from healer.pages import heatmap, lossplot, waterfall
 from healer.pages.cost import Cost, incident_costs
 from healer.pages.hosts import host_table

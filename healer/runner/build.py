@@ -14,12 +14,11 @@ from typing import Any
 
 from ground.slurm import srun_env
 from ground.typedconfig import from_mapping
-from healer.incidents.db import ensure_schema, make_engine
+from healer.decide.rules import DEFAULT_RULES, DetectorCondition, RuleSet, load_rule_set
 from healer.detect.registry import default_registry
 from healer.engine.engine import Healer
-from healer.observe.heartbeats import HeartbeatTable
+from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.metrics import HealerMetrics
-from healer.decide.rules import DEFAULT_RULES, DetectorCondition, RuleSet, load_rule_set
 from healer.incidents.store import IncidentStore
 from healer.launchers.allocation import Allocation
 from healer.launchers.coordinator import Coordinator
@@ -30,8 +29,9 @@ from healer.launchers.local_agents import LocalAgents, write_token
 from healer.launchers.remediator import LocalRemediator
 from healer.launchers.slurm_agents import SlurmAgents
 from healer.launchers.warm_control import WarmSettings
-from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.ledger.store import LedgerWriter
+from healer.observe.heartbeats import HeartbeatTable
+from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
 from train.config import TrainConfig, load_config

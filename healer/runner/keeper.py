@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from healer.observe.heartbeats import HeartbeatTable
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
+from healer.observe.heartbeats import HeartbeatTable
 from wire import journal
 from wire.run_paths import RunPaths
 

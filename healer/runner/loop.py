@@ -22,15 +22,15 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.exc import SQLAlchemyError
 
 from healer.decide.catalogue import fault
-from healer.engine.engine import Healer
-from healer.observe.heartbeats import HeartbeatTable
 from healer.decide.states import IncidentState
-from healer.incidents.timeline import IncidentTimeline, job_timelines
+from healer.engine.engine import Healer
 from healer.errors import DatabaseError
+from healer.incidents.timeline import IncidentTimeline, job_timelines
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
 from healer.launchers.remediator import LocalRemediator, wait_idle
+from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.keeper import AgentKeeper
 from healer.runner.reports import ReportServer
 

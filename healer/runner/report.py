@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from healer.incidents.db import ensure_schema, make_engine
-from healer.ledger.goodput import CATEGORIES, Ledger, compute
 from healer.incidents.timeline import job_timelines
+from healer.ledger.goodput import CATEGORIES, Ledger, compute
 from healer.pages.hosts import host_table
 from wire.journal import Journal
 from wire.run_paths import RunPaths

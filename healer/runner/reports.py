@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from healer.observe.heartbeats import HeartbeatTable
 from healer.errors import BadRequest
+from healer.observe.heartbeats import HeartbeatTable
 
 MAX_BODY = 4 << 20
 

@@ -27,9 +27,9 @@ from healer.decide.rules import load_rule_set
 from healer.launchers.allocation import Allocation
 from healer.launchers.local_agents import LocalAgents
 from healer.launchers.warm_control import WarmSettings
+from healer.ledger.metrics import GoodputServer
 from healer.runner.build import JobSpec, build_job
 from healer.runner.chaos import Chaos, Schedule, load_schedule
-from healer.ledger.metrics import GoodputServer
 from healer.runner.hosts import record_states
 from healer.runner.liveview import LiveView
 from healer.runner.loop import SelfHealingJob

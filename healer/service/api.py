@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from healer.engine.engine import Healer
 from healer.decide.states import IncidentState
+from healer.engine.engine import Healer
 from healer.errors import BadRequest, DatabaseError, IllegalTransition, NotFound
 from healer.service.detection_first import DetectionFirst
 from healer.service.health import UNAVAILABLE, Readiness

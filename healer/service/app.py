@@ -28,14 +28,14 @@ from ground.httpclient import RequestFailed
 from ground.secretfile import forbid_inspection, read_secret
 from ground.typedconfig import ConfigError
 from healer.decide.catalogue import fault
-from healer.incidents.db import default_db_url, ensure_schema, make_engine, safe_url
-from healer.engine.engine import Healer
-from healer.observe.heartbeats import HeartbeatTable
-from healer.incidents.metrics import HealerMetrics
 from healer.decide.promql import PrometheusClient, PromqlEvaluator
 from healer.decide.rules import RuleSet, load_rule_set
-from healer.incidents.store import IncidentStore
+from healer.engine.engine import Healer
 from healer.errors import DatabaseError, DatabaseNotAtHead
+from healer.incidents.db import default_db_url, ensure_schema, make_engine, safe_url
+from healer.incidents.metrics import HealerMetrics
+from healer.incidents.store import IncidentStore
+from healer.observe.heartbeats import HeartbeatTable
 from healer.oncall.sinks import AlertmanagerSink, GrafanaSink, Sink, Sinks, WebhookSink
 from healer.pages.views import Sources
 from healer.service.api import create_app

@@ -30,8 +30,8 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 @db_app.command("upgrade")
 def upgrade(db: DbOption = None, revision: Annotated[str, typer.Argument(help="target revision")] = "head") -> None:
     """Migrate the database up to REVISION (default: the newest)."""
-    from healer.incidents import db as dbmod
     from healer.errors import DatabaseError
+    from healer.incidents import db as dbmod
 
     try:
         engine = dbmod.make_engine(_db_url(db))
@@ -45,8 +45,8 @@ def upgrade(db: DbOption = None, revision: Annotated[str, typer.Argument(help="t
 @db_app.command("downgrade")
 def downgrade(revision: Annotated[str, typer.Argument(help="target revision, e.g. -1 or base")], db: DbOption = None) -> None:
     """Migrate the database down to REVISION (base: drop everything)."""
-    from healer.incidents import db as dbmod
     from healer.errors import DatabaseError
+    from healer.incidents import db as dbmod
 
     try:
         engine = dbmod.make_engine(_db_url(db))
@@ -60,8 +60,8 @@ def downgrade(revision: Annotated[str, typer.Argument(help="target revision, e.g
 @db_app.command("current")
 def current(db: DbOption = None) -> None:
     """Show the database's revision and the newest one; exit 1 when they differ."""
-    from healer.incidents import db as dbmod
     from healer.errors import DatabaseError
+    from healer.incidents import db as dbmod
 
     try:
         engine = dbmod.make_engine(_db_url(db))

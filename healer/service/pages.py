@@ -25,8 +25,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from healer.engine.engine import Healer
 from healer.decide.states import IncidentState
+from healer.engine.engine import Healer
 from healer.errors import DatabaseError, IllegalTransition, NotFound
 from healer.pages import render
 from healer.pages.views import STATES, Filters, Sources, incident_list, incident_view, job_view

@@ -14,8 +14,8 @@ import pytest
 
 from ground.httpclient import RequestFailed, request_json
 from healer.agent.node import NodeAgent
-from healer.observe.heartbeats import HeartbeatTable
 from healer.launchers.agent_client import AgentClient, OrderFailed
+from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.reports import ReportServer
 from tests.conftest import CONFIGS, REPO
 from tests.support import wait_for

@@ -8,10 +8,22 @@ from typing import Any
 
 import pytest
 
-from healer.service.config import load_config
 from healer.decide.rules import load_rules
-from tests.deploy.configs import (ALERT_TESTS, ALERTMANAGER, ALERTS, COMPOSE, DEPLOY, OPERATIONS, PROMETHEUS_DIR,
-                                  RECORDING, load_yaml, markdown_anchors, rules, tool)
+from healer.service.config import load_config
+from tests.deploy.configs import (
+    ALERT_TESTS,
+    ALERTMANAGER,
+    ALERTS,
+    COMPOSE,
+    DEPLOY,
+    OPERATIONS,
+    PROMETHEUS_DIR,
+    RECORDING,
+    load_yaml,
+    markdown_anchors,
+    rules,
+    tool,
+)
 
 pytestmark = pytest.mark.services
 

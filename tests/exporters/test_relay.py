@@ -14,8 +14,8 @@ from exporters.client import RankClient
 from exporters.heartbeat import RELAY_RETRY_S, HeartbeatForwarder
 from exporters.relay import HeartbeatRelay
 from exporters.sidecar import Sidecar
-from healer.observe.heartbeats import HeartbeatTable
 from healer.errors import BadRequest
+from healer.observe.heartbeats import HeartbeatTable
 from tests.exporters.helpers import step_record
 from tests.healer.services import MEGAHEAL, TOKEN, HealerProcess, free_port, http, wait_for
 from wire.telemetry import HEARTBEAT_SCHEMA, HeartbeatBatch, RankEntry, SchemaError, encode_batch

@@ -14,8 +14,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from healer.observe.heartbeats import HeartbeatTable
 from healer.errors import BadRequest
+from healer.observe.heartbeats import HeartbeatTable
 from wire.relay import NodeColumns, columns_of, decode_relay_batch, encode_relay
 from wire.telemetry import HEARTBEAT_SCHEMA, EventBody, GpuEntry, HeartbeatBatch, RankEntry, SchemaError
 

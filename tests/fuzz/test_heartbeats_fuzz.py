@@ -18,8 +18,8 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-from healer.incidents.db import ensure_schema
 from healer.engine.engine import Healer
+from healer.incidents.db import ensure_schema
 from healer.service.api import create_app
 from healer.service.health import Readiness
 from tests.fuzz.json_strategies import DEEP, JSON, mutated

@@ -8,15 +8,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from healer.incidents import db
-from healer.ports import Diagnoser
-from healer.engine.engine import Healer
-from healer.observe.heartbeats import HeartbeatTable
-from healer.incidents.metrics import HealerMetrics
-from healer.ports import Remediator
 from healer.decide.rules import load_rule_set
-from healer.oncall.sinks import Sink, Sinks
+from healer.engine.engine import Healer
+from healer.incidents import db
+from healer.incidents.metrics import HealerMetrics
 from healer.incidents.store import IncidentStore
+from healer.observe.heartbeats import HeartbeatTable
+from healer.oncall.sinks import Sink, Sinks
+from healer.ports import Diagnoser, Remediator
 
 RUNBOOKS = Path(__file__).resolve().parent / "runbooks"
 

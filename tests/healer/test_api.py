@@ -4,11 +4,10 @@ with a 4xx naming the field, never a 500."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import warnings
 
 import pytest
 
@@ -19,9 +18,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-from healer.service.api import create_app
-from healer.incidents.db import ensure_schema
 from healer.engine.engine import Healer
+from healer.incidents.db import ensure_schema
+from healer.service.api import create_app
 from healer.service.health import Readiness
 from tests.healer.helpers import batch, make_healer
 from tests.healer.services import TOKEN, webhook

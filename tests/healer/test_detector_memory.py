@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from healer.decide.states import IncidentState
 from healer.detect.base import Evaluation
 from healer.detect.heartbeat_stale import HeartbeatStale
-from healer.observe.history import RankHistory
 from healer.observe.heartbeats import HeartbeatTable
-from healer.decide.states import IncidentState
+from healer.observe.history import RankHistory
 from tests.healer.helpers import ManualClock, batch, make_healer
 from tests.healer.services import TOKEN
 

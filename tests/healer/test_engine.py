@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from healer.decide.states import IncidentState
 from healer.detect.heartbeat_stale import HeartbeatStale
-from healer.service.diagnosis import LocalRunbookDiagnoser
 from healer.errors import BadRequest
 from healer.observe.heartbeats import HeartbeatTable
 from healer.oncall.sinks import WebhookSink
-from healer.decide.states import IncidentState
+from healer.service.diagnosis import LocalRunbookDiagnoser
 from tests.healer.helpers import RUNBOOKS, ManualClock, Receiver, batch, make_healer
-from tests.healer.services import webhook, wait_for
+from tests.healer.services import wait_for, webhook
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from exporters.sidecar import Sidecar
-from healer.observe.heartbeats import HeartbeatTable, parse_batch
 from healer.errors import BadRequest
+from healer.observe.heartbeats import HeartbeatTable, parse_batch
 from tests.exporters.helpers import step_record
 from tests.exporters.recorded_nvml import RecordedNvml
 from tests.healer.helpers import batch

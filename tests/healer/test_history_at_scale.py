@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from healer.detect.collective_slowdown import CollectiveSlowdown
-from healer.observe.history import HistoryPool, RankHistory
 from healer.detect.phases import EVIDENCE_ROWS, PhaseTable, evidence_rows, masked_median, phase_table
 from healer.detect.straggler import Straggler, _median_without_top
 from healer.observe.heartbeats import HeartbeatTable
+from healer.observe.history import HistoryPool, RankHistory
 from healer.observe.jobview import TickView
 from tests.healer.helpers import ManualClock, batch
 from tests.selfheal.streams import JobStream

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from healer.incidents import db
 from healer.errors import DatabaseError, DatabaseNotAtHead
+from healer.incidents import db
 from healer.incidents.models import Base
 from tests.healer.services import MEGAHEAL
 

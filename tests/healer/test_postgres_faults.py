@@ -17,11 +17,11 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from healer.incidents import db
 from healer.decide.rules import AlertCondition, Rule
 from healer.decide.signals import from_rule
-from healer.incidents.store import IncidentStore
+from healer.incidents import db
 from healer.incidents.jobstore import JobStore
+from healer.incidents.store import IncidentStore
 from tests.healer.services import HealerProcess, Postgres, http, wait_for, webhook
 
 pytestmark = pytest.mark.services

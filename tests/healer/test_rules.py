@@ -47,8 +47,8 @@ def test_it_loads_every_condition_kind_into_typed_configs(tmp_path: Path) -> Non
 
 def test_the_shipped_rules_enable_every_detector_with_the_catalogues_remedies() -> None:
     from healer.decide.catalogue import DETECTED, fault
-    from healer.detect.registry import default_registry
     from healer.decide.rules import DetectorCondition, load_rule_set
+    from healer.detect.registry import default_registry
 
     rules = load_rule_set([DEFAULT_RULES])
     detectors = {r.condition.detector for r in rules.rules if isinstance(r.condition, DetectorCondition)}

@@ -15,8 +15,18 @@ import pytest
 import sqlalchemy as sa
 
 from healer.incidents import db
-from tests.healer.services import (MEGAHEAL, TOKEN, HealerProcess, Postgres, free_port, http, post_oversized,
-                                   status_of, wait_for, webhook)
+from tests.healer.services import (
+    MEGAHEAL,
+    TOKEN,
+    HealerProcess,
+    Postgres,
+    free_port,
+    http,
+    post_oversized,
+    status_of,
+    wait_for,
+    webhook,
+)
 
 pytestmark = pytest.mark.services
 

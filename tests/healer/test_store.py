@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from healer.incidents import db
-from healer.errors import IllegalTransition, NotFound
-from healer.incidents.models import IncidentEvent
 from healer.decide.signals import Signal
 from healer.decide.states import IncidentState
+from healer.errors import IllegalTransition, NotFound
+from healer.incidents import db
+from healer.incidents.models import IncidentEvent
 from healer.incidents.store import IncidentStore
 
 pytestmark = pytest.mark.services

@@ -14,16 +14,16 @@ from datetime import timedelta
 import pytest
 
 from ground import slurm
-from healer.incidents import db
-from healer.observe.heartbeats import HeartbeatTable
 from healer.decide.signals import Signal
 from healer.decide.states import IncidentState
+from healer.incidents import db
 from healer.incidents.store import IncidentStore
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.allocation import Allocation
 from healer.launchers.drain import Drainer
 from healer.launchers.local_agents import write_token
 from healer.launchers.slurm_agents import STEP_PREFIX, SlurmAgents
+from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.reports import ReportServer
 from testbed import faults, procs
 from tests.multihost.conftest import bed_env

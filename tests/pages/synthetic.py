@@ -8,8 +8,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from healer.incidents.db import ensure_schema, make_engine
 from healer.decide.signals import Signal
+from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.store import IncidentStore
 
 JOB = "synth"

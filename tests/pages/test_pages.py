@@ -20,8 +20,8 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
-from healer.incidents.db import ensure_schema
 from healer.engine.engine import Healer
+from healer.incidents.db import ensure_schema
 from healer.ledger.goodput import Interval
 from healer.pages import heatmap
 from healer.pages.cost import incident_costs

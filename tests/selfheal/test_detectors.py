@@ -10,6 +10,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
+from healer.decide.rules import load_rules
 from healer.detect.collective_slowdown import CollectiveSlowdown
 from healer.detect.crash import Crash
 from healer.detect.gpu_fault import GpuFault
@@ -23,7 +24,6 @@ from healer.detect.registry import default_registry
 from healer.detect.straggler import Straggler, attribute, attribute_by_stage
 from healer.observe.heartbeats import HeartbeatTable
 from healer.observe.processes import ProcessExit, ProcessState
-from healer.decide.rules import load_rules
 from tests.healer.helpers import ManualClock
 from tests.selfheal.streams import JobStream
 from wire.telemetry import AttemptReport, RankExit

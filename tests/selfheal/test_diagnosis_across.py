@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from ground.typedconfig import ConfigError
-from healer.observe.processes import ProcessExit, ProcessView
-from healer.ports import HostVerdict
 from healer.decide.rules import load_rules
 from healer.incidents.timeline import job_timelines
 from healer.launchers.job_diagnosis import JobDiagnosis, local_env, split
+from healer.observe.processes import ProcessExit, ProcessView
+from healer.ports import HostVerdict
 from runbooks.spec import load_runbook
 from tests.conftest import REPO
 from tests.healer.helpers import ManualClock, make_healer

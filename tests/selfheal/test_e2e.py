@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from healer.ledger.goodput import compute
-from healer.incidents.jobstore import JobStore
 from healer.decide.rules import RuleSet
+from healer.incidents.jobstore import JobStore
 from healer.launchers.local_agents import LocalAgents
+from healer.ledger.goodput import compute
 from healer.oncall.alertmanager import AlertmanagerClient
 from healer.runner.build import JobSpec, build_job
 from healer.runner.build import shipped_rules as rule_set

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import DuplicateTimeseries
 
-from healer.ledger.goodput import CATEGORIES
 from healer.errors import DatabaseError
+from healer.ledger.goodput import CATEGORIES
 from healer.ledger.metrics import GoodputCollector, GoodputServer
 from tests.selfheal.test_goodput import CRASH, write_crash_run
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from healer.observe.heartbeats import HeartbeatTable
 from healer.launchers.agent_client import AgentClient
+from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.keeper import AgentKeeper
 from tests.healer.helpers import ManualClock, batch
 from tests.support import free_port

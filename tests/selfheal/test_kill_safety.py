@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from ground import kill, procfs
-from healer.observe.processes import ProcessView
 from healer.launchers.coordinator import Coordinator
+from healer.observe.processes import ProcessView
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit

@@ -14,8 +14,8 @@ import pytest
 
 from ground import procfs
 from ground.torchrun_report import parse_failures
-from healer.observe.processes import ProcessView
 from healer.launchers.coordinator import Coordinator, Unauthorized
+from healer.observe.processes import ProcessView
 
 pytestmark = pytest.mark.unit
 

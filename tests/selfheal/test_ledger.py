@@ -23,9 +23,9 @@ from dashboards.training import GOODPUT_SQL
 from ground.jsonl import append_jsonl
 from healer.engine.engine import Healer
 from healer.incidents.jobstore import JobStore
-from healer.ports import HostVerdict
 from healer.incidents.timeline import job_timelines
 from healer.ledger.store import LedgerWriter
+from healer.ports import HostVerdict
 from tests.deploy.test_dashboard_sql import grafana_sql
 from tests.selfheal.scripted import ScriptedRemediator
 from tests.selfheal.test_lifecycle import JOB, crash, setup, tick

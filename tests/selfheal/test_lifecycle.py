@@ -12,10 +12,10 @@ import pytest
 
 from healer.engine.engine import Healer
 from healer.incidents.jobstore import JobStore
+from healer.incidents.timeline import job_timelines
 from healer.observe.jobview import TickView
 from healer.observe.processes import ProcessExit, ProcessState, ProcessView
 from healer.ports import HostVerdict
-from healer.incidents.timeline import job_timelines
 from tests.healer.helpers import ManualClock, batch, make_healer
 from tests.selfheal.scripted import ScriptedRemediator
 

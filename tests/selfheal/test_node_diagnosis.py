@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from healer.decide.plans import Verdict
-from healer.ports import HostVerdict, to_verdict
-from healer.observe.processes import ProcessView
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.local_agents import LocalAgents, write_token
 from healer.launchers.node_diagnosis import (
     diagnose_node,
     diagnose_nodes,
 )
+from healer.observe.processes import ProcessView
+from healer.ports import HostVerdict, to_verdict
 from healer.runner.chaos import break_scratch
 from tests.conftest import REPO
 

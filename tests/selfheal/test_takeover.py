@@ -20,8 +20,8 @@ import pytest
 
 from ground import procfs
 from healer.incidents.db import make_engine
-from healer.ledger.goodput import compute
 from healer.incidents.timeline import IncidentTimeline, job_timelines
+from healer.ledger.goodput import compute
 from tests.conftest import REPO, job_env, kill_job
 from tests.support import wait_for
 from wire.run_paths import RunPaths

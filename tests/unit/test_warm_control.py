@@ -9,8 +9,8 @@ import json
 import msgspec
 import pytest
 
-from wire.orders import StartOrder, Worker, WorkersOrder, decode_order
 from healer.launchers.warm_control import WarmControl, WarmSettings, WarmUnavailable
+from wire.orders import StartOrder, Worker, WorkersOrder, decode_order
 
 pytestmark = pytest.mark.unit
 
