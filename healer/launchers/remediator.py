@@ -25,6 +25,7 @@ from healer.launchers import rank_records
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
 from healer.launchers.node_diagnosis import diagnose_nodes
+from healer.launchers.placement import Placement
 from healer.launchers.warm_control import WarmUnavailable
 from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
@@ -87,16 +88,33 @@ class LocalRemediator:
         runbooks cannot run, every host gets an `error` verdict saying so)."""
         self.cfg, self.sup, self.token, self.drainer, self.across = cfg, supervisor, token, drainer, across
         self.job = supervisor.cfg.job
-        self.nodes, self.spares, self.dp = tuple(cfg.nodes), tuple(cfg.spares), cfg.dp
-        self.skip_steps: set[int] = set()
-        """Steps whose batches every later attempt passes over (rollbacks accumulate)."""
-        self.excluded: set[str] = set()
-        """Hosts the healer left out of this job."""
+        self.placement = Placement(nodes=tuple(cfg.nodes), spares=tuple(cfg.spares), dp=cfg.dp)
+        """Where the job runs: replaced whole at each change (state() reads it from another thread)."""
         self._orders: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._pending = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="megaheal-remediator", daemon=True)
         self._thread.start()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.placement.nodes
+
+    @property
+    def spares(self) -> tuple[str, ...]:
+        return self.placement.spares
+
+    @property
+    def dp(self) -> int:
+        return self.placement.dp
+
+    @property
+    def excluded(self) -> frozenset[str]:
+        return self.placement.excluded
+
+    @property
+    def skip_steps(self) -> frozenset[int]:
+        return self.placement.skip_steps
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -106,17 +124,15 @@ class LocalRemediator:
 
     def start_next(self, resume: str = "auto") -> None:
         """The next attempt on the current hosts, outside any incident (a take-over found nothing to finish)."""
-        self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+        self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self.placement.skip_override())
 
     def take_over(self, excluded: set[str], skip_steps: set[int]) -> TakenOver:
         """After the job's previous healer died: adopt its last attempt if it still runs, else stop what is left of
         it; go on with its hosts, dp degree and skipped batches (a host it left out stays out)."""
         adopted, killed = self.sup.take_over(self.token)
         last = Journal.of(RunPaths(Path(self.sup.cfg.run_dir)).journal).last_start()
-        if last is not None:
-            self.nodes, self.dp = tuple(last.nodes), int(last.dp or self.dp)
-        self.spares = tuple(n for n in self.cfg.spares if n not in self.nodes and n not in excluded)
-        self.skip_steps, self.excluded = set(skip_steps), set(excluded)
+        self.placement = self.placement.taken_over(tuple(last.nodes) if last else None, last.dp if last else None,
+                                                   tuple(self.cfg.spares), excluded, skip_steps)
         return TakenOver(killed=killed, nodes=self.nodes, dp=self.dp,
                          attempt=last.attempt if last is not None else None, adopted=adopted)
 
@@ -239,7 +255,7 @@ class LocalRemediator:
         # NOTE: the hosts it leaves out are out from the order on, not once the old attempt is stopped: while it is
         # (its ranks hidden from the detectors), a host's lasting fault (a GPU that keeps its Xid) reads as no job's
         # and opened an incident of its own.
-        self.excluded = self.excluded | (set(self.nodes) - set(order.nodes) - set(order.released))
+        self.placement = self.placement.leaving_out(order.nodes, order.released)
 
         def run() -> None:
             try:
@@ -262,11 +278,10 @@ class LocalRemediator:
     def _restart_warm(self, order: RestartOrder) -> Started:
         """The next attempt from the running one's processes (Coordinator.restart_warm); it waits, a bounded time,
         for every rank to say which step it resumed from."""
-        skip = self.skip_steps | set(order.skip_steps)
-        skip_override = (f"skip_steps=[{','.join(map(str, sorted(skip)))}]",) if skip else ()
-        attempt = self.sup.restart_warm(self.token, self.nodes, self.dp, extra=skip_override,
+        attempt = self.sup.restart_warm(self.token, self.nodes, self.dp,
+                                        extra=self.placement.skip_override(order.skip_steps),
                                         at_most_step=order.resume_step, why=order.mode_why)
-        self.skip_steps = skip
+        self.placement = self.placement.skipping(order.skip_steps)
         assert attempt.warm is not None and self.sup.warm is not None
         deadline = time.monotonic() + WARM_READY_WAIT_S
         resumed: dict[str, str] = {}
@@ -300,14 +315,11 @@ class LocalRemediator:
             # What --resume auto will pick: the same choice the ranks make.
             choice = choose_resume(RunPaths(run_dir).checkpoints)
             resume, from_step = "auto", choice.checkpoint.step if choice.checkpoint is not None else 0
-        self.spares = tuple(s for s in self.spares if s not in order.nodes) + \
-            tuple(n for n in order.released if n not in self.spares)
-        left_out = set(self.nodes) - set(order.nodes) - set(order.released)
-        self.excluded = self.excluded | left_out  # rebound, not changed in place: state() reads it from another thread
-        self.nodes, self.dp = tuple(order.nodes), order.dp
-        self.skip_steps |= set(order.skip_steps)
+        placement, left_out = self.placement.moved_to(order.nodes, order.dp, order.released)
+        self.placement = placement.skipping(order.skip_steps)
         try:
-            attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self._skip_override())
+            attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume,
+                                     extra=self.placement.skip_override())
         finally:
             if left_out and self.drainer is not None:
                 # NOTE: after the start, so the scheduler's answer never adds to the time to recover; whether the
@@ -315,9 +327,6 @@ class LocalRemediator:
                 self.drainer.left_out(order.incident_id, left_out)
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC), from_step=from_step,
                        resume=resume, nodes=self.nodes, dp=self.dp, mode="cold", mode_why=why)
-
-    def _skip_override(self) -> tuple[str, ...]:
-        return (f"skip_steps=[{','.join(map(str, sorted(self.skip_steps)))}]",) if self.skip_steps else ()
 
     def _submit(self, order: Callable[[], None]) -> None:
         with self._lock:
