@@ -195,6 +195,15 @@ def _remedy(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
     return Decision(Action.REMEDIATE, S.REMEDIATING, plan.basis, f.now + rule.recovery_deadline, plan)
 
 
+def will_restart(kind: str, rule: Rule | None, state: IncidentState) -> bool:
+    """Whether an open incident's decision, still to come, restarts the job: its remedy (the rule's, else its
+    kind's) restarts it, or its kind stops the job (which comes back only by a restart). A healer that takes a run
+    over starts the next attempt itself only when no incident will."""
+    fk = fault(kind)
+    remedy = rule.remedy if rule is not None and rule.remedy is not None else fk.remedy
+    return state is not IncidentState.REMEDIATING and (remedy.restarts or fk.stops_job)
+
+
 def page_now(policy: str, state: IncidentState) -> bool:
     """Whether the incident should carry page="true" to Alertmanager now."""
     if policy == "always":

@@ -55,7 +55,7 @@ def recover(responder: Responder, view: TickView, now: datetime) -> list[int]:
             responder.jobs.restart_ended(row.id, "recovered", now, first)
         responder.metrics.transitions.labels(S.REMEDIATING.value, S.RESOLVED.value).inc()
         log.warning("incident %d recovered: attempt %d trains from step %d", incident.id, state.attempt, first)
-        responder._changed(incident.id, "transition", S.REMEDIATING.value, S.RESOLVED.value)
+        responder.changed(incident.id, "transition", S.REMEDIATING.value, S.RESOLVED.value)
         done.append(incident.id)
     return done
 
@@ -86,7 +86,7 @@ def _diagnose_again(responder: Responder, incident_id: int, rule: Rule | None, n
     incident = responder.store.row(incident_id)
     facts = responder.facts(incident, rule, now)
     # NOTE: after a take-over no warm pool runs (the new healer stops what it finds): the rule's runbook, job stopped.
-    responder._diagnose(incident, rule.runbook, facts, stop_first=facts.kind.stops_job)
+    responder.diagnose(incident, rule.runbook, facts, stop_first=facts.kind.stops_job)
 
 
 def _restart_again(responder: Responder, incident_id: int, adopted: int | None) -> None:
@@ -105,4 +105,4 @@ def _restart_again(responder: Responder, incident_id: int, adopted: int | None) 
                                             resume_step=resume_step, cause="take-over", highest_step=last.highest_step)
     order = RestartOrder(incident_id=incident_id, restart_id=restart_id, nodes=tuple(last.nodes),
                          dp=last.dp or r.state().dp, resume_step=resume_step, skip_steps=tuple(last.skip_steps or ()))
-    r.restart(order, lambda result: responder._restarted(incident_id, None, restart_id, result))
+    r.restart(order, lambda result: responder.restarted(incident_id, None, restart_id, result))

@@ -49,7 +49,7 @@ class Responder:
     def __init__(self, *, store: IncidentStore, jobs: JobStore, ruleset: RuleSet, metrics: HealerMetrics,
                  remediator: Remediator | None, diagnoser: Diagnoser | None, changed: Changed) -> None:
         self.store, self.jobs, self.ruleset, self.metrics = store, jobs, ruleset, metrics
-        self.remediator, self.diagnoser, self._changed = remediator, diagnoser, changed
+        self.remediator, self.diagnoser, self.changed = remediator, diagnoser, changed
         self.rules = {r.name: r for r in ruleset.rules}
         self.halted: str | None = None
         """Why the healer stopped its job for good (an escalation of a fault the job cannot go on with)."""
@@ -102,10 +102,10 @@ class Responder:
         self.metrics.transitions.labels(state.value, decision.to_state.value).inc()
         log.warning("incident %d: %s -> %s (%s)", incident.id, state.value, decision.to_state.value,
                     decision.basis.get("reason"))
-        self._changed(incident.id, "transition", state.value, decision.to_state.value)
+        self.changed(incident.id, "transition", state.value, decision.to_state.value)
         if decision.action is Action.DIAGNOSE and rule is not None and rule.runbook:
             live = bool(decision.basis.get("live"))
-            self._diagnose(incident, decision.basis["runbook"] if live else rule.runbook, facts,
+            self.diagnose(incident, decision.basis["runbook"] if live else rule.runbook, facts,
                            stop_first=facts.kind.stops_job and not live)
         elif decision.action is Action.REMEDIATE:
             self._remediate(incident, decision, facts)
@@ -213,7 +213,7 @@ class Responder:
 
     # ---- carrying decisions out --------------------------------------------------------------------------
 
-    def _diagnose(self, incident: Incident, runbook: str, facts: IncidentFacts, stop_first: bool) -> None:
+    def diagnose(self, incident: Incident, runbook: str, facts: IncidentFacts, stop_first: bool) -> None:
         """`stop_first`: stop the job before the runbook runs (one that wants the hosts idle, for a fault that ended
         the job anyway)."""
         job = facts.job
@@ -295,10 +295,10 @@ class Responder:
                              dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
                              skip_steps=skip, warm=plan.warm, released=plan.released,
                              mode_why=str((plan.basis.get("restart") or {}).get("why", "")))
-        r.restart(order, lambda result: self._restarted(incident.id, remediation_id, restart_id, result,
+        r.restart(order, lambda result: self.restarted(incident.id, remediation_id, restart_id, result,
                                                         incident.attempt))
 
-    def _restarted(self, incident_id: int, remediation_id: int | None, restart_id: int,
+    def restarted(self, incident_id: int, remediation_id: int | None, restart_id: int,
                    result: Started | Failed, stopped: int | None = None) -> None:
         if isinstance(result, Started):
             # NOTE: read again now that the attempt is stopped: its ranks trained on between the decision and the
@@ -321,7 +321,7 @@ class Responder:
         if self.store.transition(incident_id, S.REMEDIATING, S.ESCALATED,
                                  {"reason": f"the restart could not be started: {result.reason}"}, next_action_at=None):
             self._halt(f"incident {incident_id}: the restart could not be started")
-            self._changed(incident_id, "transition", S.REMEDIATING.value, S.ESCALATED.value)
+            self.changed(incident_id, "transition", S.REMEDIATING.value, S.ESCALATED.value)
 
     def _escalate(self, incident: Incident, decision: Decision) -> None:
         self.store.add_remediation(incident.id, Remedy.ESCALATE.value, decision.to_payload(), "paged")

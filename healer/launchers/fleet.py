@@ -5,6 +5,9 @@ through the agents themselves (healer/launchers/coordinator.py), so the healer's
 - local (healer/launchers/local_agents.py): every host is an agent process on this machine;
 - slurm (healer/launchers/slurm_agents.py): one agent per host of the allocation, started with srun; a host can be
   drained so that the scheduler keeps other jobs off it too.
+
+Each is chosen by its own nested Config in the run's spec (healer/launchers/launchers.py holds which Config is whose);
+a new launcher is a module with an AgentFleet, its Config and `for_run`, and one line there.
 """
 
 from __future__ import annotations
@@ -56,6 +59,19 @@ class AgentFleet(Protocol):
     def stop(self) -> None:
         """End every agent (the job's ranks must already be stopped); twice is once."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What a launcher gives one run of `megaheal run` (healer/launchers/launchers.py chooses the launcher)."""
+
+    fleet: AgentFleet
+    listen: str
+    """Where the run's endpoint for the agents' batches binds: loopback when every host is this machine."""
+    rank_env: dict[str, str]
+    """GLOO_/NCCL_... settings every rank gets."""
+    across_env: dict[str, str]
+    """The environment a runbook across the job's hosts runs in, from the healer's machine."""
 
 
 @dataclass(kw_only=True, slots=True)

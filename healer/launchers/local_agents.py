@@ -22,7 +22,8 @@ from typing import IO, Any
 from ground import procfs
 from healer.launchers import agent_registry
 from healer.launchers.agent_client import AgentClient
-from healer.launchers.fleet import AgentSettings
+from healer.launchers.fleet import AgentSettings, Launch
+from healer.launchers.job_diagnosis import local_env
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -54,6 +55,22 @@ class LocalAgent:
 @dataclass(kw_only=True, slots=True)
 class LocalAgents(AgentSettings):
     """One `megaheal agent` process per host, on this machine."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """A run whose hosts are this machine's."""
+
+        nvml: dict[str, Any] = field(default_factory=dict)
+        """Per host, the NVML handle its sidecar reads (tests hand a recorded one; then the agents run in process);
+        none by default: the local hosts share this machine."""
+
+    @classmethod
+    def for_run(cls, cfg: Config, run_dir: Path, token_file: Path) -> Launch:
+        rank_env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+        fleet = cls(run_dir=run_dir, healer_url="", token_file=token_file, in_process=bool(cfg.nvml),
+                    nvml=dict(cfg.nvml), extra_env=rank_env)
+        # Runbooks across the job's hosts run from here, over local ranks only.
+        return Launch(fleet=fleet, listen="127.0.0.1:0", rank_env=rank_env, across_env=local_env(os.environ) | rank_env)
 
     in_process: bool = False
     """Run the agents as threads of this process (tests that hand one a recorded NVML): the same agents, orders and

@@ -1,4 +1,5 @@
-"""A job's hands: the core's Remediator over the coordinator of its node agents (healer/launchers/coordinator.py).
+"""A job's hands, whatever its launcher: the Remediator port (healer/ports.py) over the coordinator of its node agents
+(healer/launchers/coordinator.py), with the job's placement (healer/launchers/placement.py).
 
 Orders (stop, diagnose, restart) run one after the other on a worker thread of their own, so the healer's loop
 never waits for a 90 s diagnosis or an attempt that takes its time to die; each reports back through its callback.
@@ -51,7 +52,7 @@ WARM_READY_WAIT_S = 60.0
 the wait: a rank of it failed, or its attempt is done, and the crash that follows restarts cold)."""
 
 
-class LocalRemediator:
+class AgentRemediator:
     @dataclass(kw_only=True, slots=True)
     class Config:
         nodes: tuple[str, ...]
@@ -350,7 +351,7 @@ class LocalRemediator:
             log.error("a remediation order failed", exc_info=True)
 
 
-def wait_idle(remediator: LocalRemediator, timeout_s: float) -> bool:
+def wait_idle(remediator: AgentRemediator, timeout_s: float) -> bool:
     """Wait until every queued order is carried out (tests, shutdown); False on timeout."""
     deadline = time.monotonic() + timeout_s
     while remediator.busy and time.monotonic() < deadline:

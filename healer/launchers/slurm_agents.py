@@ -26,13 +26,14 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 from ground import slurm
 from ground.slurm import SlurmError
 from healer.launchers import agent_registry
 from healer.launchers.allocation import Allocation
-from healer.launchers.fleet import AgentSettings
+from healer.launchers.fleet import AgentSettings, Launch
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "megaheal-agent:"
@@ -64,6 +65,23 @@ class SlurmAgents(AgentSettings):
     agents: dict[str, AgentStep] = field(default_factory=dict)
 
     hosts_are_local = False
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """A run on the hosts of the Slurm allocation it runs in."""
+
+        allocation: Allocation
+
+    @classmethod
+    def for_run(cls, cfg: Config, run_dir: Path, token_file: Path) -> Launch:
+        # The agents are on other hosts: the endpoint binds this machine's address towards them, and gloo finds each
+        # host's own address from its name unless the operator chose an interface.
+        rank_env = slurm.srun_env({k: v for k, v in os.environ.items() if k == "GLOO_SOCKET_IFNAME"})
+        fleet = cls(run_dir=run_dir, healer_url="", token_file=token_file, allocation=cfg.allocation,
+                    extra_env=rank_env)
+        # Runbooks across the job's hosts run from here, inside the allocation (srun finds the job in our environment).
+        return Launch(fleet=fleet, listen=f"{cfg.allocation.healer_address}:0", rank_env=rank_env,
+                      across_env=slurm.srun_env(os.environ))
 
     def agent_argv(self, node: str) -> list[str]:
         """The srun step of `node`'s agent: an argument list (nothing reaches a shell); every value in it is the

@@ -12,7 +12,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ground.slurm import srun_env
 from ground.typedconfig import from_mapping
 from healer.decide.rules import DEFAULT_RULES, DetectorCondition, RuleSet, load_rule_set
 from healer.detect.registry import default_registry
@@ -20,14 +19,12 @@ from healer.engine.engine import Healer
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.metrics import HealerMetrics
 from healer.incidents.store import IncidentStore
-from healer.launchers.allocation import Allocation
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
-from healer.launchers.fleet import AgentFleet
-from healer.launchers.job_diagnosis import JobDiagnosis, local_env
+from healer.launchers.job_diagnosis import JobDiagnosis
+from healer.launchers.launchers import LauncherConfig, launch
 from healer.launchers.local_agents import LocalAgents, write_token
-from healer.launchers.remediator import LocalRemediator
-from healer.launchers.slurm_agents import SlurmAgents
+from healer.launchers.remediator import AgentRemediator
 from healer.launchers.warm_control import WarmSettings
 from healer.ledger.store import LedgerWriter
 from healer.observe.heartbeats import HeartbeatTable
@@ -63,12 +60,10 @@ class JobSpec:
     """Links in the alerts (the healer service on the same database, if one runs)."""
     grace: timedelta = timedelta(seconds=30)
     """A graceful stop's SIGTERM to SIGKILL (time for the final checkpoint)."""
-    nvml: dict[str, Any] = field(default_factory=dict)
-    """Per host, the NVML handle its sidecar reads (none by default: the local hosts share this machine)."""
     loop: LoopConfig = field(default_factory=LoopConfig)
-    allocation: Allocation | None = None
-    """Run on the hosts of this Slurm allocation, an agent per host started with srun (healer/launchers/
-    slurm_agents.py); None: local agents on this machine."""
+    launcher: LauncherConfig = field(default_factory=LocalAgents.Config)
+    """Which launcher starts the hosts' agents, by its Config (healer/launchers/launchers.py): local agents on this
+    machine (the default), or an agent per host of the Slurm allocation this runs in, started with srun."""
     drain: bool = False
     """Drain in the scheduler the hosts a restart leaves out because they failed diagnosis or are lemons."""
     warm: WarmSettings | None = None
@@ -137,29 +132,16 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     resend = timedelta(seconds=30)
     sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
     table = HeartbeatTable()
-    agents: AgentFleet
-    if spec.allocation is None:
-        reports = ReportServer(table, token)
-        rank_env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-        agents = LocalAgents(run_dir=spec.run_dir, healer_url="", token_file=token_file, in_process=bool(spec.nvml),
-                             nvml=dict(spec.nvml), extra_env=rank_env)
-    else:
-        # The agents are on other hosts: the endpoint binds this machine's address towards them, and gloo finds
-        # each host's own address from its name unless the operator chose an interface.
-        reports = ReportServer(table, token, listen=f"{spec.allocation.healer_address}:0")
-        rank_env = srun_env({k: v for k, v in os.environ.items() if k == "GLOO_SOCKET_IFNAME"})
-        agents = SlurmAgents(run_dir=spec.run_dir, healer_url="", token_file=token_file, allocation=spec.allocation,
-                             extra_env=rank_env)
+    launched = launch(spec.launcher, spec.run_dir, token_file)
+    agents, rank_env = launched.fleet, launched.rank_env
+    reports = ReportServer(table, token, listen=launched.listen)
     coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
                                                  nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
                                                  grace=spec.grace, hosts_are_local=agents.hosts_are_local,
                                                  warm=spec.warm),
                               table.processes, token, env=rank_env)
-    # Runbooks across the job's hosts run from here: inside the allocation (srun finds the job in our environment)
-    # or, with local agents, over local ranks only.
-    across_env = srun_env(os.environ) if spec.allocation is not None else local_env(os.environ) | rank_env
-    across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=across_env)
-    remediator = LocalRemediator(LocalRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
+    across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
+    remediator = AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
                                                         valid_dp=valid_dp(cfg)), coordinator, token,
                                  drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
     healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),

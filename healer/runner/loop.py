@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from healer.decide.catalogue import fault
+from healer.decide.policy import will_restart
 from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
 from healer.errors import DatabaseError
@@ -29,7 +29,7 @@ from healer.incidents.timeline import IncidentTimeline, job_timelines
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
-from healer.launchers.remediator import LocalRemediator, wait_idle
+from healer.launchers.remediator import AgentRemediator, wait_idle
 from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.keeper import AgentKeeper
 from healer.runner.reports import ReportServer
@@ -52,7 +52,7 @@ class LoopConfig:
 
 
 class SelfHealingJob:
-    def __init__(self, healer: Healer, remediator: LocalRemediator, agents: AgentFleet, reports: ReportServer,
+    def __init__(self, healer: Healer, remediator: AgentRemediator, agents: AgentFleet, reports: ReportServer,
                  table: HeartbeatTable, cfg: LoopConfig | None = None,
                  background: list[Callable[[], object]] | None = None) -> None:
         """`background`: called every `notify_every` off the loop (the goodput ledger writer, say)."""
@@ -118,10 +118,7 @@ class SelfHealingJob:
         for incident in self.healer.store.of_job(self.job, OPEN_STATES):
             if self.healer.responder.restart_pending(incident.id):
                 return True
-            rule = self.healer.rules.get(incident.rule)
-            kind = fault(incident.kind)
-            remedy = rule.remedy if rule is not None and rule.remedy is not None else kind.remedy
-            if incident.state != S.REMEDIATING.value and (remedy.restarts or kind.stops_job):
+            if will_restart(incident.kind, self.healer.rules.get(incident.rule), S(incident.state)):
                 return True
         return False
 

@@ -17,7 +17,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,9 @@ from typing import Any
 from ground.names import derive_name
 from healer.decide.rules import load_rule_set
 from healer.launchers.allocation import Allocation
+from healer.launchers.launchers import LauncherConfig
 from healer.launchers.local_agents import LocalAgents
+from healer.launchers.slurm_agents import SlurmAgents
 from healer.launchers.warm_control import WarmSettings
 from healer.ledger.metrics import GoodputServer
 from healer.runner.build import JobSpec, build_job
@@ -116,7 +118,7 @@ class Placement:
     nodes: tuple[str, ...] = NODES
     spares: tuple[str, ...] = SPARES
     overrides: tuple[str, ...] = ()
-    allocation: Allocation | None = None
+    launcher: LauncherConfig = field(default_factory=LocalAgents.Config)
     drain: bool = False
 
 
@@ -130,8 +132,8 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None)
     dp = allocation.dp(cfg, len(nodes))
     print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {allocation.ranks_per_node} ranks "
           f"({', '.join(nodes)}; dp {dp}), spare(s): {', '.join(spare_hosts) or 'none'}")
-    return Placement(nodes=nodes, spares=spare_hosts, overrides=(f"parallel.dp={dp}",), allocation=allocation,
-                     drain=True if drain is None else drain)
+    return Placement(nodes=nodes, spares=spare_hosts, overrides=(f"parallel.dp={dp}",),
+                     launcher=SlurmAgents.Config(allocation=allocation), drain=True if drain is None else drain)
 
 
 def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule | None, timeout: timedelta,
@@ -142,12 +144,12 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
     spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=config, run_dir=run_dir, nodes=placement.nodes,
                    spares=placement.spares, overrides=("checkpoint.every_steps=5", *start_overrides, *overrides),
                    rules=load_rule_set(list(rules)) if rules else None, db_url=db_url,
-                   alertmanager_url=alertmanager_url, allocation=placement.allocation, drain=placement.drain, warm=warm)
+                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain, warm=warm)
     job = build_job(spec)
     sup = job.sup
     # NOTE: a break-node fault breaks the host's local disk from here: only where the hosts are this machine's.
     scratch_of = (lambda rank: LocalAgents.scratch_dir(run_dir, sup.node_of_rank(rank))) \
-        if placement.allocation is None else None
+        if isinstance(placement.launcher, LocalAgents.Config) else None
     chaos = Chaos(schedule, job.remediator.signal_rank, RunPaths(run_dir).checkpoints, scratch_of=scratch_of) \
         if schedule else None
 

@@ -1,6 +1,6 @@
 """A remediator whose hands are scripted: it records the orders the healer gives and carries them out when the
 test says so, so the engine's lifecycle (decide, diagnose, restart, recover, take over) can be driven tick by tick
-without processes. The real hands (LocalRemediator over torchrun agents) are in the end-to-end tests."""
+without processes. The real hands (AgentRemediator over torchrun agents) are in the end-to-end tests."""
 
 from __future__ import annotations
 

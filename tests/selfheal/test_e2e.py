@@ -55,7 +55,7 @@ def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, .
     spec = JobSpec(job="e2e", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir, nodes=("n1", "n2"),
                    spares=spares, overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
                    rules=rules or rule_set(), alertmanager_url=alertmanager_url, grace=timedelta(seconds=20),
-                   nvml=dict(nvml or {}))
+                   launcher=LocalAgents.Config(nvml=dict(nvml or {})))
     job = build_job(spec)
     _built.append(job)
     if callable(before_start):

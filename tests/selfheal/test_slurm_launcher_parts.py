@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from ground import slurm
 from healer.incidents.timeline import IncidentTimeline
 from healer.launchers.allocation import Allocation, NotInAllocation, route_address
 from healer.launchers.drain import drain_reason, proven_bad
+from healer.launchers.launchers import launch
+from healer.launchers.local_agents import LocalAgents
 from healer.launchers.slurm_agents import SlurmAgents
 from tests.conftest import REPO
 from train.config import load_config
@@ -106,3 +109,21 @@ def test_scontrols_one_line_node_records_are_read_with_a_reason_that_has_spaces(
 
 def test_the_healer_listens_on_its_address_towards_the_hosts() -> None:
     assert route_address("127.0.0.1") == "127.0.0.1"
+
+
+def test_the_launcher_is_the_one_whose_config_the_run_holds(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    slurm = launch(SlurmAgents.Config(allocation=ALLOC), tmp_path, tmp_path / "token")
+    assert isinstance(slurm.fleet, SlurmAgents) and slurm.listen == "10.0.0.1:0" and not slurm.fleet.hosts_are_local
+    assert "GLOO_SOCKET_IFNAME" not in slurm.rank_env, "across hosts gloo must not be pinned to loopback"
+    local = launch(LocalAgents.Config(), tmp_path, tmp_path / "token")
+    assert isinstance(local.fleet, LocalAgents) and local.listen == "127.0.0.1:0" and local.fleet.hosts_are_local
+    assert local.rank_env == {"GLOO_SOCKET_IFNAME": "lo"}
+
+    @dataclass
+    class KubernetesConfig:
+        namespace: str = "training"
+
+    with pytest.raises(ValueError, match=r"no launcher takes a .*KubernetesConfig; known: LocalAgents.Config, "
+                                         r"SlurmAgents.Config"):
+        launch(KubernetesConfig(), tmp_path, tmp_path / "token")  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from ground.names import check_name, derive_name, is_name
 from ground.typedconfig import ConfigError
 from healer.agent.node import torchrun_argv
 from healer.launchers.coordinator import Coordinator
-from healer.launchers.remediator import LocalRemediator
+from healer.launchers.remediator import AgentRemediator
 from healer.runner.run import job_name
 from runbooks.spec import load_runbook
 from tests.conftest import CONFIGS
@@ -56,7 +56,7 @@ def test_it_refuses_a_bad_name_wherever_a_job_or_node_name_enters(tmp_path: Path
     with pytest.raises(ValueError, match="job must be a name"):
         Coordinator.Config(job=name, config="c.yaml", run_dir=tmp_path)
     with pytest.raises(ValueError, match="node must be a name"):
-        LocalRemediator.Config(nodes=("n1", name), spares=(), dp=1)
+        AgentRemediator.Config(nodes=("n1", name), spares=(), dp=1)
 
 
 def test_it_accepts_the_names_clusters_use() -> None:
