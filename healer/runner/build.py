@@ -31,6 +31,8 @@ from healer.observe.heartbeats import HeartbeatTable
 from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
+from healer.service.api import create_app
+from healer.service.health import Readiness
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
 from wire.run_paths import RunPaths
@@ -134,7 +136,6 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     table = HeartbeatTable()
     launched = launch(spec.launcher, spec.run_dir, token_file)
     agents, rank_env = launched.fleet, launched.rank_env
-    reports = ReportServer(table, token, listen=launched.listen)
     coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
                                                  nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
                                                  grace=spec.grace, hosts_are_local=agents.hosts_are_local,
@@ -146,5 +147,9 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                                  drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
     healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),
                     remediator=remediator, resend=resend)
+    # The service's own HTTP API, on the launcher's address: the agents' batches, and the incidents for who asks.
+    readiness = Readiness(lambda: ensure_schema(engine))
+    readiness.probe()
+    reports = ReportServer(create_app(healer, readiness, token, max_body=4 << 20), listen=launched.listen)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)
     return SelfHealingJob(healer, remediator, agents, reports, table, spec.loop, background=[ledger.write])

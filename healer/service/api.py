@@ -1,4 +1,5 @@
-"""The HTTP API (Starlette, served by uvicorn).
+"""The healer's one HTTP API (Starlette, served by uvicorn), for both front doors: the service (`megaheal healer`)
+serves it on its address, and `megaheal run` serves it to its node agents (healer/runner/reports.py).
 
     POST /v1/heartbeats                  heartbeat batches from the sidecars         (token)
     POST /v1/heartbeats/relayed          a relay's batch of its nodes' batches       (token)
@@ -18,7 +19,8 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
@@ -32,6 +34,8 @@ from starlette.routing import Route
 from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
 from healer.errors import BadRequest, DatabaseError, IllegalTransition, NotFound
+from healer.incidents.metrics import HealerMetrics
+from healer.observe.heartbeats import HeartbeatTable
 from healer.service.detection_first import DetectionFirst
 from healer.service.health import UNAVAILABLE, Readiness
 from healer.service.requests import Refused, decode_json, incident_query, not_empty, parse_int, person_fields, read_body
@@ -48,34 +52,7 @@ MAX_RELAY_BODY = 32 << 20
 def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int = 1 << 20,
                max_relay_body: int = MAX_RELAY_BODY, detection_first: DetectionFirst | None = None) -> Starlette:
     """`detection_first`: the gate heartbeats wait at while a detection cycle reads (None: they never wait)."""
-    expected = f"Bearer {token}".encode()
-
-    def authorized(request: Request) -> bool:
-        given = request.headers.get("authorization", "").encode()
-        # NOTE: constant-time comparison, so the token cannot be guessed byte by byte from response times.
-        return hmac.compare_digest(given, expected)
-
-    def authorize(request: Request) -> None:
-        if not authorized(request):
-            raise Refused(401, "missing or wrong bearer token (Authorization: Bearer ...)")
-
-    async def heartbeats(request: Request) -> Response:
-        authorize(request)
-        # NOTE: the raw bytes: the heartbeat table decodes them straight into the typed batch (wire/telemetry.py).
-        body = not_empty(await read_body(request, max_body))
-        if detection_first is not None:
-            await detection_first.wait()
-        # NOTE: in memory only and cheap: run on the event loop, no thread hop per batch (1,536 batches/s at scale).
-        taken = healer.ingest_heartbeats(body)
-        return JSONResponse({"accepted": taken}, status_code=202)
-
-    async def relayed(request: Request) -> Response:
-        authorize(request)
-        body = not_empty(await read_body(request, max_relay_body))
-        if detection_first is not None:
-            await detection_first.wait()
-        nodes, taken = healer.ingest_relayed(body)
-        return JSONResponse({"nodes": nodes, "accepted": taken}, status_code=202)
+    authorized, authorize = _token_check(token)
 
     async def alertmanager(request: Request) -> Response:
         authorize(request)
@@ -108,9 +85,6 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
         if not readiness.ready:
             raise Refused(503, "database unavailable: " + (readiness.reason if authorized(request) else UNAVAILABLE))
 
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
     async def readyz(request: Request) -> Response:
         body = readiness.report(detail=authorized(request))
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
@@ -120,25 +94,95 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     routes = [
-        Route("/v1/heartbeats", heartbeats, methods=["POST"]),
-        Route("/v1/heartbeats/relayed", relayed, methods=["POST"]),
+        *_ingest_routes(healer, authorize, max_body, max_relay_body, detection_first),
         Route("/v1/alertmanager", alertmanager, methods=["POST"]),
         Route("/v1/incidents", list_incidents, methods=["GET"]),
         Route("/v1/incidents/{id}", get_incident, methods=["GET"]),
         Route("/v1/incidents/{id}/ack", person_action(IncidentState.ACKNOWLEDGED), methods=["POST"]),
         Route("/v1/incidents/{id}/resolve", person_action(IncidentState.RESOLVED), methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers=_handlers(healer, authorized))
+    app = Starlette(routes=routes, exception_handlers=_handlers(healer.metrics, authorized))
     return app
 
 
-def _handlers(healer: Healer, authorized: Callable[[Request], bool]
+class Ingest(Protocol):
+    """What takes heartbeats: the engine (healer/engine/engine.py), or a table alone (`TableIngest`)."""
+
+    def ingest_heartbeats(self, body: bytes) -> int: ...
+
+    def ingest_relayed(self, body: bytes) -> tuple[int, int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TableIngest:
+    """Heartbeats into a table with no healer around it: an agent's or a relay's tests, which need only the healer's
+    endpoint (the same routes, checks and answers as the healer's)."""
+
+    table: HeartbeatTable
+
+    def ingest_heartbeats(self, body: bytes) -> int:
+        return self.table.ingest(body)
+
+    def ingest_relayed(self, body: bytes) -> tuple[int, int]:
+        return self.table.ingest_relayed(body)
+
+
+def ingest_app(ingest: Ingest, token: str, metrics: HealerMetrics | None = None, max_body: int = 4 << 20) -> Starlette:
+    """Only the routes that take heartbeats (and /healthz), for `ingest`."""
+    authorized, authorize = _token_check(token)
+    return Starlette(routes=_ingest_routes(ingest, authorize, max_body, MAX_RELAY_BODY, None),
+                     exception_handlers=_handlers(metrics or HealerMetrics(), authorized))
+
+
+def _ingest_routes(ingest: Ingest, authorize: Callable[[Request], None], max_body: int, max_relay_body: int,
+                   detection_first: DetectionFirst | None) -> list[Route]:
+    async def heartbeats(request: Request) -> Response:
+        authorize(request)
+        # NOTE: the raw bytes: the heartbeat table decodes them straight into the typed batch (wire/telemetry.py).
+        body = not_empty(await read_body(request, max_body))
+        if detection_first is not None:
+            await detection_first.wait()
+        # NOTE: in memory only and cheap: run on the event loop, no thread hop per batch (1,536 batches/s at scale).
+        taken = ingest.ingest_heartbeats(body)
+        return JSONResponse({"accepted": taken}, status_code=202)
+
+    async def relayed(request: Request) -> Response:
+        authorize(request)
+        body = not_empty(await read_body(request, max_relay_body))
+        if detection_first is not None:
+            await detection_first.wait()
+        nodes, taken = ingest.ingest_relayed(body)
+        return JSONResponse({"nodes": nodes, "accepted": taken}, status_code=202)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return [Route("/v1/heartbeats", heartbeats, methods=["POST"]),
+            Route("/v1/heartbeats/relayed", relayed, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"])]
+
+
+def _token_check(token: str) -> tuple[Callable[[Request], bool], Callable[[Request], None]]:
+    expected = f"Bearer {token}".encode()
+
+    def authorized(request: Request) -> bool:
+        given = request.headers.get("authorization", "").encode()
+        # NOTE: constant-time comparison, so the token cannot be guessed byte by byte from response times.
+        return hmac.compare_digest(given, expected)
+
+    def authorize(request: Request) -> None:
+        if not authorized(request):
+            raise Refused(401, "missing or wrong bearer token (Authorization: Bearer ...)")
+
+    return authorized, authorize
+
+
+def _handlers(metrics: HealerMetrics, authorized: Callable[[Request], bool]
               ) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
     def refusal(request: Request, status: int, message: str, field: str | None = None) -> Response:
-        healer.metrics.rejected.labels(_endpoint(request), str(status)).inc()
+        metrics.rejected.labels(_endpoint(request), str(status)).inc()
         return JSONResponse({"error": message, "field": field}, status_code=status)
 
     async def on_refused(request: Request, exc: Exception) -> Response:

@@ -17,6 +17,7 @@ from healer.agent.node import NodeAgent
 from healer.launchers.agent_client import AgentClient, OrderFailed
 from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.reports import ReportServer
+from healer.service.api import TableIngest, ingest_app
 from tests.conftest import CONFIGS, REPO
 from tests.support import wait_for
 from wire.orders import Order, RunbookOrder, SignalOrder, StartOrder, StopOrder
@@ -29,7 +30,7 @@ PHASES = {"startup", "restore", "data_wait", "forward_backward", "dp_gather", "d
 @pytest.fixture
 def agent(tmp_path: Path) -> Any:
     table = HeartbeatTable()
-    reports = ReportServer(table, TOKEN)
+    reports = ReportServer(ingest_app(TableIngest(table), TOKEN))
     url = reports.start()
     node = NodeAgent(NodeAgent.Config(node="n1", token=TOKEN, work_dir=tmp_path / "agent", scratch_dir=tmp_path / "tmp",
                                       healer_url=url, socket_path=str(tmp_path / "r.sock"), cwd=REPO,

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from healer.incidents import db
+from tests.healer.helpers import batch
 from tests.healer.services import (
     MEGAHEAL,
     TOKEN,
@@ -27,6 +28,7 @@ from tests.healer.services import (
     wait_for,
     webhook,
 )
+from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.services
 
@@ -207,3 +209,25 @@ def test_two_healers_on_one_database_act_once_per_incident(tmp_path: Path, pg_ur
     finally:
         a.stop()
         b.stop()
+
+
+def test_megaheal_run_serves_the_services_own_api_to_its_agents(tmp_path: Path) -> None:
+    """One HTTP API for both front doors: the endpoint `megaheal run` gives its node agents is the service's app
+    (healer/service/api.py) with the run's token, not an app of its own."""
+    from healer.runner.build import JobSpec, build_job
+    from tests.conftest import REPO
+
+    job = build_job(JobSpec(job="j", config=str(REPO / "configs" / "demo.yaml"), run_dir=tmp_path / "run"))
+    token = RunPaths(tmp_path / "run").token.read_text().strip()
+    url = job.reports.start()
+    try:
+        assert http("POST", f"{url}/v1/heartbeats", batch("n1", [0, 1], job="j"), token=token) == (202, {"accepted": 2})
+        assert http("POST", f"{url}/v1/heartbeats", batch("n1", [0], job="j"), token="wrong")[0] == 401
+        status, body = http("POST", f"{url}/v1/heartbeats", {"schema": 1, "node": "n1"}, token=token)
+        assert status == 400 and body["field"], body
+        assert http("GET", f"{url}/v1/incidents", token=None) == (200, {"incidents": []})
+        assert http("GET", f"{url}/readyz", token=token)[0] == 200
+        assert http("POST", f"{url}/v1/incidents/1/ack", {"by": "me"}, token=None)[0] == 401
+        assert {r.rank for r in job.table.ranks() if r.job == "j"} == {0, 1}
+    finally:
+        job.close()

@@ -25,6 +25,7 @@ from healer.launchers.local_agents import write_token
 from healer.launchers.slurm_agents import STEP_PREFIX, SlurmAgents
 from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.reports import ReportServer
+from healer.service.api import TableIngest, ingest_app
 from testbed import faults, procs
 from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
@@ -69,7 +70,7 @@ def test_an_agent_killed_on_its_host_is_restarted_through_srun_and_reports_again
     token_file = tmp_path / "token"
     token = write_token(token_file)
     table = HeartbeatTable()
-    reports = ReportServer(table, token, listen=f"{allocation.healer_address}:0")
+    reports = ReportServer(ingest_app(TableIngest(table), token), listen=f"{allocation.healer_address}:0")
     agents = SlurmAgents(run_dir=tmp_path, healer_url=reports.start(), token_file=token_file, allocation=allocation)
     try:
         urls = agents.start(list(allocation.hosts))
