@@ -35,6 +35,7 @@ import torch
 from exporters.client import SOCKET_ENV, NullRankClient, RankClient
 from train.config import load_config
 from train.trainer import Trainer
+from wire.step_record import to_line
 
 RECEIVER = """
 import socket, sys
@@ -102,7 +103,7 @@ def telemetry_blocks(trainer: Trainer, block: int, blocks: int, sock: str) -> di
         arm = "off" if b % 2 == 0 else "on"
         trainer.telemetry = client if arm == "on" else NullRankClient()
         for _ in range(block):
-            rec = trainer.step()
+            rec = to_line(trainer.step())
             arms[arm].append(rec)
             steps.append(slim(rec, telemetry=arm))
     trainer.telemetry = NullRankClient()
@@ -135,7 +136,7 @@ def profile_steps(trainer: Trainer, n: int, tmp: Path) -> dict[str, Any]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     t0 = time.perf_counter()
     with profile(activities=activities) as prof:
-        records = [trainer.step() for _ in range(n)]
+        records = [to_line(trainer.step()) for _ in range(n)]
     wall = time.perf_counter() - t0
     trace = tmp / "trace.json"
     prof.export_chrome_trace(str(trace))
@@ -196,7 +197,7 @@ def main_run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"build_seconds": built, "overrides": args.set, "steps_total": total}
     receiver = start_receiver(str(tmp / "sidecar.sock"))
     try:
-        out["warmup_steps"] = [slim(trainer.step()) for _ in range(args.warmup)]
+        out["warmup_steps"] = [slim(to_line(trainer.step())) for _ in range(args.warmup)]
         out["telemetry"] = telemetry_blocks(trainer, args.block, args.blocks, str(tmp / "sidecar.sock"))
         out["memory"] = memory(device)
         print(json.dumps({"telemetry": out["telemetry"]["summary"], "memory": out["memory"]}, indent=1), flush=True)
@@ -220,7 +221,7 @@ def variant_run(args: argparse.Namespace, tmp: Path, overrides: list[str]) -> di
         if trainer.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.device)
         try:
-            records = [trainer.step() for _ in range(steps)]
+            records = [to_line(trainer.step()) for _ in range(steps)]
         finally:
             trainer.close()
         return {"overrides": overrides, **summarise(records[args.warmup:]), "memory": memory(trainer.device)}

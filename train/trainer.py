@@ -42,6 +42,7 @@ from train.warm.snapshot import Snapshot
 from wire.phase_now import ENV as PHASE_DIR_ENV
 from wire.phase_now import PhaseBeacon
 from wire.run_paths import RunPaths
+from wire.step_record import StepRecord, to_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +220,7 @@ class Trainer:
             self.beacon.enter(phase, self.step_index)
         self.hang.maybe(self.step_index, phase)
 
-    def step(self) -> dict[str, Any]:
+    def step(self) -> StepRecord:
         """Run one optimizer step and return its record (also written to this rank's JSON lines)."""
         t0 = time.perf_counter()
         timer = self.timer
@@ -262,14 +263,15 @@ class Trainer:
         phases["forward_backward"] -= phases.get("pp_wait", 0.0)
         step_seconds = time.perf_counter() - t0
         record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
-        self.writer.write(record)
+        line = to_line(record)
+        self.writer.write(line)
         # NOTE: an async save (the default) of this step commits only now (Checkpointer.release): a kill between
         # its commit and this write (a stop's short grace running out) left a checkpoint of N steps without the
         # record of step N-1. A sync save (checkpoint.async_save false) still commits inside the step, so that the
         # step's checkpoint phase holds all of it.
         self.checkpointer.release()
-        self.telemetry.step(record)
-        self._tell(record["checkpoint_events"])
+        self.telemetry.step(line)
+        self._tell(record.checkpoint_events)
         if self.stopping and self.checkpointer.cfg.save_on_sigterm:
             # The job is about to exit: the stop's save must be committed first. Its event comes after the
             # step's record, and the record's checkpoint phase holds the save's staging only.
@@ -277,7 +279,7 @@ class Trainer:
                 self.checkpointer.wait()
             self._tell(self.checkpointer.drain_events())
         if self.table is not None and self.step_index % self.cfg.log_every == 0:
-            self.table.row(record)
+            self.table.row(line)
         self.step_index += 1
         if self.beacon is not None:
             self.beacon.between(self.step_index)
@@ -382,35 +384,21 @@ class Trainer:
         step_seconds: float,
         phases: dict[str, float],
         reduce_enter_ns: int | None,
-    ) -> dict[str, Any]:
+    ) -> StepRecord:
         tokens = self.cfg.global_batch * self.cfg.model.seq_len
         tps = tokens / step_seconds
-        return {
-            "step": self.step_index,
-            "time": time.time(),
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "tokens": tokens,
-            "step_seconds": step_seconds,
-            "tokens_per_second": tps,
-            "mfu": mfu(tps, self.flops_per_token, self.place.world_size, self.peak),
-            "peak_flops": self.peak.flops_per_second,
-            "peak_source": self.peak.source,
-            "phases": phases,
+        return StepRecord(
+            step=self.step_index, time=time.time(), loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens,
+            step_seconds=step_seconds, tokens_per_second=tps,
+            mfu=mfu(tps, self.flops_per_token, self.place.world_size, self.peak),
+            peak_flops=self.peak.flops_per_second, peak_source=self.peak.source, phases=phases,
             # CLOCK_MONOTONIC is shared by the processes of one host: comparable within a node.
-            "dp_reduce_enter_ns": reduce_enter_ns,
-            "sample_index": self.loader.position,
-            "checkpoint_events": self.checkpointer.drain_events(),
+            dp_reduce_enter_ns=reduce_enter_ns, sample_index=self.loader.position,
+            checkpoint_events=self.checkpointer.drain_events(),
             # Linux reports ru_maxrss in KiB: the process's peak resident memory so far.
-            "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rank": self.place.rank,
-            "local_rank": self.place.local_rank,
-            "world_size": self.place.world_size,
-            "mesh": self.place.coords(),
-            "node": self._host,
-            "pid": os.getpid(),
-        }
+            max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            rank=self.place.rank, local_rank=self.place.local_rank, world_size=self.place.world_size,
+            mesh=self.place.coords(), node=self._host, pid=os.getpid())
 
     # ------------------------------------------------------------ the loop
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
-from ground.jsonl import read_jsonl
 from healer.detect.loss_spike import LossSpike, robust_z
+from wire import step_record
 from wire.journal import Journal
 from wire.run_paths import RunPaths
+from wire.step_record import StepRecord
 
 
 def attempt_window(run_dir: Path, attempt: int) -> tuple[float, float | None] | None:
@@ -23,31 +23,29 @@ def attempt_window(run_dir: Path, attempt: int) -> tuple[float, float | None] | 
     return Journal.of(RunPaths(run_dir).journal).window(attempt)
 
 
-def rank0_steps(run_dir: Path, since: float, until: float | None = None) -> list[dict[str, Any]]:
-    """Rank 0's step records that ended within [since, until). Python's json reads NaN and Infinity, as the
-    trainer writes them."""
-    return [r for r in read_jsonl(RunPaths(run_dir).rank_records(0))
-            if isinstance(r.get("time"), (int, float)) and r["time"] >= since and (until is None or r["time"] < until)
-            and isinstance(r.get("step"), int) and isinstance(r.get("loss"), float)]
+def rank0_steps(run_dir: Path, since: float, until: float | None = None) -> list[StepRecord]:
+    """Rank 0's step records that ended within [since, until) (wire/step_record.py)."""
+    return [r for r in step_record.read(RunPaths(run_dir).rank_records(0))
+            if r.time >= since and (until is None or r.time < until)]
 
 
 def first_step(run_dir: Path, attempt: int) -> int | None:
     window = attempt_window(run_dir, attempt)
     records = rank0_steps(run_dir, *window) if window else []
-    return int(records[0]["step"]) if records else None
+    return records[0].step if records else None
 
 
 def highest_step(run_dir: Path, attempt: int) -> int | None:
     window = attempt_window(run_dir, attempt)
     records = rank0_steps(run_dir, *window) if window else []
-    return max(int(r["step"]) for r in records) if records else None
+    return max(r.step for r in records) if records else None
 
 
 def first_nonfinite_step(run_dir: Path, since: float) -> int | None:
     """The first step after `since` whose loss or grad norm rank 0 recorded as NaN or infinite."""
     for rec in rank0_steps(run_dir, since):
-        if not all(math.isfinite(rec.get(k, 0.0)) for k in ("loss", "grad_norm")):
-            return int(rec["step"])
+        if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
+            return rec.step
     return None
 
 
@@ -62,9 +60,9 @@ def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config, seen
     lowest = None if seen is None else seen - config.window
     window: list[float] = []
     for rec in rank0_steps(run_dir, since):
-        loss = rec["loss"]
+        loss = rec.loss
         if len(window) >= config.min_samples and robust_z(loss, window, config.min_mad)[0] > config.threshold \
-                and (lowest is None or int(rec["step"]) >= lowest):
-            return int(rec["step"])
+                and (lowest is None or rec.step >= lowest):
+            return rec.step
         window = (window + [loss])[-config.window:]
     return None

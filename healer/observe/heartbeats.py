@@ -121,6 +121,9 @@ def parse_batch(body: bytes | HeartbeatBatch | Any) -> HeartbeatBatch:
 class HeartbeatTable:
     """The latest heartbeat of every rank and node. Written by the API, read by the detectors (thread-safe)."""
 
+    histories = None
+    """Read alone (a detector's tests), the table shares no samples between detectors (healer/observe/jobview.py)."""
+
     def __init__(self, clock: Callable[[], float] = time.time, forget_after_s: float = 3600.0) -> None:
         if forget_after_s <= 0:
             raise ValueError(f"forget_after_s must be > 0, got {forget_after_s}")

@@ -233,8 +233,8 @@ class RankHistory:
                              f"{self.max_series}, {self.forget_after_s}")
 
     def update(self, table: Readings, now: float) -> dict[str, np.ndarray]:
-        pool = getattr(table, "histories", None)
-        if isinstance(pool, HistoryPool) and pool.serves(self):
+        pool = table.histories
+        if pool is not None and pool.serves(self):
             # NOTE: every learning detector reads the same samples: one update per cycle, not one per detector.
             # This history then is a view of the pool's.
             new = pool.update(table, now)

@@ -14,7 +14,7 @@ detector reads a view the way it would read the table. `columns()` is the same r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from msgspec.structs import replace
@@ -22,6 +22,9 @@ from msgspec.structs import replace
 from healer.observe.heartbeats import HeartbeatTable, NodeBeat, RankBeat
 from healer.observe.processes import ProcessView
 from healer.observe.rank_columns import JobView
+
+if TYPE_CHECKING:  # NOTE: history.py reads views: it imports this module
+    from healer.observe.history import HistoryPool
 
 
 class Readings(Protocol):
@@ -38,6 +41,11 @@ class Readings(Protocol):
 
     def columns(self) -> dict[str, JobView]: ...
 
+    @property
+    def histories(self) -> HistoryPool | None:
+        """The detectors' shared samples, taken once per cycle (None: each learning detector keeps its own)."""
+
+
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class TickView:
@@ -46,14 +54,14 @@ class TickView:
     processes: ProcessView
     job_columns: dict[str, JobView] = field(default_factory=dict)
     """Per job, its ranks' columns, counting what `beats` holds."""
-    histories: object | None = None
+    histories: HistoryPool | None = None
     """The healer's HistoryPool (healer/observe/history.py): the detectors' samples, taken once per cycle."""
     node_received: np.ndarray = field(default_factory=lambda: np.zeros(0))
     node_max_age: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Each of node_beats' received_at and max_age_s, as arrays (healer/observe/node_times.py)."""
 
     @classmethod
-    def of(cls, table: HeartbeatTable, histories: object | None = None) -> TickView:
+    def of(cls, table: HeartbeatTable, histories: HistoryPool | None = None) -> TickView:
         view = table.processes
         # job -> the pids that count (empty: none, the attempt is being stopped), for the jobs a launcher started.
         # Every other job's heartbeats all count.

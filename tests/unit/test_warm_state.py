@@ -29,13 +29,13 @@ def test_a_trainer_resumed_from_a_snapshot_takes_the_same_steps_as_the_one_it_wa
         first.step()
     state = capture(first.parts, first.optimizer, first.lr_scheduler, 3, first.loader.position, 0)
     snap = Snapshot.from_bytes(Snapshot.take(state, 3, 0, first.layout).to_bytes())  # as a peer would get it
-    straight = [first.step()["loss"] for _ in range(3)]
+    straight = [first.step().loss for _ in range(3)]
     first.close()
 
     resumed = _trainer(tmp_path / "b", snapshot=snap)
     # At step 3 in a run directory without a checkpoint: the state came from memory.
     assert resumed.step_index == 3 and not any((tmp_path / "b" / "checkpoints").iterdir())
-    again = [resumed.step()["loss"] for _ in range(3)]
+    again = [resumed.step().loss for _ in range(3)]
     resumed.close()
     assert again == straight  # bit for bit: weights, optimizer moments, lr schedule, data position and RNG
 
