@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ground.typedconfig import from_mapping
+from healer.compose import compose
 from healer.decide.rules import DEFAULT_RULES, DetectorCondition, RuleSet, load_rule_set
 from healer.detect.registry import default_registry
-from healer.engine.engine import Healer
 from healer.incidents.db import ensure_schema, make_engine
-from healer.incidents.metrics import HealerMetrics
 from healer.incidents.store import IncidentStore
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
@@ -31,8 +30,6 @@ from healer.observe.heartbeats import HeartbeatTable
 from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
-from healer.service.api import create_app
-from healer.service.health import Readiness
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
 from wire.run_paths import RunPaths
@@ -133,23 +130,26 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     store = IncidentStore(engine, f"megaheal-run:{socket.gethostname()}:{os.getpid()}", handler=f"run:{spec.job}")
     resend = timedelta(seconds=30)
     sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
-    table = HeartbeatTable()
     launched = launch(spec.launcher, spec.run_dir, token_file)
-    agents, rank_env = launched.fleet, launched.rank_env
-    coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
-                                                 nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
-                                                 grace=spec.grace, hosts_are_local=agents.hosts_are_local,
-                                                 warm=spec.warm),
-                              table.processes, token, env=rank_env)
-    across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
-    remediator = AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
-                                                        valid_dp=valid_dp(cfg)), coordinator, token,
-                                 drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
-    healer = Healer(store=store, rules=rules, table=table, sinks=Sinks(sinks), metrics=HealerMetrics(),
-                    remediator=remediator, resend=resend)
-    # The service's own HTTP API, on the launcher's address: the agents' batches, and the incidents for who asks.
-    readiness = Readiness(lambda: ensure_schema(engine))
-    readiness.probe()
-    reports = ReportServer(create_app(healer, readiness, token, max_body=4 << 20), listen=launched.listen)
+    agents = launched.fleet
+
+    def hands(store: IncidentStore, table: HeartbeatTable) -> AgentRemediator:
+        coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
+                                                     nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
+                                                     grace=spec.grace, hosts_are_local=agents.hosts_are_local,
+                                                     warm=spec.warm),
+                                  table.processes, token, env=launched.rank_env)
+        across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
+        return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
+                                                      valid_dp=valid_dp(cfg)), coordinator, token,
+                               drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
+
+    core = compose(db=engine, store=store, rules=rules, token=token, sinks=Sinks(sinks), hands=hands, resend=resend,
+                   max_body=4 << 20)
+    core.readiness.probe()
+    remediator = core.healer.remediator
+    assert isinstance(remediator, AgentRemediator)
+    # The healer's one HTTP API, on the launcher's address: the agents' batches, and the incidents for who asks.
+    reports = ReportServer(core.app, listen=launched.listen)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)
-    return SelfHealingJob(healer, remediator, agents, reports, table, spec.loop, background=[ledger.write])
+    return SelfHealingJob(core.healer, remediator, agents, reports, core.table, spec.loop, background=[ledger.write])

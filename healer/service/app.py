@@ -27,22 +27,19 @@ from starlette.applications import Starlette
 from ground.httpclient import RequestFailed
 from ground.secretfile import forbid_inspection, read_secret
 from ground.typedconfig import ConfigError
+from healer.compose import compose
 from healer.decide.catalogue import fault
 from healer.decide.promql import PrometheusClient, PromqlEvaluator
 from healer.decide.rules import RuleSet, load_rule_set
-from healer.engine.engine import Healer
 from healer.errors import DatabaseError, DatabaseNotAtHead
 from healer.incidents.db import default_db_url, ensure_schema, make_engine, safe_url
 from healer.incidents.metrics import HealerMetrics
 from healer.incidents.store import IncidentStore
-from healer.observe.heartbeats import HeartbeatTable
 from healer.oncall.sinks import AlertmanagerSink, GrafanaSink, Sink, Sinks, WebhookSink
 from healer.pages.views import Sources
-from healer.service.api import create_app
 from healer.service.config import HealerConfig, read_db_password, read_token, split_listen
 from healer.service.detection_first import DetectionFirst
 from healer.service.diagnosis import LocalRunbookDiagnoser
-from healer.service.health import Readiness
 from healer.service.pages import page_routes
 
 log = logging.getLogger(__name__)
@@ -80,26 +77,22 @@ class Service:
         self.token, self.token_source = read_token(cfg.token_file)
         self.db_url = cfg.db or default_db_url()
         self.engine = make_engine(self.db_url, timeout=cfg.db_timeout, password=read_db_password(cfg.db_password_file))
-        self.metrics = HealerMetrics()
-        self.table = HeartbeatTable()
         actor = cfg.instance or f"{socket.gethostname()}:{os.getpid()}"
-        self.store = IncidentStore(self.engine, actor)
-        self.readiness = Readiness(lambda: ensure_schema(self.engine), timeout=cfg.db_timeout)
         self.diagnoser = LocalRunbookDiagnoser(cfg.diagnosis_workers) if cfg.diagnosis == "local" else None
-        self.healer = Healer(
-            store=self.store, rules=notify_only(load_rule_set(list(cfg.rules))), table=self.table, sinks=build_sinks(cfg),
-            metrics=self.metrics, diagnoser=self.diagnoser, resend=cfg.alertmanager_resend,
-            promql=PromqlEvaluator(PrometheusClient(cfg.prometheus_url)) if cfg.prometheus_url else None)
-        self.metrics.track(lambda: len(self.table), self.store.open_counts)
-        self.metrics.db_up.set_function(lambda: 1.0 if self.readiness.ready else 0.0)
+        self.metrics = HealerMetrics()
+        self.detection_first = DetectionFirst(self.metrics.heartbeats_held, self.metrics.heartbeats_held_past_limit)
+        core = compose(metrics=self.metrics, db=self.engine, store=IncidentStore(self.engine, actor),
+                       rules=notify_only(load_rule_set(list(cfg.rules))), token=self.token, sinks=build_sinks(cfg),
+                       diagnoser=self.diagnoser, resend=cfg.alertmanager_resend, db_timeout=cfg.db_timeout,
+                       promql=PromqlEvaluator(PrometheusClient(cfg.prometheus_url)) if cfg.prometheus_url else None,
+                       max_body=cfg.max_body_bytes, detection_first=self.detection_first)
+        self.store, self.table, self.healer = core.store, core.table, core.healer
+        self.readiness, self.app = core.readiness, core.app
         self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
                                              job_defaults={"coalesce": True, "max_instances": 1})
         self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
         # One thread: cycles never overlap (each reads and updates the detectors' memory).
         self._detect_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="megaheal-detect")
-        self.detection_first = DetectionFirst(self.metrics.heartbeats_held, self.metrics.heartbeats_held_past_limit)
-        self.app = create_app(self.healer, self.readiness, self.token, cfg.max_body_bytes,
-                              detection_first=self.detection_first)
         # The incident and job pages (healer/service/pages.py), beside the API.
         self.app.router.routes.extend(page_routes(self.healer, self.readiness, self.token, Sources(
             engine=self.engine, run_roots=tuple(Path(r) for r in cfg.run_roots), grafana_url=cfg.grafana_url)))
