@@ -12,11 +12,9 @@ Anything else raises `IllegalTransition`.
 from __future__ import annotations
 
 import enum
-import logging
 
+from ground import lifecycle
 from healer.errors import IllegalTransition
-
-log = logging.getLogger(__name__)
 
 
 class IncidentState(str, enum.Enum):
@@ -51,10 +49,7 @@ HEALER_OWNED: frozenset[IncidentState] = frozenset({S.OPEN, S.DIAGNOSING, S.REME
 
 def check_transition(old: IncidentState, new: IncidentState) -> None:
     """Raise IllegalTransition unless the table allows old -> new."""
-    if new not in TRANSITIONS[old]:
-        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[old])) or "none"
-        log.warning("illegal incident transition %s -> %s refused", old.value, new.value)
-        raise IllegalTransition(f"an incident cannot go from {old.value} to {new.value} (from {old.value}: {allowed})")
+    lifecycle.check_transition(TRANSITIONS, old, new, "an incident", IllegalTransition)
 
 
 def parse_state(value: str, field: str = "state") -> IncidentState:

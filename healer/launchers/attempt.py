@@ -13,12 +13,10 @@ was superseded never ends a second time. The journal (wire/journal.py) records e
 from __future__ import annotations
 
 import enum
-import logging
 from dataclasses import dataclass, field
 
+from ground.lifecycle import check_transition
 from healer.launchers.warm_control import Generation
-
-log = logging.getLogger(__name__)
 
 
 class AttemptState(str, enum.Enum):
@@ -72,9 +70,7 @@ class AgentAttempt:
     """It ended after the healer ordered it stopped (its hosts' exit codes say nothing of the job then)."""
 
     def advance(self, to: AttemptState) -> None:
-        if to not in TRANSITIONS[self.state]:
-            log.error("attempt %d: %s -> %s is not a transition of an attempt", self.number, self.state.value, to.value)
-            raise IllegalAttemptTransition(f"attempt {self.number} cannot go from {self.state.value} to {to.value}")
+        check_transition(TRANSITIONS, self.state, to, f"attempt {self.number}", IllegalAttemptTransition)
         self.state = to
 
     def host_ended(self, node: str, exit_code: int) -> bool:
