@@ -4,7 +4,7 @@ the benchmarks and the tests.
 psutil reads what it reads well: the process tree (from every process's parent: the kernel's own list,
 /proc/PID/task/TID/children, needs CONFIG_PROC_CHILDREN and is documented as reliable only for stopped or
 frozen tasks), arguments, environment and memory. /proc/PID/stat is parsed here, because psutil has no field
-for what the supervisor needs most in it: the exit status a zombie keeps until its parent reaps it (field 52,
+for what the launcher needs most in it: the exit status a zombie keeps until its parent reaps it (field 52,
 Linux >= 3.5), which tells how a rank died while its torchrun agent is still stopping the others. The same
 read gives the kernel's state letter, CPU time and start time as one snapshot (psutil's status() and
 cpu_times() would parse the same file again, and give the state as a word where callers keep the kernel's

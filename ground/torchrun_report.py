@@ -2,7 +2,7 @@
 
 When a worker fails, the agent prints a ChildFailedError summary (torch/distributed/elastic/multiprocessing/
 errors: `rank : 3 (local_rank: 1)` / `exitcode : -9 (pid: 4242)`, a negative code being a signal). The
-supervisor is not the workers' parent, so this report is where their exit statuses come from. It is only
+launcher is not the workers' parent, so this report is where their exit statuses come from. It is only
 ever matched as text.
 """
 

@@ -1,4 +1,4 @@
-"""`crash`: ranks that ended with a failure, from the supervisor's view, one finding per (job, attempt).
+"""`crash`: ranks that ended with a failure, from the launcher's view, one finding per (job, attempt).
 
 When one rank dies, the others fail after it (their peers closed the connection) and the torchrun agent
 stops the rest. The finding names the rank most likely to be the cause: the earliest failed exit whose

@@ -218,7 +218,7 @@ class Hang(Detector):
                 self._phases.setdefault(job, PhaseDurations(frozenset(self.config.phase_floors))).observe(job_states)
                 if table.processes.is_stopping(job):
                     continue  # being stopped (its heartbeats are no longer shown): neither hung nor healthy
-                # Under a supervisor only the current attempt's ranks count: the heartbeats of the ranks it
+                # Under a launcher only the current attempt's ranks count: the heartbeats of the ranks it
                 # stopped linger in the sidecars (with their old steps) while the job restarts.
                 if cols is not None:
                     pids = np.fromiter({st.pid for st in job_states}, dtype=np.int64)

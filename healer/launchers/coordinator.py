@@ -2,7 +2,7 @@
 first: it picks the rendezvous port and says which), to stop, to signal a rank; what the processes do it learns from
 the agents' batches (healer/observe/processes.py: ProcessView.report). It never touches a process itself.
 
-It answers like the single-machine supervisor did (start, poll, stop, kill_rank, take_over, the attempt and its
+It answers as the single-machine supervisor of old did (start, poll, stop, kill_rank, take_over, the attempt and its
 history), so the remediator and the loop above it do not care where the hosts are. Every call that kills or
 restarts work needs the run's token.
 """

@@ -208,7 +208,7 @@ class LocalAgents(AgentSettings):
             time.sleep(0.05)
 
     def known(self) -> dict[str, str]:
-        """The agents this run's launcher last started (`agents.json` in the run's supervisor directory)."""
+        """The agents this run's launcher last started (`agents.json` in the run's launcher directory)."""
         return agent_registry.load(self.run_dir)
 
     @property

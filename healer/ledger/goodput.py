@@ -91,7 +91,7 @@ def intervals(run_dir: Path, incidents: list[dict[str, Any]]) -> list[Interval]:
 
 
 def compute(run_dir: Path, incidents: list[dict[str, Any]]) -> Ledger:
-    """Pure over the files and `incidents`: the ledger of `run_dir`. ValueError when the run has no supervisor
+    """Pure over the files and `incidents`: the ledger of `run_dir`. ValueError when the run has no attempts'
     journal."""
     run = _read(run_dir, incidents)
     if not run.starts:

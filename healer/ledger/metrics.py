@@ -11,11 +11,11 @@ Series (all labelled `job`):
     megaheal_goodput_ettr_ratio              gauge: productive / wall
     megaheal_goodput_steps                   gauge: steps that count (the last run of each step index)
     megaheal_goodput_lost_steps_total        counter: steps run and then run again after a restart
-    megaheal_goodput_attempts_total          counter: attempts the supervisor started
+    megaheal_goodput_attempts_total          counter: attempts the launcher started
     megaheal_incidents{kind,state}           gauge: incidents of this run by kind and latest state
 
 The ledger is recomputed from the files and the incidents in the healer's store at scrape time, at most once
-per `cache` interval. Before the supervisor has written its journal the page is empty; an unreadable or malformed
+per `cache` interval. Before the launcher has written its journal the page is empty; an unreadable or malformed
 file, or a database that cannot be read, empties it too (with a warning, once per distinct error) instead of
 failing the scrape.
 """
@@ -82,7 +82,7 @@ class GoodputCollector(Collector):
             self._warn_once(exc)
             return None
         except ValueError as exc:
-            log.debug("no goodput ledger yet: %s", exc)  # no supervisor journal yet
+            log.debug("no goodput ledger yet: %s", exc)  # no attempts' journal yet
             return None
         self._logged.clear()  # a later breakage is news again
         return ledger
@@ -117,7 +117,7 @@ def _families(job: str, ledger: Ledger | None) -> Iterator[Metric]:
                               "step index).", labels=["job"])
     lost = CounterMetricFamily("megaheal_goodput_lost_steps", "Steps run and then run again after a restart from "
                                "an older checkpoint.", labels=["job"])
-    attempts = CounterMetricFamily("megaheal_goodput_attempts", "Attempts the supervisor started.", labels=["job"])
+    attempts = CounterMetricFamily("megaheal_goodput_attempts", "Attempts the launcher started.", labels=["job"])
     incidents = GaugeMetricFamily("megaheal_incidents", "Incidents of the run, by kind and latest state.",
                                   labels=["job", "kind", "state"])
     if ledger is not None:

@@ -138,8 +138,8 @@ class HeartbeatTable:
         self._lock = threading.Lock()
         self.batches = 0
         self.records = 0
-        # NOTE: the supervisor's view (exits, process states) sits beside the heartbeats so that a detector still
-        # sees one input; it is empty when no supervisor runs in this healer.
+        # NOTE: the launcher's view (exits, process states) sits beside the heartbeats so that a detector still
+        # sees one input; it is empty when no launcher runs in this healer.
         self.processes = ProcessView()
 
     def ingest(self, body: bytes | HeartbeatBatch | Any) -> int:

@@ -29,7 +29,7 @@ class ProcessExit:
     """Global rank; None when only the node's agent is known to have ended (its ranks' fates unknown)."""
     pid: int
     at: float
-    """Unix seconds when the supervisor saw it end."""
+    """Unix seconds when the launcher saw it end."""
     exit_code: int | None
     """The exit status, or None when a signal ended it."""
     signal: int | None = None
@@ -37,7 +37,7 @@ class ProcessExit:
     log_tail: tuple[str, ...] = ()
     """The last lines of its log (at most MAX_TAIL_LINES)."""
     expected: bool = False
-    """True when the supervisor itself stopped it (a graceful stop, a restart): never a crash."""
+    """True when the launcher itself stopped it (a graceful stop, a restart): never a crash."""
     vanished: bool = False
     """The rank disappeared while its agent still ran and its status could not be read (the agent reaped it
     first): a failure unless the rank had said it was finishing."""
@@ -70,7 +70,7 @@ class ProcessState:
 
 @dataclass(slots=True)
 class ProcessView:
-    """Thread-safe: the supervisor writes from its watcher thread, the detectors read from the healer loop."""
+    """Thread-safe: the launcher writes from its watcher thread, the detectors read from the healer loop."""
 
     max_exits: int = 4096
     _exits: deque[ProcessExit] = field(default_factory=deque)
@@ -242,6 +242,6 @@ class ProcessView:
             return sorted(self._attempts)
 
     def attempt(self, job: str) -> int | None:
-        """The job's current attempt, or None when the supervisor never started it."""
+        """The job's current attempt, or None when the launcher never started it."""
         with self._lock:
             return self._attempts.get(job)

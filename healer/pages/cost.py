@@ -3,7 +3,7 @@ incident took (healer/ledger/goodput.py).
 
 The ledger names the incident of its detection, diagnosis and restart intervals and of the work that its restart
 made lost; the startup of the attempt its restart began (imports, rendezvous, checkpoint load) is the incident's
-too, matched by the attempt's start time (the restart's `started_at` is the supervisor's journal time). Time the
+too, matched by the attempt's start time (the restart's `started_at` is the attempts' journal time). Time the
 job went on training (a straggler's slow steps) is productive in the ledger and not counted here.
 """
 

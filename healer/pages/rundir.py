@@ -33,9 +33,9 @@ class Attempt:
     exit_codes: dict[str, int]
     stopped: bool | None
     ranks: int
-    """How many ranks the supervisor found running (0 when none started)."""
+    """How many ranks the launcher found running (0 when none started)."""
     rank_nodes: dict[int, str] = field(default_factory=dict)
-    """The host of each rank (journals written before the supervisor recorded it: empty)."""
+    """The host of each rank (journals written before the launcher recorded it: empty)."""
 
 
 @dataclass(frozen=True, slots=True)
