@@ -21,6 +21,8 @@ RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0
 
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
+COPY ground ground
+COPY wire wire
 COPY megaheal megaheal
 COPY train train
 COPY exporters exporters
