@@ -75,8 +75,11 @@ def test_a_job_is_watched_through_its_sidecar_and_outlives_it(tmp_path) -> None:
             exposition = scrape(port)
             assert promtool_check_metrics(exposition) == (0, []), "the exposition is lint-clean"
             assert rank_values(exposition, "megaheal_telemetry_dropped_total") == {r: 0 for r in range(4)}
-            # Prometheus scrapes it: MFU and per-rank steps are queryable (its first scrape takes ~6 s).
-            mfu = wait_for("megaheal_mfu in Prometheus", lambda: prom.query("megaheal_mfu"), timeout_s=60)
+            # Prometheus scrapes it: MFU and per-rank steps are queryable (its first scrape takes ~6 s). NOTE: wait
+            # for every rank's series: a scrape taken before the last ranks' first records holds fewer (in a full make
+            # test here the query answered between two scrapes with rank 0's alone).
+            mfu = wait_for("megaheal_mfu of every rank in Prometheus",
+                           lambda: found if len(found := prom.query("megaheal_mfu")) == 4 else None, timeout_s=60)
             assert len(mfu) == 4 and all(float(r["value"][1]) > 0 for r in mfu)
             per_rank = prom.query("max by (rank) (megaheal_step)")
             assert sorted(int(r["metric"]["rank"]) for r in per_rank) == [0, 1, 2, 3]
