@@ -143,6 +143,7 @@ def agent(
     from pathlib import Path
 
     from healer.agent.node import NodeAgent, agent_socket_path
+    from healer.compose_agent import node_agent as compose_node_agent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -155,7 +156,7 @@ def agent(
                                work_dir=work, scratch_dir=scratch,
                                socket_path=socket_path or agent_socket_path(name, work), metrics_addr=metrics_addr,
                                orphan_exit_s=orphan_exit_s)
-        node_agent = NodeAgent(cfg)
+        node_agent = compose_node_agent(cfg)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

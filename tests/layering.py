@@ -41,8 +41,8 @@ RULES = (
     Rule("train", "the trainer knows the telemetry it sends, nothing of the healer", only=("ground", "wire", "exporters")),
     Rule("runbooks", "diagnostics run on a host, by an agent or by hand", only=("ground", "wire", "train")),
     Rule("dashboards", "dashboards as code read only the ground's tables", only=("ground", "wire")),
-    Rule("healer.agent", "a node agent holds the host's sidecar and its ranks, never the healer's launchers",
-         only=("ground", "wire", "exporters", "healer.agent")),
+    Rule("healer.agent", "a node agent stands on the wire: its sidecar is handed in (healer/compose_agent.py)",
+         only=("ground", "wire", "healer.agent")),
     *(Rule(stage, "a stage of the healer imports only the stages before it (observe, detect, decide, incidents)",
            only=(*BASE, *STAGES[:i], *(("runbooks",) if stage == "healer.decide" else ())))
       for i, stage in enumerate(STAGES)),

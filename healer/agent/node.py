@@ -19,14 +19,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from exporters.heartbeat import HeartbeatForwarder
-from exporters.sidecar import AUTO, Sidecar
 from ground import procfs
 from healer.agent import rank_evidence
 from healer.agent.host import HostAttempt
@@ -62,6 +61,40 @@ FR_BUFFER_SIZE = 2000
 """Collectives the flight recorder keeps per rank (a few steps' worth: a hang needs only the last ones)."""
 
 log = logging.getLogger(__name__)
+
+
+class Telemetry(Protocol):
+    """The host's telemetry the agent holds: the sidecar (exporters/sidecar.py) that takes the ranks' records and
+    serves /metrics. NOTE: handed in by the agent's composer (healer/compose_agent.py), so that this package stands
+    on the wire alone: the agent needs only the batch it builds, not how it is collected."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def heartbeat_batch(self, seq: int, sent_at: float) -> HeartbeatBatch: ...
+
+
+class Forwarder(Protocol):
+    """What posts the agent's batches to the healer (exporters/heartbeat.py's HeartbeatForwarder)."""
+
+    last_taken_at: float | None
+    """When the healer last took a batch (monotonic clock); None: never."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def nudge(self) -> None: ...
+
+    def retarget(self, healer_url: str) -> None: ...
+
+
+MakeForwarder = Callable[[str, Callable[[int, float], HeartbeatBatch]], Forwarder]
+"""(healer URL, the batch builder) -> a forwarder not yet started, posting there at the agent's interval."""
 
 
 class NodeAgent:
@@ -109,21 +142,20 @@ class NodeAgent:
             if self.orphan_exit_s < 0:
                 raise ValueError(f"orphan_exit_s must be >= 0, got {self.orphan_exit_s}")
 
-    def __init__(self, cfg: Config, nvml: Any = AUTO) -> None:
+    def __init__(self, cfg: Config, sidecar: Telemetry, forwarder: MakeForwarder) -> None:
+        """An agent holding `sidecar` (not started yet), sending its batches through forwarders `forwarder` makes
+        (healer/compose_agent.py builds both from the config)."""
         self.cfg = cfg
-        self.sidecar = Sidecar(Sidecar.Config(node=cfg.node, socket_path=cfg.socket_path,
-                                              metrics_addr=cfg.metrics_addr), nvml=nvml)
+        self.sidecar = sidecar
+        self._forwarder = forwarder
         self.orders = OrderBook(self._execute)
         self.attempt: HostAttempt | WarmHostAttempt | None = None
         self.warm: WarmWorkers | None = None
         """The job's warm workers on this host, when its attempts run warm (they outlive each attempt)."""
         self._lock = threading.RLock()
         self.url = ""
-        # NOTE: every batch carries the whole of the current attempt (its exits included): the newest one says all,
-        # so a healer that comes back is sent that, not a backlog of minutes it would have to work through.
-        self.heartbeat = (HeartbeatForwarder(cfg.healer_url, self.batch, cfg.heartbeat_interval_s, 2, token=cfg.token,
-                                             relay_url=cfg.relay_url)
-                          if cfg.healer_url else None)
+        # NOTE: every batch carries the whole of the current attempt (its exits included): the forwarder keeps few.
+        self.heartbeat = forwarder(cfg.healer_url, self.batch) if cfg.healer_url else None
         self._stop = threading.Event()
         self._shutdown = threading.Event()
         self._poller = threading.Thread(target=self._poll_forever, name="megaheal-agent-poll", daemon=True)
@@ -285,8 +317,7 @@ class NodeAgent:
             return self._stop_attempt(order)
         if isinstance(order, ReportOrder):
             if self.heartbeat is None:
-                self.heartbeat = HeartbeatForwarder(order.healer_url, self.batch, self.cfg.heartbeat_interval_s, 2,
-                                                    token=self.cfg.token, relay_url=self.cfg.relay_url)
+                self.heartbeat = self._forwarder(order.healer_url, self.batch)
                 self.heartbeat.start()
             else:
                 self.heartbeat.retarget(order.healer_url)

@@ -138,13 +138,14 @@ class LocalAgents(AgentSettings):
 
     def _in_process(self, node: str) -> LocalAgent:
         from healer.agent.node import NodeAgent, agent_socket_path
+        from healer.compose_agent import node_agent
 
         work = self.work_dir(node)
         cfg = NodeAgent.Config(node=node, token=self.token_file.read_text().strip(), work_dir=work,
                                scratch_dir=self.scratch_dir(self.run_dir, node), healer_url=self.healer_url,
                                socket_path=agent_socket_path(node, work),
                                python=self.python, cwd=self.cwd, extra_env=self.extra_env)
-        agent = NodeAgent(cfg, nvml=self.nvml.get(node))
+        agent = node_agent(cfg, nvml=self.nvml.get(node))
         return LocalAgent(node, agent.start(), in_process=agent)
 
     def _spawn(self, node: str) -> tuple[str, Path, IO[bytes], subprocess.Popen[bytes], Path]:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from healer.agent.node import NodeAgent
+from healer.compose_agent import node_agent
 from tests.conftest import REPO
 from tests.support import wait_for
 
@@ -45,7 +46,7 @@ class _Attempt:
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Any:
-    node = NodeAgent(NodeAgent.Config(node="n1", token=TOKEN, work_dir=tmp_path / "agent", scratch_dir=tmp_path / "tmp",
+    node = node_agent(NodeAgent.Config(node="n1", token=TOKEN, work_dir=tmp_path / "agent", scratch_dir=tmp_path / "tmp",
                                       socket_path=str(tmp_path / "r.sock"), cwd=REPO, poll_interval_s=0.02,
                                       orphan_exit_s=0), nvml=None)
     node.start()

@@ -14,6 +14,7 @@ import pytest
 
 from ground.httpclient import RequestFailed, request_json
 from healer.agent.node import NodeAgent
+from healer.compose_agent import node_agent
 from healer.launchers.agent_client import AgentClient, OrderFailed
 from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.reports import ReportServer
@@ -32,7 +33,7 @@ def agent(tmp_path: Path) -> Any:
     table = HeartbeatTable()
     reports = ReportServer(ingest_app(TableIngest(table), TOKEN))
     url = reports.start()
-    node = NodeAgent(NodeAgent.Config(node="n1", token=TOKEN, work_dir=tmp_path / "agent", scratch_dir=tmp_path / "tmp",
+    node = node_agent(NodeAgent.Config(node="n1", token=TOKEN, work_dir=tmp_path / "agent", scratch_dir=tmp_path / "tmp",
                                       healer_url=url, socket_path=str(tmp_path / "r.sock"), cwd=REPO,
                                       heartbeat_interval_s=0.2, extra_env={"GLOO_SOCKET_IFNAME": "lo"}), nvml=None)
     node.start()
