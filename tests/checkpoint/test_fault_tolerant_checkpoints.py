@@ -145,9 +145,14 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
                  "checkpoint.throttle_writes_at=[4]", "checkpoint.throttle_mib_per_s=0.05"]
     ckpt_dir = tmp_path / "checkpoints"
 
+    # NOTE: and `latest` moved to the newest complete one: the manifest is the commit point and `latest` follows it,
+    # while the next save already writes. In a full make test here the kill fell between step 3's manifest and its
+    # `latest` (which still named step 2): a window of the commit, not a lost save (resume takes the newest complete).
     def save_in_flight():
         infos = catalog.list_checkpoints(ckpt_dir)
-        return infos and infos[0].step == 4 and not infos[0].complete and any(i.complete for i in infos)
+        newest = next((i for i in infos if i.complete), None)
+        return (infos and infos[0].step == 4 and not infos[0].complete and newest is not None
+                and _latest(tmp_path) == newest.path.name)
 
     job = start_training(tmp_path, "tiny-dp4.yaml", overrides, nproc=4)
     try:
