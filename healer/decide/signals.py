@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from healer.decide.rules import Rule
+from healer.detect.suspects import Suspects
 
 MAX_LABEL = 256
 
@@ -33,6 +34,11 @@ class Signal:
     attempt: int | None = None
     """The job's attempt the fault happened in (part of the identity: the same fault in a later attempt is a new
     incident); None without a launcher."""
+    suspects: Suspects = ()
+    """Whom its finding blames (healer/detect/suspects.py); none for a PromQL series or an alert (its `node`, if
+    any, is where it is)."""
+    first_bad_step: int | None = None
+    """The first step its finding says the fault touched (for a rollback)."""
 
     @property
     def fingerprint(self) -> str:
@@ -42,7 +48,7 @@ class Signal:
 
 def from_rule(rule: Rule, identity: dict[str, str], summary: str, evidence: dict[str, Any] | None = None,
               labels: dict[str, str] | None = None, job: str | None = None, node: str | None = None,
-              attempt: int | None = None) -> Signal:
+              attempt: int | None = None, suspects: Suspects = (), first_bad_step: int | None = None) -> Signal:
     """A signal of `rule`; job and node default to the identity's `job` and `node` labels."""
     if attempt is not None:
         identity = {**identity, "attempt": str(attempt)}
@@ -51,7 +57,8 @@ def from_rule(rule: Rule, identity: dict[str, str], summary: str, evidence: dict
                   cooldown=rule.cooldown, identity=tuple(sorted((k, _clip(v)) for k, v in identity.items())),
                   job=job if job is not None else identity.get("job"),
                   node=node if node is not None else identity.get("node"),
-                  summary=_clip(summary, 2000), evidence=evidence or {}, labels=labels, attempt=attempt)
+                  summary=_clip(summary, 2000), evidence=evidence or {}, labels=labels, attempt=attempt,
+                  suspects=suspects, first_bad_step=first_bad_step)
 
 
 def _clip(value: str, limit: int = MAX_LABEL) -> str:

@@ -15,19 +15,31 @@ from collections.abc import Callable, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from healer.detect.suspects import Suspects, shown
 from healer.observe.jobview import Readings
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One faulty thing: its key (stable across cycles), where it is and the evidence."""
+    """One faulty thing: its key (stable across cycles), where it is, whom it blames and the evidence."""
 
     key: str
     job: str | None
     node: str | None
     summary: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    """For people (the incident's page, the run report): free-form. Made to show the suspects too (`shown`)."""
     labels: dict[str, str] = field(default_factory=dict)
+    suspects: Suspects = ()
+    """Whom the finding blames (healer/detect/suspects.py): what the decisions after it read, never the evidence."""
+    first_bad_step: int | None = None
+    """The first step the fault touched (a non-finite loss, a spike): a rollback resumes before it and skips its
+    batches (healer/decide/plans.py). Shown in the evidence as `first_step`."""
+
+    def __post_init__(self) -> None:
+        if self.suspects or self.first_bad_step is not None:
+            first = {} if self.first_bad_step is None else {"first_step": self.first_bad_step}
+            object.__setattr__(self, "evidence", {**self.evidence, **first, **shown(self.suspects)})
 
 
 class LazyKeys(Set[str]):

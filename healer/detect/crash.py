@@ -23,6 +23,7 @@ import numpy as np
 from healer.detect.base import Detector, Evaluation, Finding
 from healer.detect.logtail import classify, signal_name
 from healer.detect.silence import silent_hosts
+from healer.detect.suspects import Suspect
 from healer.observe.jobview import Readings
 from healer.observe.processes import ProcessExit
 from wire.telemetry import RankEntry
@@ -116,8 +117,7 @@ class Crash(Detector):
             key=key, job=job, node=cause.node,
             summary=f"{who} on {cause.node} {how}{why}" + (f"; {others} more process(es) failed after it"
                                                               if others else ""),
-            evidence={"attempt": attempt, "suspect_rank": cause.rank, "suspect_node": cause.node,
-                      "exit_code": cause.exit_code, "signal": signal_name(cause.signal) if cause.signal else None,
+            evidence={"attempt": attempt, "exit_code": cause.exit_code, "signal": signal_name(cause.signal) if cause.signal else None,
                       "vanished": cause.vanished,
                       "class": cls.to_payload(), "log_tail": list(cause.log_tail[-self.config.tail_lines:]),
                       "failed": [{"rank": e.rank, "node": e.node, "exit_code": e.exit_code,
@@ -125,6 +125,7 @@ class Crash(Detector):
                                   "category": c.category, "peer_failure": c.peer_failure}
                                  for e, c in classes[:MAX_LISTED]]},
             labels={"suspect_node": cause.node, "category": cls.category},
+            suspects=(Suspect(node=cause.node, rank=cause.rank),),
         )
 
 
@@ -135,12 +136,13 @@ class Crash(Detector):
             key=key, job=job, node=node,
             summary=(f"the ranks on {node} were lost with their host (silent); {len(classes)} process(es) on other "
                      "hosts failed after it"),
-            evidence={"attempt": attempt, "suspect_rank": None, "suspect_node": node, "silent_hosts": silent,
+            evidence={"attempt": attempt, "silent_hosts": silent,
                       "failed": [{"rank": e.rank, "node": e.node, "exit_code": e.exit_code,
                                   "signal": signal_name(e.signal) if e.signal else None, "at": e.at,
                                   "category": c.category, "peer_failure": c.peer_failure}
                                  for e, c in classes[:MAX_LISTED]]},
             labels={"suspect_node": node, "category": "host-lost"},
+            suspects=(Suspect(node=node),),
         )
 
 

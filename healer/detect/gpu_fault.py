@@ -16,6 +16,7 @@ import msgspec
 
 from ground.gpu_faults import CRITICAL_XIDS
 from healer.detect.base import Detector, Evaluation, Finding, LazyKeys
+from healer.detect.suspects import Suspect
 from healer.observe.heartbeats import gpu_flagged
 from healer.observe.jobview import Readings
 from wire.telemetry import GpuEntry
@@ -76,7 +77,8 @@ class GpuFault(Detector):
                     key=key, job=job, node=node.node,
                     summary=f"GPU {gpu.gpu} on {node.node} is faulty: {'; '.join(why)}",
                     evidence={"gpu": msgspec.to_builtins(gpu), "reasons": why, "jobs": list(node.jobs)},
-                    labels={"gpu": str(gpu.gpu), "suspect_node": node.node}))
+                    labels={"gpu": str(gpu.gpu), "suspect_node": node.node},
+                    suspects=(Suspect(node=node.node, gpu=gpu.gpu),)))
         # Healthy: every GPU of a node without a flagged one, and the flagged nodes' GPUs found healthy above.
         return Evaluation(firing=tuple(firing), healthy=LazyKeys(
             lambda: healthy.union(f"{n.node}/gpu{g.gpu}" for n in nodes if not n.gpus_flagged for g in n.gpus)))

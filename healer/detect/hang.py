@@ -33,6 +33,7 @@ import numpy as np
 
 from healer.detect.base import Detector, Evaluation, Finding
 from healer.detect.silence import silent_hosts
+from healer.detect.suspects import Suspect
 from healer.observe.heartbeats import RankBeat
 from healer.observe.history import JobSamples, RankHistory, prune, quantile
 from healer.observe.jobview import Readings
@@ -279,10 +280,11 @@ class Hang(Detector):
             evidence={"stalled_s": round(stalled, 3), "timeout_s": round(timeout, 3), "timed_as": phase,
                       "p99_step_s": round(p99, 4) if p99 is not None else None, "k": self.config.k,
                       "floor_s": self.config.floor.total_seconds(), "step": low,
-                      "suspect_ranks": suspects, "suspect_nodes": nodes, "suspected_by": how,
+                      "suspected_by": how,
                       "ranks": [_rank_row(r, beat_of.get(r), job_states.get(r), node_of.get(r), now)
                                 for r in sorted(set(beat_of) | set(job_states))[:64]]},
             labels={"suspect_node": nodes[0]} if len(nodes) == 1 else {},
+            suspects=tuple(Suspect(node=node_of.get(r), rank=r) for r in suspects),
         )
 
 

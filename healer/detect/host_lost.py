@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from healer.detect.base import Detector, Evaluation, Finding
+from healer.detect.suspects import Suspect
 from healer.observe.jobview import Readings
 
 
@@ -106,10 +107,11 @@ class HostLost(Detector):
             key=key, job=job, node=node,
             summary=(f"host {node} silent {when} and the job stopped with it (no step for {still:.0f} s): the host "
                      "is down or cut off from the others"),
-            evidence={"attempt": attempt, "suspect_node": node, "silent_s": round(silent, 3),
+            evidence={"attempt": attempt, "silent_s": round(silent, 3),
                       "last_heard_age_s": None if last is None else round(now - last, 3),
                       "job_step": progress.step if progress.step >= 0 else None, "no_step_for_s": round(still, 3),
                       "after_s": self.config.after.total_seconds(),
                       "other_hosts_heard_age_s": {n: round(now - t, 3) for n, t in sorted(heard.items()) if n != node}},
             labels={"suspect_node": node},
+            suspects=(Suspect(node=node),),
         )

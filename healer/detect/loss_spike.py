@@ -111,7 +111,7 @@ class LossSpike(Detector):
                 key=job, job=job, node=None,
                 summary=f"loss spike at step {spike.step}: {spike.loss:.4g} against a median of {spike.median:.4g} "
                         f"(robust z {spike.z:.1f} > {self.config.threshold})",
-                evidence={"first_step": spike.step, "loss": spike.loss, "median": spike.median, "mad": spike.mad,
+                first_bad_step=spike.step, evidence={"loss": spike.loss, "median": spike.median, "mad": spike.mad,
                           "z": round(spike.z, 2), "threshold": self.config.threshold, "window": self.config.window,
                           "rank": spike.rank},
                 labels={"first_step": str(spike.step)}))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from healer.detect.base import Detector, Evaluation, Finding
+from healer.detect.suspects import Suspect, on_hosts
 from healer.observe.history import RankHistory, prune
 from healer.observe.jobview import Readings
 
@@ -93,8 +94,9 @@ class NonFinite(Detector):
                 key=job, job=job, node=nodes[0] if len(nodes) == 1 else None,
                 summary=f"non-finite {', '.join(kinds)} from step {bad.first_step} on rank(s) "
                         f"{', '.join(map(str, bad_ranks[:16]))}",
-                evidence={"first_step": bad.first_step, "last_step": bad.last_step, "suspect_ranks": bad_ranks,
-                          "suspect_nodes": nodes, "values": {str(r): v for r, v in bad.ranks.items()}},
-                labels={"first_step": str(bad.first_step)}))
+                first_bad_step=bad.first_step, evidence={"last_step": bad.last_step,
+                          "values": {str(r): v for r, v in bad.ranks.items()}},
+                labels={"first_step": str(bad.first_step)},
+                suspects=(*(Suspect(rank=r) for r in bad_ranks), *on_hosts(nodes))))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from healer.detect.base import Detector, Evaluation, Finding
 from healer.detect.phases import PhaseTable, evidence_rows, shared_phase_table
+from healer.detect.suspects import Suspect
 from healer.observe.history import RankHistory, prune
 from healer.observe.jobview import Readings
 
@@ -191,10 +192,11 @@ class Straggler(Detector):
             key=job, job=job, node=node,
             summary=f"rank {state.streak_rank} on {node} holds the job up ({state.last.cause}) "
                     f"for {state.streak} windows of {self.config.window} steps",
-            evidence={"suspect_rank": state.streak_rank, "suspect_node": node, "cause": state.last.cause,
+            evidence={"cause": state.last.cause,
                       "windows": state.streak, "window_steps": self.config.window,
                       "detail": {k: round(v, 4) for k, v in state.last.detail.items()},
                       "phase_table": state.evidence,
                       "ranks_in_table": len(state.rows)},
             labels={"suspect_node": node, "cause": state.last.cause} if node else {"cause": state.last.cause},
+            suspects=(Suspect(node=node, rank=state.streak_rank),),
         )

@@ -179,7 +179,8 @@ class Healer:
                 attempt = view.processes.attempt(f.job) if f.job else None
                 signal = from_rule(rule, {"key": f.key}, f.summary, {**f.evidence, "key": f.key},
                                    labels={**f.labels, **{k: v for k, v in (("job", f.job), ("node", f.node)) if v}},
-                                   job=f.job, node=f.node, attempt=attempt)
+                                   job=f.job, node=f.node, attempt=attempt, suspects=f.suspects,
+                                   first_bad_step=f.first_bad_step)
                 self._fired[(rule.name, f.key)] = signal.fingerprint
                 self._fire(signal)
             # NOTE: the keys of this rule that fired and are healthy now, by one set intersection: a rule's healthy

@@ -23,6 +23,8 @@ from healer.decide.rules import DetectorCondition, Rule, RuleSet
 from healer.decide.signals import Signal
 from healer.decide.states import IncidentState
 from healer.detect.hang_attribution import attribute
+from healer.detect.suspects import Suspect, decode, on_hosts
+from healer.detect.suspects import nodes as suspect_nodes
 from healer.incidents.jobstore import JobStore
 from healer.incidents.metrics import HealerMetrics
 from healer.incidents.models import Incident
@@ -40,9 +42,9 @@ Changed = Callable[[int, str, str | None, str | None], None]
 
 
 def suspects_of(incident: Incident) -> tuple[str, ...]:
-    ev = incident.evidence if isinstance(incident.evidence, dict) else {}
-    named = [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), incident.node]
-    return tuple(sorted({n for n in named if isinstance(n, str) and n}))
+    """The hosts the incident blames: its suspects' (healer/detect/suspects.py) and the host it is on, if any."""
+    named = suspect_nodes(decode(incident.suspects, f"incident {incident.id}"))
+    return tuple(sorted({*named, *([incident.node] if incident.node else [])}))
 
 
 class Responder:
@@ -62,8 +64,7 @@ class Responder:
             self.jobs.touch_job(signal.job)
         kind = fault(signal.kind)
         if kind.lemon and signal.job:
-            ev = signal.evidence
-            hosts = {n for n in [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), signal.node] if n}
+            hosts = {*suspect_nodes(signal.suspects), *([signal.node] if signal.node else [])}
             self.jobs.record_node_incidents(sorted(hosts), signal.job, str(incident_id), kind.name,
                                             incident_id=incident_id)
 
@@ -114,11 +115,9 @@ class Responder:
 
     def facts(self, incident: Incident, rule: Rule | None, now: datetime) -> IncidentFacts:
         state = S(incident.state)
-        ev = incident.evidence if isinstance(incident.evidence, dict) else {}
-        first = ev.get("first_step")
         return facts_of(incident_id=incident.id, kind=incident.kind, state=state, state_since=incident.state_since,
                         now=now, rule=rule, rules=self.ruleset, suspects=suspects_of(incident),
-                        attempt=incident.attempt, first_bad_step=first if isinstance(first, int) else None,
+                        attempt=incident.attempt, first_bad_step=incident.first_bad_step,
                         verdict=self._verdict(incident.id) if state is S.DIAGNOSING else None,
                         job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None)
 
@@ -167,11 +166,11 @@ class Responder:
         if r is None or incident.job != r.job or incident.attempt is None:
             return incident
         params = rule.condition.params if rule is not None and isinstance(rule.condition, DetectorCondition) else None
-        seen = incident.evidence.get("first_step")
-        first = r.first_bad_step(incident.kind, incident.attempt, params, seen if isinstance(seen, int) else None)
-        if first is None or (isinstance(seen, int) and first >= seen):
+        seen = incident.first_bad_step
+        first = r.first_bad_step(incident.kind, incident.attempt, params, seen)
+        if first is None or (seen is not None and first >= seen):
             return incident
-        self.store.update_evidence(incident.id, {"first_step": first, "first_step_from": "ranks/0.jsonl"})
+        self.store.update_evidence(incident.id, {"first_step_from": "ranks/0.jsonl"}, first_bad_step=first)
         return self.store.row(incident.id)
 
     def _look_at_hang(self, incident: Incident) -> Incident:
@@ -195,17 +194,17 @@ class Responder:
         mesh = {x["rank"]: x["mesh"] for x in ev.get("ranks", [])
                 if isinstance(x, dict) and isinstance(x.get("mesh"), dict)}
         att = attribute(found["ranks"], mesh)
-        nodes = sorted({x["node"] for x in found["ranks"] if x.get("rank") in att.suspects})
-        said = f"rank(s) {', '.join(map(str, att.suspects))} on {', '.join(nodes)}: {att.how}"
+        node_of = {x.get("rank"): x["node"] for x in found["ranks"]}
+        named = tuple(Suspect(node=node_of.get(r), rank=r) for r in att.suspects)
+        said = f"rank(s) {', '.join(map(str, att.suspects))} on {', '.join(suspect_nodes(named))}: {att.how}"
         update: dict[str, Any] = {
             "stacks": {"attempt": found.get("attempt"), "ranks": found["ranks"],
                        "unreached": found.get("unreached", {}), "attribution": att.to_payload(),
                        "took_s": round(time.monotonic() - t0, 3)},
-            "suspect_ranks": att.suspects, "suspect_nodes": nodes, "suspected_by": att.how}
-        if len(nodes) == 1:
-            update["suspect_node"] = nodes[0]
+            "suspected_by": att.how}
         log.warning("incident %d: the ranks' stacks name %s", incident.id, said)
-        self.store.update_evidence(incident.id, update, summary=f"{incident.summary} [stacks: {said}]"[:2000])
+        self.store.update_evidence(incident.id, update, summary=f"{incident.summary} [stacks: {said}]"[:2000],
+                                   suspects=named or None)  # NOTE: none named: the detector's stand
         return self.store.row(incident.id)
 
     def restart_pending(self, incident_id: int) -> bool:
@@ -266,11 +265,10 @@ class Responder:
             return
         incident = self.store.row(incident_id)
         named = {v.node: {"summary": v.summary, **v.details} for v in failed}
-        evidence: dict[str, Any] = {"named_by": {"runbook": runbook, "hosts": named}}
-        if not suspects_of(incident):
-            evidence["suspect_nodes"] = sorted(named)
         said = "; ".join(f"{runbook}: {v.node}: {v.summary}" for v in failed)
-        self.store.update_evidence(incident_id, evidence, summary=f"{incident.summary} [{said}]"[:2000])
+        self.store.update_evidence(incident_id, {"named_by": {"runbook": runbook, "hosts": named}},
+                                   summary=f"{incident.summary} [{said}]"[:2000],
+                                   suspects=None if suspects_of(incident) else on_hosts(named))
 
     def _remediate(self, incident: Incident, decision: Decision, facts: IncidentFacts) -> None:
         plan = decision.plan

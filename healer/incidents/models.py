@@ -117,6 +117,11 @@ class Incident(Base):
     summary: Mapped[str] = mapped_column(Prose)
     labels: Mapped[dict[str, Any]]
     evidence: Mapped[dict[str, Any]]
+    """For people: free-form (what the finding saw, what diagnosis added). Nothing is decided on it."""
+    suspects: Mapped[list[Any]] = mapped_column(default=list)
+    """Whom the finding blames, as healer/detect/suspects.py encodes them (`suspects_of` reads them back typed)."""
+    first_bad_step: Mapped[int | None]
+    """The first step the fault touched, for a rollback (its finding's; the ranks' own records may refine it)."""
     occurrences: Mapped[int] = mapped_column(Integer, default=1)
     opened_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from healer.decide.signals import Signal
 from healer.decide.states import ACTIVE_STATES, HEALER_OWNED, IncidentState, check_transition
+from healer.detect.suspects import Suspects, encode, shown
 from healer.errors import DatabaseError, IllegalTransition, NotFound
 from healer.incidents.models import Incident, IncidentEvent, Remediation, RunbookRun
 
@@ -87,7 +88,8 @@ class IncidentStore:
         won = self.transition(recent, S.RESOLVED, S.OPEN, {"reason": "recurred within the cool-down",
                                                            "summary": signal.summary, **signal.evidence},
                               next_action_at=now, values={"active_fingerprint": signal.fingerprint,
-                                                          "resolved_at": None, "last_seen_at": now, "owner": None,
+                                                          "suspects": encode(signal.suspects),
+                                                          "first_bad_step": signal.first_bad_step, "resolved_at": None, "last_seen_at": now, "owner": None,
                                                           "occurrences": Incident.occurrences + 1})
         return recent if won else None
 
@@ -98,7 +100,7 @@ class IncidentStore:
                 fingerprint=signal.fingerprint, active_fingerprint=signal.fingerprint, rule=signal.rule,
                 kind=signal.kind, severity=signal.severity, page=signal.page, state=S.OPEN.value, job=signal.job,
                 node=signal.node, summary=signal.summary, labels=signal.labels, evidence=jsonable(signal.evidence),
-                occurrences=1, opened_at=now, last_seen_at=now, state_since=now, next_action_at=now,
+                suspects=encode(signal.suspects), first_bad_step=signal.first_bad_step, occurrences=1, opened_at=now, last_seen_at=now, state_since=now, next_action_at=now,
                 notified_resolved=False, attempt=signal.attempt, handler=self.handler).returning(Incident.id)).scalar_one()
             conn.execute(insert(IncidentEvent).values(
                 incident_id=new_id, at=now, kind="transition", from_state=None, to_state=S.OPEN.value,
@@ -209,14 +211,25 @@ class IncidentStore:
             conn.execute(update(Remediation).where(Remediation.id == remediation_id)
                          .values(finished_at=self.clock(), outcome=outcome))
 
-    def update_evidence(self, incident_id: int, evidence: dict[str, Any], summary: str | None = None) -> None:
+    def update_evidence(self, incident_id: int, evidence: dict[str, Any], summary: str | None = None,
+                        suspects: Suspects | None = None, first_bad_step: int | None = None) -> None:
         """Merge `evidence` into the incident's (a finding made more precise after detection, e.g. the crash's
-        exit status once the agent reported it); the change is an event too."""
+        exit status once the agent reported it); the change is an event too. `suspects` and `first_bad_step`, when
+        given, replace the incident's (a closer look named whom to blame, or the true first bad step) and are shown
+        in its evidence as a finding's are."""
+        if first_bad_step is not None:
+            evidence = {**evidence, "first_step": first_bad_step}
+        if suspects is not None:
+            evidence = {**evidence, **shown(suspects)}
         with Session(self.engine) as session, session.begin():
             incident = session.get(Incident, incident_id)
             if incident is None:
                 raise NotFound(f"no incident {incident_id}")
             incident.evidence = jsonable({**incident.evidence, **evidence})
+            if suspects is not None:
+                incident.suspects = encode(suspects)
+            if first_bad_step is not None:
+                incident.first_bad_step = first_bad_step
             if summary is not None:
                 incident.summary = summary
             session.add(IncidentEvent(incident_id=incident_id, at=self.clock(), kind="evidence", from_state=None,
@@ -329,7 +342,7 @@ def _iso(value: datetime | None) -> str | None:
 def incident_dict(i: Incident) -> dict[str, Any]:
     return {"id": i.id, "rule": i.rule, "kind": i.kind, "severity": i.severity, "page": i.page, "state": i.state,
             "job": i.job, "node": i.node, "summary": i.summary, "labels": i.labels, "evidence": i.evidence,
-            "occurrences": i.occurrences, "fingerprint": i.fingerprint, "opened_at": _iso(i.opened_at),
+            "suspects": i.suspects, "occurrences": i.occurrences, "fingerprint": i.fingerprint, "opened_at": _iso(i.opened_at),
             "last_seen_at": _iso(i.last_seen_at), "state_since": _iso(i.state_since),
             "resolved_at": _iso(i.resolved_at), "owner": i.owner, "acknowledged_by": i.acknowledged_by}
 

@@ -18,6 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from healer.decide.states import IncidentState
+from healer.detect.suspects import decode
+from healer.detect.suspects import nodes as suspect_nodes
+from healer.detect.suspects import ranks as suspect_ranks
 from healer.incidents.models import Incident, Restart, RunbookRun
 
 S = IncidentState
@@ -88,17 +91,15 @@ def _ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def suspects(evidence: Any, node: str | None) -> tuple[list[int], list[str]]:
-    """The ranks and hosts an incident names, from its detector's evidence and its node."""
-    ev = evidence if isinstance(evidence, dict) else {}
-    ranks = ev.get("suspect_ranks") or ([ev["suspect_rank"]] if ev.get("suspect_rank") is not None else [])
-    nodes = sorted({n for n in [ev.get("suspect_node"), *(ev.get("suspect_nodes") or []), node] if n})
-    return list(ranks), nodes
+def suspects(incident_id: int, named: Any, node: str | None) -> tuple[list[int], list[str]]:
+    """The ranks and hosts an incident names: its suspects column (healer/detect/suspects.py) and its node."""
+    kept = decode(named, f"incident {incident_id}")
+    return suspect_ranks(kept), sorted({*suspect_nodes(kept), *([node] if node else [])})
 
 
 def _timeline(i: Incident, runs: list[RunbookRun], restarts: list[Restart]) -> IncidentTimeline:
     ev = i.evidence if isinstance(i.evidence, dict) else {}
-    ranks, nodes = suspects(ev, i.node)
+    ranks, nodes = suspects(i.id, i.suspects, i.node)
     t = IncidentTimeline(id=i.id, kind=i.kind, rule=i.rule, summary=i.summary, state=i.state, attempt=i.attempt,
                          suspect_nodes=nodes, suspect_ranks=ranks, evidence=ev,
                          detected_at=i.opened_at.timestamp(), resolved_at=_ts(i.resolved_at))

@@ -163,7 +163,7 @@ def incident_list(src: Sources, filters: Filters, offset: int = 0, limit: int = 
         ledgers[job] = job_ledger(src, job)
     rows = []
     for i in found[:limit]:
-        ranks, nodes = suspects(i.evidence, i.node)
+        ranks, nodes = suspects(i.id, i.suspects, i.node)
         cost = ledgers[i.job].costs.get(i.id) if i.job else None
         rows.append(Row(i.id, i.kind, i.state, i.severity, i.job, i.node, i.summary, i.opened_at, ranks, nodes, cost))
     return IncidentList(rows, filters, offset, len(found) > limit, choices)
@@ -193,7 +193,7 @@ def incident_view(src: Sources, incident_id: int, ledger: JobLedger | None = Non
     job = incident["job"]
     ledger = ledger or (job_ledger(src, job) if job else None)
     timeline = next((t for t in ledger.timelines if t["id"] == incident_id), None) if ledger else None
-    ranks, nodes = suspects(incident["evidence"], incident["node"])
+    ranks, nodes = suspects(incident_id, incident["suspects"], incident["node"])
     heat, note = _heat(ledger.run if ledger else None, timeline, ranks)
     with Session(src.engine) as session:
         remediations = [{"action": r.action, "decided_at": r.decided_at, "finished_at": r.finished_at,

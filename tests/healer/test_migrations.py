@@ -3,7 +3,9 @@ refuses a database that is not at head (saying what to run) but creates an empty
 
 from __future__ import annotations
 
+import json
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,10 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from healer.detect.suspects import decode, nodes
 from healer.errors import DatabaseError, DatabaseNotAtHead
 from healer.incidents import db
-from healer.incidents.models import Base
+from healer.incidents.models import Base, Incident
 from tests.healer.services import MEGAHEAL
 
 pytestmark = pytest.mark.services
@@ -36,6 +39,32 @@ def test_it_upgrades_and_downgrades(db_url: str) -> None:
     db.upgrade(engine)
     assert _tables(engine) == TABLES
     engine.dispose()
+
+
+def test_incidents_recorded_before_the_typed_findings_get_their_suspects_and_first_step_from_their_evidence(db_url: str) -> None:
+    engine = db.make_engine(db_url)
+    db.upgrade(engine, "0003")
+    columns = ("id, fingerprint, rule, kind, severity, page, state, summary, labels, evidence, occurrences, "
+               "opened_at, last_seen_at, state_since, notified_resolved")
+    old = {1: {"suspect_rank": 3, "suspect_node": "n2", "cause": "compute"},  # a straggler, a rank on its host
+           2: {"suspect_ranks": [1, 4], "suspect_nodes": ["n1", "n3"]},  # a hang: ranks and hosts, unpaired
+           3: {"suspect_rank": None, "suspect_node": "n4"},  # a crash with its host lost
+           4: {"promql": "up == 0"},  # a PromQL rule's: nobody named
+           5: {"first_step": 12, "suspect_ranks": [0]}}  # a non-finite loss
+    with engine.begin() as conn:
+        for i, evidence in old.items():
+            conn.execute(sa.text(f"INSERT INTO incidents ({columns}) VALUES (:id, 'f', 'r', 'k', 's', 'p', 'open', "
+                                 "'x', '{}', :ev, 1, :t, :t, :t, false)"),
+                         {"id": i, "ev": json.dumps(evidence), "t": datetime(2026, 12, 1, tzinfo=UTC)})
+    db.upgrade(engine)
+    with engine.connect() as conn:
+        rows = dict(conn.execute(sa.select(Incident.id, Incident.suspects)).all())
+        first = dict(conn.execute(sa.select(Incident.id, Incident.first_bad_step)).all())
+    engine.dispose()
+    assert rows == {1: [{"node": "n2", "rank": 3}], 2: [{"rank": 1}, {"rank": 4}, {"node": "n1"}, {"node": "n3"}],
+                    3: [{"node": "n4"}], 4: [], 5: [{"rank": 0}]}
+    assert [nodes(decode(rows[i], f"incident {i}")) for i in sorted(rows)] == [["n2"], ["n1", "n3"], ["n4"], [], []]
+    assert first == {1: None, 2: None, 3: None, 4: None, 5: 12}
 
 
 def test_autogenerate_finds_nothing_between_models_and_migrations(db_url: str) -> None:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from healer.decide.signals import Signal
+from healer.detect.suspects import Suspect
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.store import IncidentStore
 
@@ -48,7 +49,8 @@ def write_incidents(db_url: str) -> tuple[int, int]:
     straggler, _ = store.record(Signal(
         rule="straggler", kind="straggler", severity="warning", page="never", cooldown=timedelta(0),
         identity=(("job", JOB),), job=JOB, node="n2", summary=f"rank {SLOW_RANK} on n2 holds the job up (compute)",
-        evidence={"suspect_rank": SLOW_RANK, "suspect_node": "n2", "cause": "compute"}, attempt=0))
+        evidence={"suspect_rank": SLOW_RANK, "suspect_node": "n2", "cause": "compute"}, attempt=0,
+        suspects=(Suspect(node="n2", rank=SLOW_RANK),)))
     hostile, _ = store.record(Signal(
         rule=HOSTILE, kind="crash", severity="critical", page="always", cooldown=timedelta(0),
         identity=(("job", HOSTILE),), job=HOSTILE, node=f"n{HOSTILE}", summary=f"summary {HOSTILE}",
