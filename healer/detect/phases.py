@@ -15,6 +15,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
+
+# NOTE: loaded with the detectors, not by the first np.median (its NaN check imports numpy.ma): ~34 ms that fell
+# in every healer's first window close, its slowest detection cycle at 131,072 ranks (bench/healer_ingest.py).
+import numpy.ma
 from msgspec import Struct
 
 from healer.observe.history import COMPUTE_PHASES, JobSamples, RankHistory

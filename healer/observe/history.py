@@ -163,8 +163,16 @@ class JobSamples:
         # NOTE: at scale nearly every cycle brings every rank of a job a new sample: then a slice, not a fancy index
         # (each a copy of 131,072), picks them.
         pick: slice | np.ndarray = slice(0, n) if slots.size == n else slots
-        if (self.count[pick] == 0).any():
+        fresh = self.count[pick] == 0
+        if fresh.any():
             self._order = None  # ranks the history did not know
+            if not fresh.all():
+                # NOTE: a rank new to the history starts at the ring position the others are at (it has no sample:
+                # any position will do). From position 0 the ranks a job's first cycles did not hear yet (its
+                # relays' batches come over a second or two) stayed a position or two behind for good: at
+                # 131,072 ranks 60% of them, stored one by one below (~4 ms a cycle, bench/healer_ingest.py).
+                known_at = self.pos[pick][~fresh]
+                self.pos[slots[fresh]] = int(np.bincount(known_at).argmax())
         new_step = step[pick]
         back = slots[new_step < self.last_step[pick]]
         if back.size:
@@ -179,9 +187,9 @@ class JobSamples:
         at = self.pos[pick]
         # NOTE: the ranks of a job step together, so the new samples go mostly in one row of the ring (the one most of
         # them are at): copied into it under a mask, a pass along the row; the others one by one (np.put). Scattered
-        # stores of all 131,072 cost ~7 ms a cycle, the masked row ~2. But a rank that misses a batch stays a ring
-        # position behind for good: in the loaded bench many do, and the np.put part is most of the ~19 ms hang
-        # costs there (py-spy). A ring position set by the step number would keep them in one row.
+        # stores of all 131,072 cost ~7 ms a cycle, the masked row ~2. A rank that misses a batch still stays a
+        # ring position behind for good (~0.2% of the ranks a cycle in the loaded bench): a position set by the step
+        # number would keep it in the row, but then a window would count steps, not samples.
         row = int(np.bincount(at).argmax())
         in_row = at == row
         mask = np.zeros(n, dtype=bool)

@@ -161,6 +161,22 @@ def test_ranks_out_of_step_keep_each_their_own_newest_samples_in_order() -> None
     assert len({int(p) for p in held.pos[slots]}) > 1  # they did part
 
 
+def test_ranks_a_job_reports_over_several_cycles_join_the_ring_position_of_those_heard_first() -> None:
+    # A large job's ranks reach the healer over its first cycles (its relays' batches come over a second or two).
+    # Those heard later start where the others are, so that from then on all step together in one row of the ring.
+    history, table = RankHistory(keep=4), HeartbeatTable()
+    _ingest(table, 1, ranks=4)
+    history.update(table, 0.0)
+    for step in (2, 3, 4, 5):
+        _ingest(table, step, ranks=8 if step == 2 else 12)
+        history.update(table, 0.0)
+    held = history.jobs()["j"]
+    slots = held.known()
+    assert held.rank[slots].tolist() == list(range(12)) and {int(p) for p in held.pos[slots]} == {1}
+    assert [[x["step"] for x in held.samples_of(int(s))] for s in slots[[0, 4, 8]]] == [[2, 3, 4, 5], [2, 3, 4, 5],
+                                                                                         [3, 4, 5]]
+
+
 def test_a_large_jobs_straggler_evidence_is_its_most_unusual_rows_with_the_suspect_not_the_whole_table() -> None:
 
     clock = ManualClock()
