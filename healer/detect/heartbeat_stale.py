@@ -45,7 +45,7 @@ class HeartbeatStale(Detector):
         healthy: set[str] = set()
         nodes = table.nodes()
         # NOTE: each node's worst staleness (since its batch came, plus its oldest rank record's age then) from the
-        # table's arrays of them (healer/observe/node_times.py): a node whose every rank is fresh, nearly all of them,
+        # table's arrays of them (healer/observe/nodes.py): a node whose every rank is fresh, nearly all of them,
         # is cleared in numpy; a pass over 16,384 NodeBeats cost ~8 ms a cycle.
         received, max_age = table.node_times()
         fresh = np.maximum(now - received, 0.0) + max_age <= after

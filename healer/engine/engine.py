@@ -158,7 +158,7 @@ class Healer:
                 # NOTE: until a restarted job's new attempt reports a step, a heartbeat detector only remembers the
                 # old attempt (its NaN, its slow phase table): it may not speak for the job then.
                 if reporting is None:
-                    reporting = {b.job for b in view.beats if b.step is not None}
+                    reporting = {job for job, cols in view.job_columns.items() if (cols.step[cols.counts] >= 0).any()}
                 kept = tuple(f for f in kept
                              if f.job is None or f.job in reporting or view.processes.attempt(f.job) is None)
             results.append((rule, Evaluation(firing=kept, healthy=result.healthy)))

@@ -19,7 +19,7 @@ import numpy as np
 from msgspec import Struct
 
 from healer.errors import BadRequest
-from healer.observe.node_times import NodeTimes
+from healer.observe.nodes import NodeTable
 from healer.observe.processes import ProcessView
 from healer.observe.rank_columns import JobView, RankColumns
 from wire.relay import Relayed, Rows, decode_relay_batch
@@ -119,7 +119,12 @@ def parse_batch(body: bytes | HeartbeatBatch | Any) -> HeartbeatBatch:
 
 
 class HeartbeatTable:
-    """The latest heartbeat of every rank and node. Written by the API, read by the detectors (thread-safe)."""
+    """The latest heartbeat of every rank and node. Written by the API, read by the detectors (thread-safe).
+
+    One store, each fact kept once: a rank's heartbeat is its slot in its job's columns (healer/observe/
+    rank_columns.py: the numbers a cycle computes over, and the RankBeat they came from), a node's latest batch its
+    entry in the node table (healer/observe/nodes.py: the NodeBeat and its times as arrays). Every read below is made
+    from those two; only `_store` and `_store_rows` write them, under the one lock."""
 
     histories = None
     """Read alone (a detector's tests), the table shares no samples between detectors (healer/observe/jobview.py)."""
@@ -129,12 +134,9 @@ class HeartbeatTable:
             raise ValueError(f"forget_after_s must be > 0, got {forget_after_s}")
         self._clock = clock
         self._forget_after_s = forget_after_s
-        self._ranks: dict[tuple[str, int], RankBeat] = {}
-        self._nodes: dict[str, NodeBeat] = {}
-        self._node_times = NodeTimes()
-        """The nodes' batch times and oldest record ages as arrays, in _nodes' order (healer/observe/node_times.py)."""
+        self._nodes = NodeTable()
         self._columns = RankColumns()
-        """The same ranks' numbers as arrays per job (healer/observe/rank_columns.py): what a detection cycle reads."""
+        """Per job, its ranks' numbers as arrays and their RankBeats by slot (healer/observe/rank_columns.py)."""
         self._lock = threading.Lock()
         self.batches = 0
         self.records = 0
@@ -186,17 +188,15 @@ class HeartbeatTable:
             return 0
         beats = tuple([RankBeat(node, received_at, e) for e in batch.ranks])
         max_age = max((e.last_seen_age_s for e in batch.ranks), default=0.0)
-        self._node_times.set(node, received_at, max_age)
-        self._nodes[node] = NodeBeat(node=node, received_at=received_at, seq=batch.seq, ranks=beats, max_age_s=max_age,
-                                     jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus),
-                                     gpus_flagged=any(gpu_flagged(g) for g in batch.gpus),
-                                     agent_url=batch.agent_url, relay=relay)
-        ranks, columns = self._ranks, self._columns
+        self._nodes.put(NodeBeat(node=node, received_at=received_at, seq=batch.seq, ranks=beats, max_age_s=max_age,
+                                 jobs=tuple(sorted({e.job for e in batch.ranks})), gpus=tuple(batch.gpus),
+                                 gpus_flagged=any(gpu_flagged(g) for g in batch.gpus),
+                                 agent_url=batch.agent_url, relay=relay))
+        columns = self._columns
         node_id = columns.node_id(node)
         cols = None
         for beat in beats:
             job = beat.entry.job
-            ranks[(job, beat.entry.rank)] = beat
             if cols is None or cols.job != job:
                 cols = columns.job(job)
             cols.write(beat, node_id)
@@ -209,9 +209,9 @@ class HeartbeatTable:
         that points at its row and the table's key; the numbers go into the columns with numpy."""
         rows, relay = relayed.rows, relayed.relay
         columns = rows.columns
-        jobs, job_of, rank_of = rows.jobs, columns["job"].tolist(), columns["rank"].tolist()
+        jobs, job_of = rows.jobs, columns["job"].tolist()
         ages = columns["last_seen_age_s"].tolist()
-        ranks, nodes, table = self._ranks, self._nodes, self._columns
+        nodes, table = self._nodes, self._columns
         n = len(rows)
         row_beats: list[RankBeat | None] = [None] * n
         received = np.full(n, np.nan)
@@ -225,13 +225,10 @@ class HeartbeatTable:
                 node = head.node
                 beats = tuple([RankBeat(node, received_at, rows, i) for i in range(start, stop)])
                 max_age = max(ages[start:stop], default=0.0)
-                self._node_times.set(node, received_at, max_age)
-                nodes[node] = NodeBeat(node=node, received_at=received_at, seq=head.seq, ranks=beats, max_age_s=max_age,
-                                       jobs=tuple(sorted({jobs[j] for j in job_of[start:stop]})),
-                                       gpus=tuple(head.gpus), gpus_flagged=any(gpu_flagged(g) for g in head.gpus),
-                                       agent_url=head.agent_url, relay=relay)
-                for i, beat in enumerate(beats, start):
-                    ranks[(jobs[job_of[i]], rank_of[i])] = beat
+                nodes.put(NodeBeat(node=node, received_at=received_at, seq=head.seq, ranks=beats, max_age_s=max_age,
+                                   jobs=tuple(sorted({jobs[j] for j in job_of[start:stop]})),
+                                   gpus=tuple(head.gpus), gpus_flagged=any(gpu_flagged(g) for g in head.gpus),
+                                   agent_url=head.agent_url, relay=relay))
                 row_beats[start:stop] = beats
                 received[start:stop] = received_at
                 node_ids[start:stop] = table.node_id(node)
@@ -243,24 +240,24 @@ class HeartbeatTable:
         return taken
 
     def ranks(self) -> list[RankBeat]:
-        """A snapshot of every rank's latest heartbeat (the list is a copy; the entries are not changed later)."""
+        """A snapshot of every rank's latest heartbeat, by job and then in the order its ranks were first heard (the
+        list is a copy; the entries are not changed later). A pass in Python: for tools and tests, not every cycle."""
         with self._lock:
-            return list(self._ranks.values())
+            return [b for cols in self._columns.jobs.values() for b in cols.beats if b is not None]
 
     def nodes(self) -> list[NodeBeat]:
         with self._lock:
-            return list(self._nodes.values())
+            return self._nodes.beats()
 
     def node_times(self) -> tuple[np.ndarray, np.ndarray]:
         """(received_at, max_age_s) of each node of nodes(), as arrays in its order."""
         with self._lock:
-            return self._node_times.snapshot()
+            return self._nodes.times()
 
-    def snapshot(self) -> tuple[list[RankBeat], list[NodeBeat], tuple[np.ndarray, np.ndarray], dict[str, JobView]]:
-        """ranks(), nodes(), node_times() and columns() of one moment (a detection cycle's view: all agree)."""
+    def snapshot(self) -> tuple[list[NodeBeat], tuple[np.ndarray, np.ndarray], dict[str, JobView]]:
+        """nodes(), node_times() and columns() of one moment (a detection cycle's view: all agree)."""
         with self._lock:
-            return (list(self._ranks.values()), list(self._nodes.values()), self._node_times.snapshot(),
-                    self._columns.snapshot())
+            return self._nodes.beats(), self._nodes.times(), self._columns.snapshot()
 
     def columns(self) -> dict[str, JobView]:
         """Per job, a copy of its ranks' columns, every present rank counted (healer/observe/rank_columns.py)."""
@@ -269,22 +266,19 @@ class HeartbeatTable:
 
     def jobs(self) -> set[str]:
         with self._lock:
-            return {job for job, _ in self._ranks}
+            return set(self._columns.jobs)
 
     def forget_old(self) -> int:
         """Drop ranks and nodes not heard of for forget_after_s (a job long gone); returns how many ranks."""
         cutoff = self._clock() - self._forget_after_s
         with self._lock:
-            old = [key for key, beat in self._ranks.items() if beat.received_at < cutoff]
-            for key in old:
-                del self._ranks[key]
+            # NOTE: a pass in Python over every rank: this runs with housekeeping (hourly), not every cycle
+            old = [(job, beat.rank) for job, cols in self._columns.jobs.items() for beat in cols.beats
+                   if beat is not None and beat.received_at < cutoff]
             self._columns.drop(old)
-            gone = [n for n, b in self._nodes.items() if b.received_at < cutoff]
-            for name in gone:
-                del self._nodes[name]
-            if gone:
-                self._node_times.keep_only(list(self._nodes))
+            self._nodes.forget_before(cutoff)
         return len(old)
 
     def __len__(self) -> int:
-        return len(self._ranks)
+        with self._lock:
+            return sum(cols.live() for cols in self._columns.jobs.values())

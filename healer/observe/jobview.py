@@ -49,7 +49,10 @@ class Readings(Protocol):
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class TickView:
-    beats: tuple[RankBeat, ...]
+    """One detection cycle's snapshot, the one type every detector is handed. The ranks are their jobs' columns
+    (`job_columns`: numbers as arrays, and each slot's RankBeat), counted as the launcher says; the nodes their
+    latest batches; the history the detectors share a typed field of it."""
+
     node_beats: tuple[NodeBeat, ...]
     processes: ProcessView
     job_columns: dict[str, JobView] = field(default_factory=dict)
@@ -58,7 +61,7 @@ class TickView:
     """The healer's HistoryPool (healer/observe/history.py): the detectors' samples, taken once per cycle."""
     node_received: np.ndarray = field(default_factory=lambda: np.zeros(0))
     node_max_age: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    """Each of node_beats' received_at and max_age_s, as arrays (healer/observe/node_times.py)."""
+    """Each of node_beats' received_at and max_age_s, as arrays (healer/observe/nodes.py)."""
 
     @classmethod
     def of(cls, table: HeartbeatTable, histories: HistoryPool | None = None) -> TickView:
@@ -66,17 +69,16 @@ class TickView:
         # job -> the pids that count (empty: none, the attempt is being stopped), for the jobs a launcher started.
         # Every other job's heartbeats all count.
         keep = {job: frozenset() if view.is_stopping(job) else view.pids(job) for job in view.jobs()}
-        ranks, node_beats, (received, max_age), job_columns = table.snapshot()
+        node_beats, (received, max_age), job_columns = table.snapshot()
         if not keep:
-            # NOTE: the service alone (no launcher): nothing to filter, so the view is two copies made in C. Filtering
-            # 131,072 ranks one by one took most of a detection cycle (~165 ms of 186 ms, bench/healer_ingest.py).
-            return cls(tuple(ranks), tuple(node_beats), view, job_columns, histories, received, max_age)
+            # NOTE: the service alone (no launcher): nothing to filter. Filtering 131,072 ranks one by one took most
+            # of a detection cycle (~165 ms of 186 ms, bench/healer_ingest.py).
+            return cls(tuple(node_beats), view, job_columns, histories, received, max_age)
 
         def counts(beat: RankBeat) -> bool:
             pids = keep.get(beat.job)
             return pids is None or beat.pid in pids
 
-        beats = tuple(b for b in ranks if counts(b))
         nodes = []
         for i, node in enumerate(node_beats):
             if not any(job in keep for job in node.jobs):
@@ -95,10 +97,11 @@ class TickView:
                 columns[job] = cols
             elif pids:
                 columns[job] = cols.only(np.isin(cols.pid, np.fromiter(pids, dtype=np.int64, count=len(pids))))
-        return cls(beats, tuple(nodes), view, columns, histories, received, max_age)
+        return cls(tuple(nodes), view, columns, histories, received, max_age)
 
     def ranks(self) -> list[RankBeat]:
-        return list(self.beats)
+        """The ranks that count in this cycle (a pass in Python: for evidence and tools, not every cycle)."""
+        return [b for cols in self.job_columns.values() for b in cols.counted_beats()]
 
     def nodes(self) -> list[NodeBeat]:
         return list(self.node_beats)
@@ -110,8 +113,10 @@ class TickView:
         return self.job_columns
 
     def jobs(self) -> set[str]:
-        return {b.job for b in self.beats}
+        """The jobs with a rank that counts in this cycle."""
+        return {job for job, cols in self.job_columns.items() if cols.counts.any()}
 
     def steps(self, job: str) -> list[int]:
         """The steps the job's counted ranks last reported (none yet: empty)."""
-        return [b.step for b in self.beats if b.job == job and b.step is not None]
+        cols = self.job_columns.get(job)
+        return [] if cols is None else [int(s) for s in cols.step[cols.counts] if s >= 0]

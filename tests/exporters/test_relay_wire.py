@@ -95,7 +95,10 @@ def test_a_relayed_batch_older_than_the_nodes_own_leaves_the_newer_one_in_place(
     older = HeartbeatBatch(schema=HEARTBEAT_SCHEMA, node="n1", seq=0, sent_at=0.0, ranks=[
         RankEntry(job="job-a", rank=1, alive=True, last_seen_age_s=0.0, step=1)])
     assert table.ingest_relayed(encode_relay(columns_of("rack-1", 1, 0.0, [(30.0, older)]))) == (1, 0)
-    assert [b.entry for b in table.ranks()] == list(newer.ranks)
+    def by_rank(entries: list[RankEntry]) -> list[RankEntry]:
+        return sorted(entries, key=lambda e: (e.job, e.rank))
+
+    assert by_rank([b.entry for b in table.ranks()]) == by_rank(list(newer.ranks))
     assert table.columns()["job-a"].step.tolist() == [e.step for e in newer.ranks if e.job == "job-a"]
 
 
