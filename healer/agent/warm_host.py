@@ -27,8 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from ground import kill, procfs
 from healer.agent.host import _process, _Rank, _send, _tail
@@ -37,6 +36,13 @@ from wire.orders import Worker
 from wire.run_ids import pool_run_id, worker_id
 from wire.telemetry import AttemptReport, RankExit
 from wire.warm_plan import key
+
+if TYPE_CHECKING:  # NOTE: imported when a warm pool is formed here (WarmWorkers.__init__)
+    import torch.distributed as dist
+
+
+def _load_torch_distributed() -> None:
+    import torch.distributed  # noqa: F401 - loaded ahead of its first use
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +71,18 @@ class WarmWorkers:
         self._spares_named = 0
         self._store: dist.TCPStore | None = None
         self._lock = threading.Lock()
+        # NOTE: torch is loaded now, on a thread of its own, for the store the pool's first attempt will ask: not at
+        # the agent's start (~1 s of CPU every agent paid, warm job or not: on a 2-core host that start slowed the
+        # training beside it enough that a test's job saw its reduce at twice its baseline), and not in the poll
+        # that first asks the store (it holds the agent's lock, and the batches wait on that lock).
+        threading.Thread(target=_load_torch_distributed, name="megaheal-warm-torch", daemon=True).start()
 
     @property
     def store(self) -> dist.TCPStore:
         """A client of the pool's store (for `ready` keys), connected on first use."""
         if self._store is None:
+            import torch.distributed as dist  # NOTE: loaded by the time a store is asked for (see __init__)
+
             host, _, port = self.control.rpartition(":")
             self._store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
         return self._store
