@@ -5,6 +5,7 @@ memory, and the losses go on exactly as in a run that was never interrupted."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -106,3 +107,33 @@ def test_a_second_crash_during_a_warm_restart_falls_back_to_a_cold_start_from_di
     assert not set(pool.pids().values()) & set(first["before"].values())
     losses = _losses(tmp_path)
     assert sorted(losses) == list(range(STEPS)) and losses == pytest.approx(straight, rel=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_rollback_in_memory_marks_the_disks_newer_checkpoints_abandoned_so_no_cold_resume_goes_back_to_them(
+        tmp_path: Path) -> None:
+    # A rollback past a bad batch throws away what was trained after the state it goes back to. Should the warm pool
+    # fail after it (a rank that cannot leave the aborted generation), a cold `--resume auto` must not pick the
+    # checkpoints of that history (a NaN's poisoned weights) off the disk.
+    # A save every step, a state in memory every 4 (each rank keeps its last two: 4 and 8 when it goes back).
+    pool = _pool(tmp_path, "checkpoint.every_steps=1", "checkpoint.keep_last=20", "snapshot_every_steps=4")
+    rolled: dict[str, int] = {}
+
+    def hook(p: WarmPool) -> None:
+        if not rolled and _step_of_rank0(p.run_dir) >= 9:
+            rolled["at"] = _step_of_rank0(p.run_dir)
+            p.rollback(5, "test: a bad batch at step 6")
+
+    try:
+        assert pool.run(timedelta(seconds=200), on_poll=hook) == "finished"
+    finally:
+        pool.close()
+    (restart,) = pool.restarts
+    (source,) = {s.split(" in ")[0] for s in restart.sources.values()}
+    back_to = int(source.split()[2])
+    assert restart.kind == "rollback" and back_to == 4
+    said = "".join(path.read_text(errors="replace") for path in pool.log_dir.glob("*.log"))
+    abandoned = sorted(int(m) for m in re.findall(r"step-0*(\d+) abandoned: training goes back to a state held in memory",
+                                                    said))
+    # Every checkpoint saved after the state it went back to, up to where it was (9 at least: rank 0 was there).
+    assert abandoned == list(range(back_to + 1, abandoned[-1] + 1)) and abandoned[-1] >= rolled["at"], said[-3000:]

@@ -108,7 +108,7 @@ def read_latest(ckpt_dir: Path) -> str | None:
     return name if _STEP_DIR.match(name) else None
 
 
-def abandon_newer(ckpt_dir: Path, resumed: Path, step: int) -> list[str]:
+def abandon_newer(ckpt_dir: Path, resumed: Path | str, step: int) -> list[str]:
     """Mark every complete checkpoint of `ckpt_dir` newer than `step` abandoned: training resumed from `resumed`
     (at `step`), so they belong to a history that was thrown away. Returns their names; raises OSError when a
     marker cannot be written (then `--resume auto` could still pick one: the caller must not train on)."""

@@ -336,18 +336,22 @@ class Checkpointer:
         """Resuming from an explicit checkpoint (the healer's rollback past a NaN or a loss spike names one) starts
         a new history: mark this run's newer checkpoints abandoned, so that no later `--resume auto` goes back to
         what the attempt with the NaN or the spike wrote, and point `latest` at where training went back to."""
+        self.abandon_after(resumed.step, resumed.path)
+
+    def abandon_after(self, step: int, resumed: Path | str) -> None:
+        """Mark this run's checkpoints newer than `step` abandoned: training went back to `resumed` (a checkpoint, or
+        a state held in memory: a warm rollback), and they belong to the history thrown away. Rank 0 only."""
         try:
-            abandoned = catalog.abandon_newer(self.dir, resumed.path, resumed.step)
-            if abandoned and resumed.path.parent.resolve() == self.dir.resolve():
-                catalog.mark_latest(self.dir, resumed.path)
+            abandoned = catalog.abandon_newer(self.dir, resumed, step)
+            if abandoned and isinstance(resumed, Path) and resumed.parent.resolve() == self.dir.resolve():
+                catalog.mark_latest(self.dir, resumed)
         except OSError as exc:
             # NOTE: fail closed: training on without the markers would leave the poisoned checkpoints to the next
             # --resume auto.
-            raise RuntimeError(f"checkpoint.resume={resumed.path}: cannot mark the checkpoints of {self.dir} newer "
-                               f"than step {resumed.step} abandoned ({exc}); not training on") from exc
+            raise RuntimeError(f"resuming from {resumed}: cannot mark the checkpoints of {self.dir} newer than step "
+                               f"{step} abandoned ({exc}); not training on") from exc
         for name in abandoned:
-            print(f"resume: {self.dir / name} abandoned: training goes back to {resumed.path} (step {resumed.step})",
-                  flush=True)
+            print(f"resume: {self.dir / name} abandoned: training goes back to {resumed} (step {step})", flush=True)
 
     def load(self, state: dict[str, Any], path: Path) -> None:
         """Fill `state` (shaped for this layout) from the checkpoint at `path`, resharding as needed."""

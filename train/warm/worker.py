@@ -119,6 +119,13 @@ class Worker:
                 Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
                 (Path(plan.run_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             self.trainer = Trainer(cfg, Path(plan.run_dir), snapshot=snapshot, replicas=self.replicas)
+            if rank == 0 and plan.at_most_step is not None and snapshot is not None:
+                # NOTE: a rollback in memory throws away what was trained after the snapshot, as one from a checkpoint
+                # does: so are the disk's checkpoints of it. A fresh make test's warm rollback past a NaN had a rank
+                # that could not leave the aborted generation; the cold restart after it resumed from the poisoned
+                # step 16 on disk, and rolled back four times more until the restart budget was spent.
+                self.trainer.checkpointer.abandon_after(snapshot.step, f"a state held in memory (warm rollback, "
+                                                                       f"generation {plan.generation})")
             self.control.set(key("ready", plan.generation, self.worker),
                              f"{source} in {time.monotonic() - started:.3f} s")
             if self.stop_requested:
