@@ -1,5 +1,5 @@
 """What the flight recorder costs training, written as JSON: the node agent turns it on for every rank it starts
-(TORCH_FR_BUFFER_SIZE, with the dump thread of train/flight_recorder.py), so it had better be cheap.
+(TORCH_FR_BUFFER_SIZE, with the dump thread of exporters/flight_recorder.py), so it had better be cheap.
 
 Run:  .venv/bin/python bench/flight_recorder_overhead.py [--pairs 3] [--steps 30] [--config demo]
       [--out bench/results/flight_recorder_overhead.json]

@@ -27,9 +27,10 @@ from typing import Any
 
 import msgspec
 
+from wire import rank_env
 from wire.telemetry import MAX_DATAGRAM_BYTES, build_record, encode
 
-SOCKET_ENV = "MEGAHEAL_SIDECAR_SOCKET"
+SOCKET_ENV = rank_env.SIDECAR_SOCKET
 
 log = logging.getLogger(__name__)
 

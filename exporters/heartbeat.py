@@ -46,13 +46,14 @@ def rank_summary(s: RankState) -> RankEntry:
     return msgspec.structs.replace(
         entry, step=rec.step, step_time=rec.time, step_seconds=rec.step_seconds, phases=rec.phases,
         loss=_finite(rec.loss), grad_norm=_finite(rec.grad_norm),
-        nonfinite={k: str(v) for k, v in (("loss", rec.loss), ("grad_norm", rec.grad_norm)) if not math.isfinite(v)},
+        nonfinite={k: str(v) for k, v in (("loss", rec.loss), ("grad_norm", rec.grad_norm))
+                   if v is not None and not math.isfinite(v)},
         tokens_per_second=rec.tokens_per_second, mfu=rec.mfu, dp_reduce_enter_ns=rec.dp_reduce_enter_ns,
         dp_reduce_lag_s=s.reduce_lag_seconds, max_rss_mib=rec.max_rss_mib)
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def urllib_post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:

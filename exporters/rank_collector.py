@@ -86,7 +86,9 @@ class RankCollector(Collector):
             for phase in exported_phases(rec.phases):
                 seconds.add_metric([*labels, phase], rec.phases[phase])
             for name, family in scalars.items():
-                family.add_metric(labels, getattr(rec, name))
+                value = getattr(rec, name)
+                if value is not None:  # what the rank's trainer does not report has no series
+                    family.add_metric(labels, value)
             if s.reduce_lag_seconds is not None:
                 lag.add_metric(labels, s.reduce_lag_seconds)
         yield from (step, seconds, *scalars.values(), lag)

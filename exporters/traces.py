@@ -116,9 +116,11 @@ class StepTracer:
         start_ns = end_ns - int(rec.step_seconds * 1e9)
         attributes: dict[str, str | int | float] = {
             "megaheal.job": message.job, "megaheal.rank": message.rank, "megaheal.step": rec.step,
-            "megaheal.node": self._node, "megaheal.loss": rec.loss, "megaheal.mfu": rec.mfu,
-            "megaheal.tokens_per_second": rec.tokens_per_second, "process.pid": message.pid,
+            "megaheal.node": self._node, "process.pid": message.pid,
         }
+        attributes.update({f"megaheal.{k}": v for k, v in (("loss", rec.loss), ("mfu", rec.mfu),
+                                                            ("tokens_per_second", rec.tokens_per_second))
+                           if v is not None})
         attributes.update({f"megaheal.mesh.{k}": v for k, v in (rec.mesh or {}).items()})
         self._ids.set_next_trace_id(step_trace_id(message.job, rec.step))
         span = self._tracer.start_span(f"step {rec.step}", context=Context(), start_time=start_ns,

@@ -212,9 +212,13 @@ def diagnose(
     raise typer.Exit(run_diagnose(runbook, nodes or [], as_json, overrides or [], baselines, calibrate, repeats))
 
 
-@app.command()
+@app.command(context_settings={"allow_interspersed_args": False})
 def run(
-    config: Annotated[str, typer.Option("--config", help="training config YAML")] = "configs/demo.yaml",
+    program: Annotated[Optional[list[str]], typer.Argument(help="SCRIPT.py [ARGS...], or with -m MODULE [ARGS...]: your own training program, started on every rank as torchrun starts it (docs/your-trainer.md); without it, megaheal's own trainer with --config", show_default=False)] = None,
+    module: Annotated[bool, typer.Option("-m", "--module", help="the program is a module (python -m), as torchrun's -m")] = False,
+    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", help="a program's ranks per host")] = 1,
+    nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="a program's hosts: N, or MIN:MAX to come back on as few as MIN when no spare is left [default: local 1; slurm: the allocation's less the spares]")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="megaheal's own trainer: its training config YAML [default: configs/demo.yaml]")] = None,
     run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="run directory [default: runs/run-<time>]")] = None,
     chaos: Annotated[Optional[str], typer.Option("--chaos", help="fault schedule YAML (configs/chaos-*.yaml)")] = None,
     timeout_min: Annotated[float, typer.Option("--timeout-min", help="stop the job after this many minutes")] = 30.0,
@@ -240,15 +244,45 @@ def run(
     from healer.runner.shutdown import RunDirBusy
 
     try:
-        code = run_job(config, Path(run_dir) if run_dir else None, chaos, timedelta(minutes=timeout_min),
+        launch = _program_launch(program or [], module, nproc_per_node, nnodes, config)
+        code = run_job(config or "configs/demo.yaml", Path(run_dir) if run_dir else None, chaos,
+                       timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
                        resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
                        launcher=launcher, spares=spares, drain=drain,
-                       standbys=standbys if warm else None)
+                       standbys=standbys if warm else None, program=launch)
     except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)
+
+
+def _program_launch(words: list[str], module: bool, nproc_per_node: int, nnodes: str | None,
+                    config: str | None) -> ProgramLaunch | None:
+    """`megaheal run`'s program in torchrun's shape, or None for megaheal's own trainer. ValueError naming the
+    option or the argument that is wrong."""
+    from pathlib import Path
+
+    from healer.runner.run import ProgramLaunch
+    from wire.orders import UserProgram
+
+    if not words:
+        if module or nnodes is not None or nproc_per_node != 1:
+            raise ValueError("-m, --nnodes and --nproc-per-node describe a program: give SCRIPT.py or -m MODULE")
+        return None
+    if config is not None:
+        raise ValueError("--config is megaheal's own trainer; a script or module takes its own arguments")
+    if nproc_per_node < 1:
+        raise ValueError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+    target = words[0]
+    if not module:
+        script = Path(target).absolute()
+        if not script.is_file():
+            raise ValueError(f"no script at {target} (to run a module, give -m MODULE)")
+        target = str(script)
+    n, low = ProgramLaunch.parse_nnodes(nnodes) if nnodes is not None else (None, None)
+    program = UserProgram(module=module, target=target, args=list(words[1:]), cwd=str(Path.cwd()))
+    return ProgramLaunch(program=program, nproc_per_node=nproc_per_node, nnodes=n, min_nodes=low)
 
 
 @app.command()

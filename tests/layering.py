@@ -39,6 +39,8 @@ RULES = (
     Rule("wire", "records that cross a process or a file are imported by both ends", only=("ground",)),
     Rule("exporters", "the node side's telemetry", only=("ground", "wire")),
     Rule("train", "the trainer knows the telemetry it sends, nothing of the healer", only=("ground", "wire", "exporters")),
+    Rule("megaheal.rank", "the public rank API any trainer imports: light, and nothing of the healer",
+         only=("ground", "wire", "exporters", "megaheal.rank")),
     Rule("runbooks", "diagnostics run on a host, by an agent or by hand", only=("ground", "wire", "train")),
     Rule("dashboards", "dashboards as code read only the ground's tables", only=("ground", "wire")),
     Rule("healer.agent", "a node agent stands on the wire: its sidecar is handed in (healer/compose_agent.py)",

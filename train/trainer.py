@@ -27,7 +27,7 @@ from train.checkpoint.manager import Checkpointer
 from train.checkpoint.state import ModelParts, capture, config_hash, layout_hash, load_template, model_hash, restore
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenStream, build_source
-from train.flight_recorder import FlightRecorderDumper
+from exporters.flight_recorder import FlightRecorderDumper
 from train.hang_faults import HangInjector
 from train.layout import stage_ids, stage_layers, validate_layout
 from train.mfu import Peak, flops_per_token, mfu, resolve_peak

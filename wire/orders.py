@@ -13,6 +13,7 @@ known by its id (healer/agent/order_book.py keeps them), so a retried POST retur
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -45,8 +46,33 @@ class WarmStart(Struct, frozen=True, kw_only=True):
     """Idle workers this host keeps ready to take a rank."""
 
 
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+AbsPath = Annotated[str, Meta(pattern=r"^/[^\x00]{0,4095}$", description="an absolute path without NUL")]
+Arg = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}$", description="an argument without NUL")]
+
+
+class UserProgram(Struct, frozen=True, kw_only=True):
+    """A user's training program, started on each rank as torchrun starts it (`megaheal run SCRIPT.py ARGS` or
+    `megaheal run -m MODULE ARGS`), through megaheal/rank/bootstrap.py. Its words go into an argument list, never a
+    shell."""
+
+    module: bool = False
+    """`target` is a module (python -m), not a script path."""
+    target: Annotated[str, Meta(min_length=1, max_length=4096)]
+    args: Annotated[list[Arg], Meta(max_length=4096)] = []
+    cwd: AbsPath
+    """Where the ranks run: the directory `megaheal run` was started in (a relative path in `args` means the same)."""
+
+    def __post_init__(self) -> None:
+        if self.module and not _MODULE.fullmatch(self.target):
+            raise ValueError(f"program target {self.target!r} is not a module name (a.b.c)")
+        if not self.module and (not self.target.startswith("/") or "\x00" in self.target):
+            raise ValueError(f"program target {self.target!r} is not an absolute script path")
+
+
 class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start"):
-    """Start this host's part of an attempt: a torchrun agent with `node_rank` of `nnodes`."""
+    """Start this host's part of an attempt: a torchrun agent with `node_rank` of `nnodes`, running megaheal's own
+    trainer (`config`) or a user's program (`program`)."""
 
     id: OrderId
     job: Name
@@ -56,7 +82,9 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     nproc_per_node: Annotated[int, Meta(ge=1, le=1024)]
     rdzv_endpoint: Endpoint | None = None
     """The attempt's rendezvous (the first host's); None on the first host: it picks a free port and says which."""
-    config: Annotated[str, Meta(min_length=1, max_length=4096)]
+    config: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
+    """megaheal's trainer: its config's path; None with `program`."""
+    program: UserProgram | None = None
     run_dir: Annotated[str, Meta(min_length=1, max_length=4096)]
     resume: Annotated[str, Meta(max_length=4096)] | None = "auto"
     overrides: list[Override] = []
@@ -64,6 +92,14 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     shutdown_timeout_s: Annotated[int, Meta(ge=0, le=300)] = 1
     warm: WarmStart | None = None
     """Start a generation of warm workers instead of a torchrun agent."""
+    skip_steps: Annotated[list[Count], Meta(max_length=4096)] = []
+    """A program's steps to pass over after a rollback (MEGAHEAL_SKIP_STEPS; the trainer's are in `overrides`)."""
+
+    def __post_init__(self) -> None:
+        if (self.config is None) == (self.program is None):
+            raise ValueError("a start order runs either megaheal's trainer (config) or a user's program (program)")
+        if self.program is not None and self.warm is not None:
+            raise ValueError("a user's program does not run as warm workers")
 
 
 class WorkersOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="workers"):

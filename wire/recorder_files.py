@@ -1,4 +1,4 @@
-"""The files through which a node agent asks a rank for its flight recorder's dump (train/flight_recorder.py answers):
+"""The files through which a node agent asks a rank for its flight recorder's dump (exporters/flight_recorder.py answers):
 `<pid>.fr-request` in the phase directory (wire/phase_now.py), created by the asker, and `<pid>.fr.json`, the answer,
 written whole by the rank (a temporary file renamed over it)."""
 

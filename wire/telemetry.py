@@ -78,18 +78,20 @@ class HelloBody(Struct, frozen=True, kw_only=True):
 
 
 class StepBody(Struct, frozen=True, kw_only=True):
-    """One finished step (train/trainer.py, Trainer._record)."""
+    """One finished step (train/trainer.py, Trainer._record; megaheal/rank for any trainer). What a trainer does not
+    know it leaves out (None): a user's script may report only its step, or nothing but the progress of its
+    collectives (megaheal/rank/progress.py)."""
 
     step: Count
     time: Finite
     """Unix time at which the step ended."""
-    loss: Number
-    """May be NaN or infinite: that is what the nonfinite detector looks for."""
-    grad_norm: Number
     step_seconds: Finite
-    tokens_per_second: Finite
-    mfu: Finite
-    phases: Phases
+    loss: Number | None = None
+    """May be NaN or infinite: that is what the nonfinite detector looks for."""
+    grad_norm: Number | None = None
+    tokens_per_second: Finite | None = None
+    mfu: Finite | None = None
+    phases: Phases = {}
     dp_reduce_enter_ns: int | None = None
     """CLOCK_MONOTONIC at which the rank entered the step's dp reduce (comparable within a node)."""
     max_rss_mib: Finite | None = None

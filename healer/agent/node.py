@@ -31,7 +31,7 @@ from healer.agent import rank_evidence
 from healer.agent.host import HostAttempt
 from healer.agent.order_book import OrderBook
 from healer.agent.warm_host import WarmHostAttempt, WarmWorkers
-from wire import phase_now
+from wire import phase_now, rank_env
 from wire.orders import (
     Adopted,
     AdoptOrder,
@@ -352,8 +352,9 @@ class NodeAgent:
             self._endpoint = order.rdzv_endpoint or f"{self._rdzv_host()}:{_free_port()}"
             argv = torchrun_argv(order, self._endpoint, self.cfg.python, self._attempt_dir(order) / "ranks")
             env = self._rank_env(order, self._phase_dir(order.job, order.attempt))
+            cwd = Path(order.program.cwd) if order.program is not None else self.cfg.cwd
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
-                                       env=env, cwd=self.cfg.cwd, log_dir=self._attempt_dir(order),
+                                       env=env, cwd=cwd, log_dir=self._attempt_dir(order),
                                        phase_dir=self._phase_dir(order.job, order.attempt))
             self.attempt.start()
             return self._started(order.attempt)
@@ -362,14 +363,21 @@ class NodeAgent:
         """The environment of the ranks of a start order on this host."""
         env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
             "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
-            "MEGAHEAL_NODE": self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
+            rank_env.NODE: self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
             "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path, phase_now.ENV: str(phase_dir)}
         # The flight recorder on (gloo's and NCCL's), unless the order or the host says how large: what a hang's
-        # evidence reads each rank's last collectives from (train/flight_recorder.py). NOTE: TORCH_FR_BUFFER_SIZE
+        # evidence reads each rank's last collectives from (exporters/flight_recorder.py). NOTE: TORCH_FR_BUFFER_SIZE
         # since torch 2.9; the older TORCH_NCCL_TRACE_BUFFER_SIZE, when that is what the host sets, still counts
         # (and is deprecated: torch warns on every rank).
         if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
             env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
+        if order.program is not None:  # a user's program learns who it is from these (wire/rank_env.py)
+            env |= {rank_env.JOB: order.job, rank_env.ATTEMPT: str(order.attempt),
+                    rank_env.RESTART_COUNT: str(order.attempt)}
+            if order.skip_steps:
+                env[rank_env.SKIP_STEPS] = rank_env.encode_steps(order.skip_steps)
+            else:
+                env.pop(rank_env.SKIP_STEPS, None)
         return env
 
     def _start_warm(self, order: StartOrder) -> Started:
@@ -495,8 +503,13 @@ def torchrun_argv(o: StartOrder, endpoint: str, python: str, log_dir: Path) -> l
             # NOTE: no restarts inside torchrun: the healer decides (and may change the host set). A short
             # shutdown grace makes torchrun's failure report (how a rank died) come within a second or two.
             "--max-restarts", "0", "--monitor-interval", "0.2", "--shutdown-timeout", str(o.shutdown_timeout_s),
-            "--log-dir", str(log_dir), "--redirects", "3", "--tee", "3",
-            "-m", "train", "--config", o.config, "--run-dir", o.run_dir]
+            "--log-dir", str(log_dir), "--redirects", "3", "--tee", "3"]
+    if o.program is not None:
+        # NOTE: the bootstrap makes an unchanged script visible (megaheal/rank/bootstrap.py), then runs it as is.
+        return [*argv, "-m", "megaheal.rank.bootstrap", *(["-m"] if o.program.module else []), o.program.target,
+                *o.program.args]
+    assert o.config is not None
+    argv += ["-m", "train", "--config", o.config, "--run-dir", o.run_dir]
     if o.resume:
         argv += ["--resume", o.resume]
     for item in o.overrides:

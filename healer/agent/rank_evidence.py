@@ -1,6 +1,6 @@
 """What a hung rank is doing, read from outside it on its own host: its kernel state and the kernel function it
 sleeps in, the training phase it entered last and since when (wire/phase_now.py), its Python stacks, and its
-flight recorder's last collectives per process group (train/flight_recorder.py: asked for first, through a request
+flight recorder's last collectives per process group (exporters/flight_recorder.py: asked for first, through a request
 file its dump thread answers, and read last, so the stacks are dumped while the ranks write theirs).
 
 The stacks come from py-spy (`py-spy dump --json --nonblocking`): it reads the process's memory without stopping

@@ -10,7 +10,7 @@ holds others up and is held up by nobody it can be shown to wait for: the rank n
 waiting in a collective none of its peers entered. Before that: ranks stuck in the kernel (state D) or stopped (T),
 and ranks still in an earlier step than the others, are named as such.
 
-Where every rank's flight recorder answered (train/flight_recorder.py), the waits are read from it instead of from
+Where every rank's flight recorder answered (exporters/flight_recorder.py), the waits are read from it instead of from
 stacks and phases: for each process group, the last collective each rank enqueued and those still in flight. A rank in
 collective #N of a group is held up by the members that have not enqueued #N; a rank in a point-to-point operation by
 the members of its group that are in none. That is what NCCL's flight recorder analysis does, and it also tells the

@@ -21,7 +21,7 @@ from healer.launchers.attempt import AgentAttempt
 from healer.launchers.warm_control import WarmControl, WarmSettings
 from healer.observe.processes import ProcessView
 from wire import journal
-from wire.orders import StartOrder
+from wire.orders import StartOrder, UserProgram
 from wire.run_paths import RunPaths
 
 START_TIMEOUT_S = 60.0
@@ -36,8 +36,9 @@ class CoordinatorBase:
     class Config:
         job: str
         """The job's name (its ranks report it; the detectors key on it)."""
-        config: str
-        """Training config path (on the shared filesystem: every host reads it)."""
+        config: str | None
+        """megaheal's trainer: its config's path (on the shared filesystem: every host reads it); None with
+        `program`."""
         run_dir: Path
         """Shared by every attempt and host: checkpoints and the ranks' JSON lines."""
         nproc_per_node: int = 2
@@ -52,9 +53,16 @@ class CoordinatorBase:
         warm: WarmSettings | None = None
         """Run the attempts as generations of warm workers that outlive them (healer/launchers/warm_control.py), so a
         restart can be warm; None: a torchrun agent per host and attempt."""
+        program: UserProgram | None = None
+        """A user's program instead of megaheal's trainer: the same on every rank, told its attempt and what to skip
+        through the environment (wire/rank_env.py), never through `--set` items."""
 
         def __post_init__(self) -> None:
             check_name(self.job, "job")
+            if (self.config is None) == (self.program is None):
+                raise ValueError("a job runs either megaheal's trainer (config) or a user's program (program)")
+            if self.program is not None and self.warm is not None:
+                raise ValueError("a user's program does not run as warm workers (the trainer's warm pool)")
             if self.nproc_per_node < 1:
                 raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
             if self.grace < timedelta(0):
@@ -92,10 +100,14 @@ class CoordinatorBase:
                     resume: str | None, overrides: tuple[str, ...]) -> StartOrder:
         """The start order of host `nodes[node_rank]` for attempt `number`."""
         node = nodes[node_rank]
-        return StartOrder(id=self._order_id("start", number, node), job=self.cfg.job, attempt=number,
-                          nnodes=len(nodes), node_rank=node_rank, nproc_per_node=self.cfg.nproc_per_node,
-                          rdzv_endpoint=endpoint, config=self.cfg.config, run_dir=str(Path(self.cfg.run_dir).absolute()),
-                          resume=resume, overrides=list(overrides), env=self.env)
+        common = dict(id=self._order_id("start", number, node), job=self.cfg.job, attempt=number, nnodes=len(nodes),
+                      node_rank=node_rank, nproc_per_node=self.cfg.nproc_per_node, rdzv_endpoint=endpoint,
+                      run_dir=str(Path(self.cfg.run_dir).absolute()), env=self.env)
+        if self.cfg.program is not None:
+            # NOTE: a program resumes from its own checkpoints (its business); of a rollback it hears which batches
+            # to pass over.
+            return StartOrder(**common, program=self.cfg.program, resume=None, skip_steps=skipped_steps(overrides))
+        return StartOrder(**common, config=self.cfg.config, resume=resume, overrides=list(overrides))
 
     def _quick(self, node: str) -> AgentClient:
         """The host's client for an order that only has to be queued (the agent answers at once): a host that does
@@ -115,6 +127,16 @@ class CoordinatorBase:
 
 
 T = TypeVar("T")
+
+
+def skipped_steps(overrides: tuple[str, ...]) -> list[int]:
+    """The steps of the `skip_steps=[a,b]` item among an attempt's overrides (healer/launchers/placement.py writes
+    it), for a program that takes them from its environment instead."""
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key == "skip_steps":
+            return [int(s) for s in value.strip("[]").split(",") if s.strip()]
+    return []
 
 
 def on_each(items: list[T], act: Callable[[T], None]) -> None:

@@ -32,6 +32,7 @@ from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
 from train.config import TrainConfig, load_config
 from train.layout import LayoutError, validate_layout
+from wire.orders import UserProgram
 from wire.run_paths import RunPaths
 
 
@@ -41,8 +42,15 @@ class JobSpec:
 
     job: str
     """Its name (its ranks report it; incidents, restarts and the ledger are filed under it)."""
-    config: str
-    """Training config path."""
+    config: str | None
+    """megaheal's trainer: its config's path; None with `program`."""
+    program: UserProgram | None = None
+    """A user's program (megaheal run SCRIPT.py | -m MODULE) instead of megaheal's trainer."""
+    nproc_per_node: int = 1
+    """A program's ranks per host (the trainer's follow from its config)."""
+    min_nodes: int | None = None
+    """A program's fewest hosts: below its hosts and spares it may come back smaller, down to this [default: as
+    many as `nodes`: never smaller]."""
     run_dir: Path
     nodes: tuple[str, ...] = ("n1", "n2")
     """The hosts it starts on (local torchrun agents)."""
@@ -110,13 +118,28 @@ def db_url_of(spec: JobSpec) -> str:
     return spec.db_url or RunPaths(spec.run_dir).database_url
 
 
-def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
-    """Everything `megaheal run` runs, wired; nothing started (the agents, and the endpoint their batches come to,
-    start with the job). Raises ConfigError, DatabaseError, ValueError."""
+def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...]]:
+    """Ranks per host, the data-parallel degree and the degrees the job accepts. A program is taken to be
+    data-parallel across its hosts (one replica a host; torchrun's WORLD_SIZE tells it how many), shrinking no lower
+    than `min_nodes`; the trainer's config says its own."""
+    if spec.program is not None:
+        n = len(spec.nodes)
+        low = n if spec.min_nodes is None else spec.min_nodes
+        if not 1 <= low <= n:
+            raise ValueError(f"the fewest hosts must be between 1 and {n}, got {low}")
+        return spec.nproc_per_node, n, tuple(range(low, n + 1))
+    assert spec.config is not None
     cfg = load_config(spec.config, list(spec.overrides))
     world = cfg.parallel.world_size
     if world % len(spec.nodes):
         raise ValueError(f"{world} ranks do not split over {len(spec.nodes)} hosts")
+    return world // len(spec.nodes), cfg.parallel.dp, valid_dp(cfg)
+
+
+def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
+    """Everything `megaheal run` runs, wired; nothing started (the agents, and the endpoint their batches come to,
+    start with the job). Raises ConfigError, DatabaseError, ValueError."""
+    nproc, dp, accepted = _layout(spec)
     rules = spec.rules or load_rule_set([DEFAULT_RULES])
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(db_url_of(spec))
@@ -135,13 +158,13 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
 
     def hands(store: IncidentStore, table: HeartbeatTable) -> AgentRemediator:
         coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
-                                                     nproc_per_node=world // len(spec.nodes), overrides=spec.overrides,
+                                                     nproc_per_node=nproc, overrides=spec.overrides,
                                                      grace=spec.grace, hosts_are_local=agents.hosts_are_local,
-                                                     warm=spec.warm),
+                                                     warm=spec.warm, program=spec.program),
                                   table.processes, token, env=launched.rank_env)
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
-        return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=cfg.parallel.dp,
-                                                      valid_dp=valid_dp(cfg)), coordinator, token,
+        return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
+                                                      valid_dp=accepted), coordinator, token,
                                drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
 
     core = compose(db=engine, store=store, rules=rules, token=token, sinks=Sinks(sinks), hands=hands, resend=resend,

@@ -38,6 +38,7 @@ from healer.runner.loop import SelfHealingJob
 from healer.runner.report import report, run_job_name, write_html
 from healer.runner.shutdown import Interrupts, RunDirLock
 from train.config import TrainConfig, load_config
+from wire.orders import UserProgram
 from wire.run_paths import RunPaths
 
 NODES = ("n1", "n2")
@@ -82,7 +83,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
             metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False,
             db_url: str | None = None, alertmanager_url: str | None = None,
             rules: tuple[str, ...] = (), launcher: str = "local", spares: int = 1, drain: bool | None = None,
-            standbys: int | None = None) -> int:
+            standbys: int | None = None, program: ProgramLaunch | None = None) -> int:
     """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and hosts go on).
     `db_url`: the healer's database [default: SQLite in the run dir]; `alertmanager_url`: where incidents page
     from; `rules`: rule files or directories [default: configs/rules/]. `launcher`: local (hosts are agents on
@@ -101,14 +102,66 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     # on the multi-host testbed yet, so it is not offered.
     if standbys is not None and launcher != "local":
         raise ValueError("warm restarts run with --launcher local only for now (use --cold under slurm)")
-    cfg = load_config(config, list(overrides))
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
+    if program is not None:
+        if chaos_path or overrides or standbys is not None:
+            raise ValueError("a script or module takes its own arguments: --chaos, --set and --warm are for "
+                             "megaheal's own trainer (--config)")
+        placement = _program_placement(program, launcher, spares, drain)
+        with RunDirLock(run_dir, resume):
+            return _run_locked(None, program, run_dir, None, timeout, metrics_port, (), resume, db_url,
+                               alertmanager_url, rules, placement, None)
+    cfg = load_config(config, list(overrides))
     schedule = load_schedule(chaos_path) if chaos_path else None
     placement = _placement(cfg, launcher, spares, drain)
     warm = WarmSettings(standbys=standbys) if standbys is not None else None
     with RunDirLock(run_dir, resume):
         return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, (*placement.overrides, *overrides),
                            resume, db_url, alertmanager_url, rules, placement, warm)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramLaunch:
+    """A user's program in torchrun's shape: `megaheal run [--nnodes N|MIN:MAX] [--nproc-per-node K] SCRIPT ARGS`."""
+
+    program: UserProgram
+    nproc_per_node: int = 1
+    nnodes: int | None = None
+    """Hosts it starts on [default: local 1; slurm: the allocation's hosts less the spares]."""
+    min_nodes: int | None = None
+    """It may come back on fewer hosts, down to this, when no spare is left [default: never fewer]."""
+
+    @classmethod
+    def parse_nnodes(cls, text: str) -> tuple[int | None, int | None]:
+        """torchrun's --nnodes: N, or MIN:MAX (it may shrink to MIN). ValueError naming the option."""
+        low, sep, high = text.partition(":")
+        try:
+            n, m = int(high if sep else low), int(low) if sep else None
+        except ValueError:
+            raise ValueError(f"--nnodes must be N or MIN:MAX, got {text!r}") from None
+        if n < 1 or (m is not None and not 1 <= m <= n):
+            raise ValueError(f"--nnodes must be N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+        return n, m
+
+
+def _program_placement(launch: ProgramLaunch, launcher: str, spares: int, drain: bool | None) -> Placement:
+    """local: `nnodes` agents on this machine (n1..) and `spares` more; slurm: the allocation's hosts, the last
+    `spares` as spares."""
+    if spares < 0:
+        raise ValueError(f"--spares must be >= 0, got {spares}")
+    if launcher == "local":
+        n = launch.nnodes or 1
+        names = tuple(f"n{i}" for i in range(1, n + spares + 1))
+        return Placement(nodes=names[:n], spares=names[n:], drain=bool(drain))
+    allocation = Allocation.from_environment()
+    nodes, spare_hosts = allocation.split(spares)
+    if launch.nnodes is not None and launch.nnodes != len(nodes):
+        raise ValueError(f"--nnodes {launch.nnodes}: the allocation has {len(nodes)} host(s) beside "
+                         f"{len(spare_hosts)} spare(s)")
+    print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {launch.nproc_per_node} ranks "
+          f"({', '.join(nodes)}), spare(s): {', '.join(spare_hosts) or 'none'}")
+    return Placement(nodes=nodes, spares=spare_hosts, launcher=SlurmAgents.Config(allocation=allocation),
+                     drain=True if drain is None else drain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,15 +189,24 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None)
                      launcher=SlurmAgents.Config(allocation=allocation), drain=True if drain is None else drain)
 
 
-def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule | None, timeout: timedelta,
-                metrics_port: int | None, overrides: tuple[str, ...], resume: bool, db_url: str | None,
-                alertmanager_url: str | None, rules: tuple[str, ...], placement: Placement,
+def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Path, schedule: Schedule | None,
+                timeout: timedelta, metrics_port: int | None, overrides: tuple[str, ...], resume: bool,
+                db_url: str | None, alertmanager_url: str | None, rules: tuple[str, ...], placement: Placement,
                 warm: WarmSettings | None) -> int:
-    start_overrides = schedule.start_overrides(cfg.global_batch) if schedule else ()
-    spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=config, run_dir=run_dir, nodes=placement.nodes,
-                   spares=placement.spares, overrides=("checkpoint.every_steps=5", *start_overrides, *overrides),
-                   rules=load_rule_set(list(rules)) if rules else None, db_url=db_url,
-                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain, warm=warm)
+    """`cfg` and `what` (its path) for megaheal's trainer; None and the program's launch for a user's program."""
+    start_overrides = schedule.start_overrides(cfg.global_batch) if schedule and cfg else ()
+    common = dict(run_dir=run_dir, nodes=placement.nodes, spares=placement.spares,
+                  rules=load_rule_set(list(rules)) if rules else None, db_url=db_url,
+                  alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain)
+    if isinstance(what, ProgramLaunch):
+        spec = JobSpec(job=job_name(None, run_dir, resume), config=None, program=what.program,
+                       nproc_per_node=what.nproc_per_node, min_nodes=what.min_nodes, **common)
+        world = len(placement.nodes) * what.nproc_per_node
+    else:
+        assert cfg is not None
+        spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=what,
+                       overrides=("checkpoint.every_steps=5", *start_overrides, *overrides), warm=warm, **common)
+        world = cfg.parallel.world_size
     job = build_job(spec)
     sup = job.sup
     # NOTE: a break-node fault breaks the host's local disk from here: only where the hosts are this machine's.
@@ -158,7 +220,6 @@ def _run_locked(cfg: TrainConfig, config: str, run_dir: Path, schedule: Schedule
 
     metrics = _serve_goodput(run_dir, spec.job, incidents, metrics_port)
     view = LiveView(job, chaos)
-    world = cfg.parallel.world_size
     with view.live(), Interrupts() as interrupts:
         def on_tick(j: SelfHealingJob) -> None:
             a = j.sup.attempt

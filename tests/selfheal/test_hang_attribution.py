@@ -95,7 +95,7 @@ def test_every_rank_waiting_in_the_same_collective_names_every_rank_and_says_so(
     assert att.suspects == [0, 1, 2, 3] and att.ambiguous and "every rank" in att.how
 
 
-# ---- from the flight recorders (train/flight_recorder.py) ----------------------------------------------------------
+# ---- from the flight recorders (exporters/flight_recorder.py) ----------------------------------------------------------
 # Groups as the demo's mesh makes them: "0" the world, "1", "2" the data-parallel pairs, "3", "4" the pipeline pairs,
 # "5" a group of everyone that only the hang injector uses.
 GROUPS = {"0": [0, 1, 2, 3], "1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3], "5": [0, 1, 2, 3]}

@@ -1,4 +1,4 @@
-"""The flight recorder's answer (train/flight_recorder.py) from PyTorch's dump as gloo writes it: the status of each
+"""The flight recorder's answer (exporters/flight_recorder.py) from PyTorch's dump as gloo writes it: the status of each
 group is keyed by this process's own id of it, the entries name it; the answer is by name, which a group's members
 share."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from train.flight_recorder import enabled, summary
+from exporters.flight_recorder import enabled, summary
 
 pytestmark = pytest.mark.unit
 

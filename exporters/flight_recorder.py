@@ -57,6 +57,28 @@ def _raw_dumps() -> list[dict[str, Any]]:
     return out
 
 
+def completed_collectives() -> int | None:
+    """How many collectives this rank's process groups have completed, all groups together, read from the flight
+    recorders' status alone (no entries: ~0.07 ms for gloo with 2,000 recorded, against ~24 ms for a dump with them).
+    It only grows while the job makes progress: what megaheal/rank/progress.py reports for a script that reports no
+    steps of its own. None: no recorder of this build has a status to give."""
+    from torch._C import _distributed_c10d as c10d
+
+    total, found = 0, False
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            status = json.loads(dump(False, False)).get("pg_status") or {}
+        except (RuntimeError, ValueError):  # NOTE: as in _raw_dumps: NCCL's raises where it was never initialised
+            continue
+        for st in status.values():
+            found = True
+            total += max(0, int(st.get("last_completed_collective", -1)))
+    return total if found else None
+
+
 def _groups() -> dict[str, dict[str, Any]]:
     """Name -> description and global ranks of every process group this rank made."""
     import torch.distributed as dist

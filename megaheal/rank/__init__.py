@@ -1,0 +1,122 @@
+"""megaheal.rank: what any trainer calls so that megaheal sees its steps (API version 1, see docs/your-trainer.md).
+
+    import megaheal.rank as mh
+
+    mh.watch(model, optimizer)           # times forward_backward, optimizer and data_wait by hooks
+    for batch in loader:
+        loss = ...; loss.backward(); optimizer.step()
+        mh.step(loss=loss.item(), grad_norm=norm, tokens=batch_tokens)
+
+Under `megaheal run` each call hands a record to the node's sidecar over a non-blocking local socket; elsewhere
+(plain torchrun, a notebook) every call does nothing. No call blocks, and none raises into the training loop: a
+failure is logged once and the record dropped. The standard library, msgspec and torch's own hooks only.
+
+What a rank is told by megaheal (the restart count, the steps a rollback asks it to skip) is read with
+`restart_count()` and `skip_steps()`; the rest of the contract is torchrun's environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from megaheal.rank.reporter import Reporter, guarded
+from wire import rank_env
+
+API_VERSION = 1
+"""Bumped when a call changes meaning or loses an argument; additions keep it."""
+
+__all__ = ["API_VERSION", "enabled", "event", "loss", "phase", "restart_count", "skip_steps", "step", "watch"]
+
+_reporter: Reporter | None = None
+_looked = False
+_watches: list[Any] = []
+
+
+def _get() -> Reporter | None:
+    global _reporter, _looked
+    if not _looked:
+        _looked = True
+        _reporter = Reporter.from_env()
+    return _reporter
+
+
+def _install(reporter: Reporter) -> None:
+    """The bootstrap's reporter (megaheal/rank/bootstrap.py): the one every call of the script then uses."""
+    global _reporter, _looked
+    _reporter, _looked = reporter, True
+
+
+@guarded(False)
+def enabled() -> bool:
+    """Whether this rank runs under megaheal (its records go somewhere)."""
+    return _get() is not None
+
+
+@guarded(None)
+def step(step: int | None = None, *, loss: Any = None, grad_norm: Any = None, tokens: int | None = None,
+         phases: Mapping[str, float] | None = None) -> None:
+    """One training step ended. `step`: its number [default: one more than the last]; `loss`, `grad_norm`: floats
+    or 0-d tensors (a tensor's value is read, which waits for it on a GPU: pass `.item()` where you already do);
+    `tokens`: tokens this rank processed in the step; `phases`: seconds per phase you timed yourself, added to those
+    timed by `phase` and `watch`. Phase names megaheal knows: data_wait, dp_gather, forward_backward, pp_wait,
+    dp_reduce, grad_norm_clip, optimizer, checkpoint (others are left out)."""
+    reporter = _get()
+    if reporter is not None:
+        reporter.step(step, loss=loss, grad_norm=grad_norm, tokens=tokens, phases=phases)
+
+
+@guarded(None)
+def loss(value: Any) -> None:
+    """The step's loss, for a `watch(..., steps=True)` that ends steps by itself."""
+    for w in _watches:
+        w.loss = value
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time the enclosed work as phase `name` of the current step (and say so where a hang would look)."""
+    reporter = _get()
+    if reporter is not None:
+        guarded(None)(reporter.enter)(name)
+    try:
+        yield
+    finally:
+        if reporter is not None:
+            guarded(None)(reporter.leave)(name)
+
+
+@guarded(None)
+def watch(model: Any = None, optimizer: Any = None, *, steps: bool = False) -> Any:
+    """Time forward_backward, optimizer and data_wait through hooks on `model` (an nn.Module) and `optimizer` (a
+    torch.optim.Optimizer); with `steps`, every optimizer step also ends a step (the loss from `loss()`). Returns a
+    handle whose `remove()` takes the hooks off; None outside megaheal."""
+    from megaheal.rank.hooks import Watch
+
+    reporter = _get()
+    if reporter is None:
+        return None
+    handle = Watch(reporter, model, optimizer, steps)
+    _watches.append(handle)
+    return handle
+
+
+@guarded(None)
+def event(name: str, **fields: Any) -> None:
+    """Something that happened, e.g. event("checkpoint_saved", step=100, path="...")."""
+    reporter = _get()
+    if reporter is not None:
+        reporter.event(name, fields)
+
+
+def restart_count() -> int:
+    """How many times the healer restarted the job before this attempt (0 on the first): resume when above 0."""
+    return int(os.environ.get(rank_env.RESTART_COUNT) or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+def skip_steps() -> frozenset[int]:
+    """The steps whose batches to pass over after a rollback (a NaN or a loss spike there); empty: none. Raises
+    ValueError when the variable megaheal set is malformed."""
+    return rank_env.decode_steps(os.environ)

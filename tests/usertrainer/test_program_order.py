@@ -1,0 +1,72 @@
+"""A user's program in torchrun's shape: `megaheal run`'s arguments, the start order that carries the program to
+a host (checked when decoded), and the torchrun command a node agent makes of it (an argument list)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from typer.testing import CliRunner
+
+from healer.agent.node import torchrun_argv
+from healer.launchers.coordinator_base import skipped_steps
+from healer.runner.run import ProgramLaunch
+from megaheal.cli import _program_launch, app
+from wire.orders import StartOrder, UserProgram
+
+pytestmark = pytest.mark.unit
+
+
+def order(program: UserProgram, **kw: object) -> StartOrder:
+    return StartOrder(id="mine-2:start:n1", job="mine", attempt=2, nnodes=2, node_rank=0, nproc_per_node=4,
+                      program=program, run_dir="/runs/r", **kw)
+
+
+def test_a_program_becomes_torchruns_command_through_the_bootstrap_and_nothing_else_of_the_trainers() -> None:
+    script = order(UserProgram(target="/home/u/train.py", args=["--lr", "3e-4", "; rm -rf /"], cwd="/home/u"))
+    argv = torchrun_argv(script, "h:29500", "/venv/bin/python", Path("/logs"))
+    assert argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
+    assert argv[argv.index("--max-restarts") + 1] == "0"  # the healer restarts, not torchrun
+    assert argv[-6:] == ["-m", "megaheal.rank.bootstrap", "/home/u/train.py", "--lr", "3e-4", "; rm -rf /"]
+    assert "--config" not in argv and "--set" not in argv
+    module = order(UserProgram(module=True, target="pkg.train", args=["x"], cwd="/home/u"))
+    assert torchrun_argv(module, "h:1", "py", Path("/l"))[-5:] == ["-m", "megaheal.rank.bootstrap", "-m", "pkg.train",
+                                                                   "x"]
+
+
+@pytest.mark.parametrize("body, error", [
+    ({"program": {"target": "train.py", "cwd": "/u"}}, "not an absolute script path"),
+    ({"program": {"module": True, "target": "os; rm", "cwd": "/u"}}, "not a module name"),
+    ({"program": {"target": "/u/t.py", "cwd": "relative"}}, r"matching regex .* at `\$.program.cwd`"),
+    ({"program": {"target": "/u/t.py", "cwd": "/u"}, "config": "c.yaml"}, "either megaheal's trainer"),
+    ({}, "either megaheal's trainer"),
+])
+def test_a_start_order_with_a_bad_program_is_refused_naming_what_is_wrong(body: dict, error: str) -> None:
+    base = {"kind": "start", "id": "j-0:start:n1", "job": "j", "attempt": 0, "nnodes": 1, "node_rank": 0,
+            "nproc_per_node": 1, "run_dir": "/r"}
+    with pytest.raises(msgspec.ValidationError, match=error):
+        msgspec.json.decode(msgspec.json.encode(base | body), type=StartOrder)
+
+
+def test_megaheal_runs_arguments_are_torchruns_and_the_scripts_own_pass_through(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    launch = _program_launch(["train.py", "--config", "mine.yaml", "-m"], False, 4, "1:3", None)
+    assert launch is not None and launch.program.args == ["--config", "mine.yaml", "-m"]
+    assert launch.program.target == str(tmp_path / "train.py") and launch.program.cwd == str(tmp_path)
+    assert (launch.nproc_per_node, launch.nnodes, launch.min_nodes) == (4, 3, 1)
+    assert ProgramLaunch.parse_nnodes("2") == (2, None)
+    for args, error in [((["missing.py"], False, 1, None, None), "no script at missing.py"),
+                        ((["train.py"], False, 1, None, "c.yaml"), "--config is megaheal's own trainer"),
+                        (([], True, 1, None, None), "give SCRIPT.py or -m MODULE"),
+                        ((["train.py"], False, 1, "3:2", None), "--nnodes must be"),
+                        ((["train.py"], False, 0, None, None), "--nproc-per-node must be >= 1")]:
+        with pytest.raises(ValueError, match=error):
+            _program_launch(*args)
+    result = CliRunner().invoke(app, ["run", "--config", "c.yaml", "train.py"])
+    assert result.exit_code == 2 and "--config is megaheal's own trainer" in result.output
+
+
+def test_a_rollbacks_skipped_steps_reach_a_program_from_the_attempts_items() -> None:
+    assert skipped_steps(("job=mine", "skip_steps=[8,9]")) == [8, 9] and skipped_steps(("job=mine",)) == []

@@ -1,0 +1,40 @@
+"""The environment a node agent gives the ranks of a user's program, beside torchrun's own (RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR, ...): the contract between healer/agent/node.py, which sets it, and megaheal/rank/, which
+reads it in the rank. docs/your-trainer.md lists it for users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+JOB = "MEGAHEAL_JOB"
+"""The job's name: the ranks' records are filed under it."""
+NODE = "MEGAHEAL_NODE"
+"""The host's name as the healer knows it."""
+ATTEMPT = "MEGAHEAL_ATTEMPT"
+"""The attempt's number, from 0: one more at every restart the healer orders."""
+RESTART_COUNT = "MEGAHEAL_RESTART_COUNT"
+"""Restarts before this attempt: the attempt's number (0 on the first). The rank's bootstrap sets TORCHELASTIC_RESTART_COUNT to it: each
+attempt is a torchrun of its own, whose count would always be 0."""
+SKIP_STEPS = "MEGAHEAL_SKIP_STEPS"
+"""Steps whose batches the program should pass over after a rollback (comma-separated; unset: none)."""
+SIDECAR_SOCKET = "MEGAHEAL_SIDECAR_SOCKET"
+"""The node's datagram socket the rank's records go to (exporters/client.py)."""
+
+
+def encode_steps(steps: Iterable[int]) -> str:
+    return ",".join(str(s) for s in sorted(set(steps)))
+
+
+def decode_steps(environ: Mapping[str, str]) -> frozenset[int]:
+    """The steps of SKIP_STEPS; ValueError naming the variable when it is not a list of integers >= 0."""
+    text = environ.get(SKIP_STEPS, "").strip()
+    if not text:
+        return frozenset()
+    try:
+        steps = frozenset(int(item) for item in text.split(","))
+    except ValueError:
+        raise ValueError(f"{SKIP_STEPS}={text!r}: expected integers >= 0, comma-separated") from None
+    if any(s < 0 for s in steps):
+        raise ValueError(f"{SKIP_STEPS}={text!r}: expected integers >= 0, comma-separated")
+    return steps
