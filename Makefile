@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The libraries the adapter tests train with (pyproject's `adapters` extra), for the test targets only.
+ADAPTERS := $(VENV)/.adapters
+$(ADAPTERS): $(STAMP)
+	$(VENV)/bin/pip install --quiet -e '.[dev,adapters]'
+	touch $(ADAPTERS)
+
 demo: $(STAMP)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(VENV)/bin/megaheal run --config configs/demo.yaml --chaos configs/chaos-demo.yaml --warm \
 		--rules configs/rules/default.yaml --rules configs/demo/remediation.yaml
@@ -27,7 +33,7 @@ system-deps:
 	scripts/install-system-deps.sh
 
 # The suite in three pytest runs, the first two at once (scripts/run-tests.sh says why and which tiers).
-test: $(STAMP) system-deps
+test: $(ADAPTERS) system-deps
 	PYTHON=$(VENV)/bin/python scripts/run-tests.sh
 
 test-fast: $(STAMP) system-deps

@@ -154,6 +154,10 @@ class Remediator(Protocol):
     def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
         """Stop what is left of the current attempt and start the next one as ordered."""
 
+    records_steps: bool
+    """The ranks record every step where first_step and highest_step read them (megaheal's trainer); False for a
+    user's program, whose first step after a restart is read from the heartbeats instead."""
+
     def first_step(self, attempt: int) -> int | None:
         """The first step the attempt finished (from every step the ranks recorded), or None yet."""
 

@@ -34,7 +34,9 @@ def recover(responder: Responder, view: TickView, now: datetime) -> list[int]:
     state = r.state()
     if state.attempt is None or not state.running or not view.steps(r.job):
         return []
-    first = r.first_step(state.attempt)
+    # NOTE: a user's program keeps no record of its steps: the lowest step its ranks' heartbeats show now stands in
+    # (the heartbeats carry each rank's newest step, so it may be a step or two past the first).
+    first = r.first_step(state.attempt) if r.records_steps else min(view.steps(r.job))
     if first is None:
         return []  # the ranks' own record of the step is not written yet: next tick
     done = []

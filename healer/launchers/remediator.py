@@ -196,6 +196,10 @@ class AgentRemediator:
     def checkpoint_steps(self) -> tuple[int, ...]:
         return tuple(c.step for c in list_checkpoints(RunPaths(Path(self.sup.cfg.run_dir)).checkpoints) if not verify(c))
 
+    @property
+    def records_steps(self) -> bool:
+        return self.sup.cfg.program is None
+
     def first_step(self, attempt: int) -> int | None:
         return rank_records.first_step(self.sup.cfg.run_dir, attempt)
 

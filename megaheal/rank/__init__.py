@@ -28,7 +28,8 @@ from wire import rank_env
 API_VERSION = 1
 """Bumped when a call changes meaning or loses an argument; additions keep it."""
 
-__all__ = ["API_VERSION", "enabled", "event", "loss", "phase", "restart_count", "skip_steps", "step", "watch"]
+__all__ = ["API_VERSION", "enabled", "event", "loss", "phase", "phase_begins", "phase_ends", "restart_count",
+           "skip_steps", "step", "watch"]
 
 _reporter: Reporter | None = None
 _looked = False
@@ -86,6 +87,22 @@ def phase(name: str) -> Iterator[None]:
     finally:
         if reporter is not None:
             guarded(None)(reporter.leave)(name)
+
+
+@guarded(None)
+def phase_begins(name: str) -> None:
+    """Phase `name` begins (for a framework's callbacks, whose start and end are separate hooks; else `phase`)."""
+    reporter = _get()
+    if reporter is not None:
+        reporter.enter(name)
+
+
+@guarded(None)
+def phase_ends(name: str) -> None:
+    """Phase `name`, begun with `phase_begins`, ends."""
+    reporter = _get()
+    if reporter is not None:
+        reporter.leave(name)
 
 
 @guarded(None)

@@ -57,7 +57,12 @@ class Reporter:
 
     def enter(self, phase: str) -> None:
         """`phase` of the current step begins (nested phases count inside their parent too)."""
-        self._open.append((phase, self._clock()))
+        now = self._clock()
+        if self.last_step is None and not self._open and not self._phases:
+            # NOTE: the first step begins with its first phase, not with the process: the interpreter's start, the
+            # imports and the process group's set-up would count as a step time the hang timeout learns from.
+            self._step_began = now
+        self._open.append((phase, now))
         if self.beacon is not None:
             self.beacon.enter(phase, self._next_step())
 

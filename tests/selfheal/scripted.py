@@ -79,6 +79,8 @@ class ScriptedRemediator:
                      resume="auto" if order.resume_step is None else f"step-{from_step}", nodes=order.nodes,
                      dp=order.dp))
 
+    records_steps = True
+
     def first_step(self, attempt: int) -> int | None:
         return self.first_steps.get(attempt)
 

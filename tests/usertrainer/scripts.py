@@ -62,3 +62,101 @@ for step in range(a.steps):
     mh.step(step, loss=loss.item(), tokens=8)
 dist.destroy_process_group()
 '''
+
+LIGHTNING = r'''
+import argparse, os, time
+import torch, pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+import megaheal.rank as mh
+from megaheal.rank.lightning import MegahealCallback
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--ckpt-dir", required=True)
+p.add_argument("--poison-step", type=int, default=-1)
+p.add_argument("--poison-attempt", type=int, default=-1)
+a = p.parse_args()
+poison = a.poison_step if mh.restart_count() == a.poison_attempt else -1
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 1)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        if self.global_step == poison and self.global_rank == 1:
+            x = x.clone()
+            x[0, 0] = float("nan")  # a corrupt sample in this rank's batch
+        time.sleep(0.2)
+        return self.layer(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+torch.manual_seed(0)
+data = DataLoader(TensorDataset(torch.randn(8 * world * a.steps, 16)), batch_size=8)
+ckpt = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=5, save_last=True, save_top_k=-1)
+trainer = pl.Trainer(accelerator="cpu", devices=local, num_nodes=world // local, strategy="ddp", max_steps=a.steps,
+                     callbacks=[MegahealCallback(), ckpt], enable_progress_bar=False, logger=False,
+                     enable_model_summary=False, enable_checkpointing=True)
+resume = "last" if mh.restart_count() > 0 and os.path.exists(os.path.join(a.ckpt_dir, "last.ckpt")) else None
+print(f"rank {trainer.global_rank} restart {mh.restart_count()} resumes from {resume}", flush=True)
+trainer.fit(Net(), data, ckpt_path=resume)
+print(f"rank {trainer.global_rank} done at step {trainer.global_step}", flush=True)
+'''
+
+HUGGINGFACE = r'''
+import argparse, glob, os, time
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+import megaheal.rank as mh
+from megaheal.rank.huggingface import MegahealCallback
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--out", required=True)
+p.add_argument("--poison-step", type=int, default=-1)
+p.add_argument("--poison-attempt", type=int, default=-1)
+a = p.parse_args()
+poison = a.poison_step if mh.restart_count() == a.poison_attempt else -1
+rank = int(os.environ["RANK"])
+
+
+class Samples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+class Slow(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        time.sleep(0.2)
+
+
+class Poisoned(Trainer):
+    def training_step(self, model, inputs, *rest, **kw):
+        if self.state.global_step == poison and rank == 1:
+            with torch.no_grad():  # a corrupted weight on this rank, as a flipped bit would leave it
+                self.model.transformer.wte.weight[0, 0] = float("nan")
+        return super().training_step(model, inputs, *rest, **kw)
+
+
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
+args = TrainingArguments(output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=4, learning_rate=1e-3,
+                         logging_steps=1, save_steps=5, save_strategy="steps", report_to=[], use_cpu=True,
+                         ddp_backend="gloo", disable_tqdm=True, dataloader_num_workers=0)
+trainer = Poisoned(model=model, args=args, train_dataset=Samples(), callbacks=[MegahealCallback(), Slow()])
+resume = mh.restart_count() > 0 and bool(glob.glob(os.path.join(a.out, "checkpoint-*")))
+print(f"rank {rank} restart {mh.restart_count()} resumes {resume}", flush=True)
+trainer.train(resume_from_checkpoint=resume or None)
+print(f"rank {rank} done at step {trainer.state.global_step}", flush=True)
+'''

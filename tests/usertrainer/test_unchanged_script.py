@@ -12,12 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from healer.launchers.local_agents import LocalAgents
-from healer.runner.build import JobSpec, build_job
-from healer.runner.build import shipped_rules as rule_set
 from healer.runner.loop import SelfHealingJob
+from tests.usertrainer.jobs import faults_in_attempts, make_loop, rank_logs
 from tests.usertrainer.scripts import PLAIN_DDP, WITH_API
-from wire.orders import UserProgram
 
 pytestmark = pytest.mark.e2e
 _built: list[SelfHealingJob] = []
@@ -30,49 +27,16 @@ def _closed() -> Iterator[None]:
         _built.pop().close()
 
 
-def make_loop(tmp_path: Path, text: str, args: list[str], **rules: object) -> SelfHealingJob:
-    script = tmp_path / "train.py"
-    script.write_text(text)
-    spec = JobSpec(job="mine", config=None, run_dir=tmp_path / "run", nodes=("n1", "n2"), spares=("n3",),
-                   program=UserProgram(target=str(script), args=args, cwd=str(tmp_path)), nproc_per_node=2,
-                   rules=rule_set(**rules), grace=timedelta(seconds=10), launcher=LocalAgents.Config())
-    job = build_job(spec)
-    _built.append(job)
-    job.start()
-    return job
-
-
-def fault_once_progressing(act: signal.Signals, rank: int, ready: Path) -> tuple[dict[str, float], object]:
-    """An on_tick hook that sends `act` to `rank` of the first attempt once every rank reports progress and the
-    script has saved its first checkpoint (`ready`)."""
-    fired: dict[str, float] = {}
-
-    def hook(loop: SelfHealingJob) -> None:
-        a = loop.sup.attempt
-        if fired or a is None or not ready.exists():
-            return
-        steps = [b.step for b in loop.table.ranks() if b.entry.pid in a.ranks and b.step is not None]
-        if len(steps) == len(a.ranks) == 4:
-            loop.remediator.signal_rank(rank, act)
-            fired["at"] = loop.healer.clock()
-    return fired, hook
-
-
-def rank_logs(run_dir: Path, attempt: int) -> str:
-    return "".join(p.read_text() for p in sorted(run_dir.glob(f"nodes/*/agent/*-attempt-{attempt:03d}/ranks/*/*/*/"
-                                                              "stdout.log")))
-
-
 @pytest.mark.timeout(240)
 def test_a_killed_rank_of_an_unchanged_script_is_a_crash_and_the_script_resumes_under_torchruns_contract(
         tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
-    loop = make_loop(tmp_path, PLAIN_DDP, ["--steps", "30", "--ckpt", str(ckpt)])
-    fired, hook = fault_once_progressing(signal.SIGKILL, 3, ckpt)
+    loop = make_loop(tmp_path, PLAIN_DDP, ["--steps", "30", "--ckpt", str(ckpt)], _built)
+    fired, hook = faults_in_attempts({0: (signal.SIGKILL, 3)}, ckpt, steps_in=0)
     assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
     [inc] = loop.incidents()
     assert inc.kind == "crash" and inc.state == "resolved" and inc.action == "restart"
-    assert inc.detected_at >= fired["at"] and "SIGKILL" in inc.summary, inc.summary
+    assert inc.detected_at >= fired[0] and "SIGKILL" in inc.summary, inc.summary
     assert inc.suspect_ranks == [3]
     first, second = rank_logs(loop.sup.cfg.run_dir, 0), rank_logs(loop.sup.cfg.run_dir, 1)
     assert "starts at step 0 restart 0" in first
@@ -85,8 +49,8 @@ def test_a_killed_rank_of_an_unchanged_script_is_a_crash_and_the_script_resumes_
 def test_a_stopped_rank_of_an_unchanged_script_is_a_hang_its_collectives_stalled_and_the_job_is_restarted(
         tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
-    loop = make_loop(tmp_path, PLAIN_DDP, ["--steps", "30", "--ckpt", str(ckpt)], hang={"floor": "6s", "k": 3})
-    _, hook = fault_once_progressing(signal.SIGSTOP, 2, ckpt)
+    loop = make_loop(tmp_path, PLAIN_DDP, ["--steps", "30", "--ckpt", str(ckpt)], _built, hang={"floor": "6s", "k": 3})
+    _, hook = faults_in_attempts({0: (signal.SIGSTOP, 2)}, ckpt, steps_in=0)
     assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
     [inc] = loop.incidents()
     assert inc.kind == "hang" and inc.state == "resolved", (inc.kind, inc.summary)
@@ -96,7 +60,7 @@ def test_a_stopped_rank_of_an_unchanged_script_is_a_hang_its_collectives_stalled
 
 @pytest.mark.timeout(240)
 def test_a_nan_reported_through_megaheal_rank_is_named_by_rank_and_step(tmp_path: Path) -> None:
-    loop = make_loop(tmp_path, WITH_API, ["--steps", "40", "--poison-step", "8", "--poison-rank", "1"])
+    loop = make_loop(tmp_path, WITH_API, ["--steps", "40", "--poison-step", "8", "--poison-rank", "1"], _built)
     # A script's batches cannot be rolled back by megaheal without the checkpoints it keeps: the healer says so.
     assert loop.run(timedelta(seconds=150)) == "escalated"
     inc = next(i for i in loop.incidents() if i.kind == "nonfinite")
