@@ -2,7 +2,7 @@
 plain `torchrun --max-restarts 3` on the same job (configs/demo.yaml, 4 ranks, checkpoints every 5 steps), written
 as JSON.
 
-Run:  .venv/bin/python bench/recovery.py [--faults crash,hang] [--modes warm,cold] [--ettr-minutes 10]
+Run:  .venv/bin/python bench/recovery.py [--faults crash,hang,user-script] [--modes warm,cold] [--ettr-minutes 10]
                                          [--crash-every 150] [--out bench/results/recovery.json]
 
 For each fault (crash: SIGKILL of rank 3; hang: SIGSTOP of rank 1; hang-spin, hang-data, hang-collective,
@@ -15,6 +15,8 @@ steps:
   the ranks' memory, `state_s`, then the step);
 - for hangs, naming: the rank the incident names, how, and fault -> named (detection plus the look at every rank's
   stack, state and phase through the node agents).
+`user-script`: a crash of a user's own plain DDP script, unchanged, integrated (megaheal.rank), wrapped for in-process
+restart (megaheal.rank.restartable, --warm) and under torchrun --max-restarts 3 (bench/recovery_user_script.py).
 A crash runs once per restart mode (--modes: warm, the job's ranks are workers that outlive an attempt with a standby
 per host; cold, every restart new processes); a hang restarts cold in either, so it runs once. torchrun cannot see a
 hang before the process group's timeout (600 s here), so its hang run is cut off at `--hang-cap` seconds and
@@ -273,6 +275,11 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="mh-recovery-")
     try:
         for fault in [f for f in args.faults.split(",") if f]:
+            if fault == "user-script":  # a user's own DDP script four ways (bench/recovery_user_script.py)
+                from recovery_user_script import user_script_row
+
+                results[fault] = user_script_row()
+                continue
             # A hang restarts cold in a warm job too (its processes cannot be trusted): one megaheal run for it.
             runs = {f"megaheal_{m}": megaheal_fault(fault, Path(tmp), warm=m == "warm")
                     for m in (modes if fault == "crash" else ["cold"])}

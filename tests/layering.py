@@ -12,8 +12,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("ground", "wire", "megaheal", "train", "exporters", "healer", "runbooks", "dashboards", "sim", "testbed",
-            "migrations")
+PACKAGES = ("ground", "wire", "inprocess", "megaheal", "train", "exporters", "healer", "runbooks", "dashboards", "sim",
+            "testbed", "migrations")
 """The project's top-level packages (bench/ and tests/ are scripts and checks, not layers)."""
 
 FRONT_DOORS = ("healer.runner", "healer.service", "healer.pages")
@@ -38,9 +38,11 @@ RULES = (
     Rule("ground", "the ground stands on nothing of the project", only=()),
     Rule("wire", "records that cross a process or a file are imported by both ends", only=("ground",)),
     Rule("exporters", "the node side's telemetry", only=("ground", "wire")),
-    Rule("train", "the trainer knows the telemetry it sends, nothing of the healer", only=("ground", "wire", "exporters")),
+    Rule("inprocess", "rank processes that outlive their generations: the trainer's and a user's", only=("ground", "wire")),
+    Rule("train", "the trainer knows the telemetry it sends, nothing of the healer",
+         only=("ground", "wire", "exporters", "inprocess")),
     Rule("megaheal.rank", "the public rank API any trainer imports: light, and nothing of the healer",
-         only=("ground", "wire", "exporters", "megaheal.rank")),
+         only=("ground", "wire", "exporters", "inprocess", "megaheal.rank")),
     Rule("runbooks", "diagnostics run on a host, by an agent or by hand", only=("ground", "wire", "train")),
     Rule("dashboards", "dashboards as code read only the ground's tables", only=("ground", "wire")),
     Rule("healer.agent", "a node agent stands on the wire: its sidecar is handed in (healer/compose_agent.py)",

@@ -98,8 +98,6 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     def __post_init__(self) -> None:
         if (self.config is None) == (self.program is None):
             raise ValueError("a start order runs either megaheal's trainer (config) or a user's program (program)")
-        if self.program is not None and self.warm is not None:
-            raise ValueError("a user's program does not run as warm workers")
 
 
 class WorkersOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="workers"):

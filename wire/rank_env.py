@@ -18,6 +18,13 @@ RESTART_COUNT = "MEGAHEAL_RESTART_COUNT"
 attempt is a torchrun of its own, whose count would always be 0."""
 SKIP_STEPS = "MEGAHEAL_SKIP_STEPS"
 """Steps whose batches the program should pass over after a rollback (comma-separated; unset: none)."""
+WARM_CONTROL = "MEGAHEAL_WARM_CONTROL"
+"""A warm worker's pool: the store (HOST:PORT) its plans come from (wire/warm_plan.py); megaheal.rank.restartable
+runs the wrapped function in each generation that gives the worker a rank. Unset: the process is a plain rank."""
+WARM_WORKER = "MEGAHEAL_WARM_WORKER"
+"""The warm worker's id in its pool."""
+WARM_FROM = "MEGAHEAL_WARM_FROM"
+"""The first generation whose plan the worker reads."""
 SIDECAR_SOCKET = "MEGAHEAL_SIDECAR_SOCKET"
 """The node's datagram socket the rank's records go to (exporters/client.py)."""
 

@@ -399,8 +399,10 @@ class NodeAgent:
                 self.warm.stop(0.0, threading.Event())  # an old pool's standbys: never part of a new one
             phase_dir = self._phase_dir(order.job, spec.formed_in)
             self.warm = WarmWorkers(job=order.job, node=self.cfg.node, formed_in=spec.formed_in, control=spec.control,
-                                    python=self.cfg.python, cwd=self.cfg.cwd, env=self._rank_env(order, phase_dir),
-                                    log_dir=self._attempt_dir(order) / "warm", standbys=spec.standbys)
+                                    python=self.cfg.python,
+                                    cwd=Path(order.program.cwd) if order.program is not None else self.cfg.cwd,
+                                    env=self._rank_env(order, phase_dir), log_dir=self._attempt_dir(order) / "warm",
+                                    standbys=spec.standbys, program=order.program)
         assert self.warm is not None
         attempt = WarmHostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, pool=self.warm,
                                   assign=dict(spec.assign), local_rank=dict(spec.local_rank),

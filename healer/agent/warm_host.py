@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 from ground import kill, procfs
 from healer.agent.host import _process, _Rank, _send, _tail
-from wire import phase_now
-from wire.orders import Worker
+from wire import phase_now, rank_env
+from wire.orders import UserProgram, Worker
 from wire.run_ids import pool_run_id, worker_id
 from wire.telemetry import AttemptReport, RankExit
 from wire.warm_plan import key
@@ -62,8 +62,11 @@ class WarmWorkers:
     """One job's warm workers on this host, formed in one attempt and kept across the generations after it."""
 
     def __init__(self, *, job: str, node: str, formed_in: int, control: str, python: str, cwd: Path, env: dict[str, str],
-                 log_dir: Path, standbys: int) -> None:
+                 log_dir: Path, standbys: int, program: UserProgram | None = None) -> None:
+        """`program`: a user's program whose training function megaheal.rank.restartable wraps (its workers run it
+        through megaheal/rank/bootstrap.py, told their pool by environment); None: megaheal's trainer."""
         self.job, self.node, self.formed_in, self.control = job, node, formed_in, control
+        self.program = program
         self.python, self.cwd, self.log_dir, self.standbys = python, cwd, log_dir, standbys
         self.run_id = pool_run_id(job, formed_in)
         self.env = {**env, kill.RUN_ID_ENV: self.run_id}
@@ -90,12 +93,18 @@ class WarmWorkers:
     def spawn(self, worker: str, from_generation: int) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / f"{worker}.log"
+        env = self.env
+        if self.program is None:
+            argv = [self.python, "-m", "train.warm.worker", "--control", self.control, "--worker", worker,
+                    "--from-generation", str(from_generation)]
+        else:
+            p = self.program
+            argv = [self.python, "-m", "megaheal.rank.bootstrap", *(["-m"] if p.module else []), p.target, *p.args]
+            env = {**env, rank_env.WARM_CONTROL: self.control, rank_env.WARM_WORKER: worker,
+                   rank_env.WARM_FROM: str(from_generation)}
         with open(path, "ab") as out:
-            proc = subprocess.Popen(
-                [self.python, "-m", "train.warm.worker", "--control", self.control, "--worker", worker,
-                 "--from-generation", str(from_generation)],
-                cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+            proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         started = procfs.start_time(proc.pid)
         # NOTE: our child, not yet reaped: its start time can always be read here.
         self.workers[worker] = _Worker(worker, proc, started if started is not None else 0.0, path)

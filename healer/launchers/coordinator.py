@@ -55,7 +55,7 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
         self._lock = threading.RLock()
         self._leftovers_stopping: set[tuple[str, int]] = set()
         """(host, attempt) of each older attempt found still running that is being (or was) stopped there."""
-        self.warm = (WarmControl(cfg.warm, config=cfg.config, run_dir=str(Path(cfg.run_dir).absolute()),
+        self.warm = (WarmControl(cfg.warm, config=cfg.config or "", run_dir=str(Path(cfg.run_dir).absolute()),
                                  nproc_per_node=cfg.nproc_per_node) if cfg.warm is not None else None)
 
     def start(self, token: str, nodes: tuple[str, ...], dp: int | None = None, resume: str | None = "auto",

@@ -61,8 +61,6 @@ class CoordinatorBase:
             check_name(self.job, "job")
             if (self.config is None) == (self.program is None):
                 raise ValueError("a job runs either megaheal's trainer (config) or a user's program (program)")
-            if self.program is not None and self.warm is not None:
-                raise ValueError("a user's program does not run as warm workers (the trainer's warm pool)")
             if self.nproc_per_node < 1:
                 raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
             if self.grace < timedelta(0):

@@ -104,13 +104,14 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         raise ValueError("warm restarts run with --launcher local only for now (use --cold under slurm)")
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
     if program is not None:
-        if chaos_path or overrides or standbys is not None:
-            raise ValueError("a script or module takes its own arguments: --chaos, --set and --warm are for "
-                             "megaheal's own trainer (--config)")
+        if chaos_path or overrides:
+            raise ValueError("a script or module takes its own arguments: --chaos and --set are for megaheal's own "
+                             "trainer (--config)")
         placement = _program_placement(program, launcher, spares, drain)
+        warm = WarmSettings(standbys=standbys) if standbys is not None else None
         with RunDirLock(run_dir, resume):
             return _run_locked(None, program, run_dir, None, timeout, metrics_port, (), resume, db_url,
-                               alertmanager_url, rules, placement, None)
+                               alertmanager_url, rules, placement, warm)
     cfg = load_config(config, list(overrides))
     schedule = load_schedule(chaos_path) if chaos_path else None
     placement = _placement(cfg, launcher, spares, drain)
@@ -200,7 +201,7 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain)
     if isinstance(what, ProgramLaunch):
         spec = JobSpec(job=job_name(None, run_dir, resume), config=None, program=what.program,
-                       nproc_per_node=what.nproc_per_node, min_nodes=what.min_nodes, **common)
+                       nproc_per_node=what.nproc_per_node, min_nodes=what.min_nodes, warm=warm, **common)
         world = len(placement.nodes) * what.nproc_per_node
     else:
         assert cfg is not None

@@ -28,8 +28,8 @@ from wire import rank_env
 API_VERSION = 1
 """Bumped when a call changes meaning or loses an argument; additions keep it."""
 
-__all__ = ["API_VERSION", "enabled", "event", "loss", "phase", "phase_begins", "phase_ends", "restart_count",
-           "skip_steps", "step", "watch"]
+__all__ = ["API_VERSION", "Restart", "enabled", "event", "loss", "phase", "phase_begins", "phase_ends", "restart_count",
+           "restartable", "skip_steps", "step", "watch"]
 
 _reporter: Reporter | None = None
 _looked = False
@@ -137,3 +137,12 @@ def skip_steps() -> frozenset[int]:
     """The steps whose batches to pass over after a rollback (a NaN or a loss spike there); empty: none. Raises
     ValueError when the variable megaheal set is malformed."""
     return rank_env.decode_steps(os.environ)
+
+
+def __getattr__(name: str) -> Any:
+    # NOTE: restartable and Restart load torch.distributed: only for a program that uses them.
+    if name in ("restartable", "Restart"):
+        from megaheal.rank import restart
+
+        return getattr(restart, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

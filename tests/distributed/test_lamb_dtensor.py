@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from tests.support import free_port
-from train.entry import leave_process_group
+from inprocess.leave import leave_process_group
 from train.optim import LAMB
 
 pytestmark = pytest.mark.multiprocess
@@ -44,7 +44,7 @@ def _worker(rank: int, port: int) -> None:
         # NOTE: the mesh and the DTensors hold the gloo group in reference cycles; left to the interpreter's last
         # collection, its worker thread frees a finished all-gather while the interpreter is finalizing, cannot take
         # the GIL and aborts the process (SIGABRT, 1 run in ~6 here). Collected *before* the group is destroyed, as
-        # the trainer leaves its group (train.entry.leave_process_group): destroyed first and collected after, the
+        # the trainer leaves its group (inprocess.leave.leave_process_group): destroyed first and collected after, the
         # process still aborted ("terminate called without an active exception") in a full make test, 2026-12-04.
         leave_process_group()
 

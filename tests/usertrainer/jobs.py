@@ -9,20 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from healer.launchers.local_agents import LocalAgents
+from healer.launchers.warm_control import WarmSettings
 from healer.runner.build import JobSpec, build_job
 from healer.runner.build import shipped_rules as rule_set
 from healer.runner.loop import SelfHealingJob
 from wire.orders import UserProgram
 
 
-def make_loop(tmp_path: Path, text: str, args: list[str], built: list[SelfHealingJob], **rules: Any) -> SelfHealingJob:
+def make_loop(tmp_path: Path, text: str, args: list[str], built: list[SelfHealingJob], warm: WarmSettings | None = None,
+              **rules: Any) -> SelfHealingJob:
     """The script `text` (written to tmp_path/train.py) started with `args` under a healer with the shipped rules
-    (`rules`: a detector's parameters or the policy's limits, as shipped_rules takes them)."""
+    (`rules`: a detector's parameters or the policy's limits, as shipped_rules takes them); `warm`: as warm
+    workers (megaheal run --warm)."""
     script = tmp_path / "train.py"
     script.write_text(text)
     spec = JobSpec(job="mine", config=None, run_dir=tmp_path / "run", nodes=("n1", "n2"), spares=("n3",),
                    program=UserProgram(target=str(script), args=args, cwd=str(tmp_path)), nproc_per_node=2,
-                   rules=rule_set(**rules), grace=timedelta(seconds=10), launcher=LocalAgents.Config())
+                   rules=rule_set(**rules), grace=timedelta(seconds=10), launcher=LocalAgents.Config(), warm=warm)
     job = build_job(spec)
     built.append(job)
     job.start()

@@ -160,3 +160,38 @@ print(f"rank {rank} restart {mh.restart_count()} resumes {resume}", flush=True)
 trainer.train(resume_from_checkpoint=resume or None)
 print(f"rank {rank} done at step {trainer.state.global_step}", flush=True)
 '''
+
+RESTARTABLE = r'''
+import argparse, os, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import megaheal.rank as mh
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=40)
+a = p.parse_args()
+
+
+@mh.restartable
+def train(r: mh.Restart) -> int:
+    model = r.kept.get("model") or torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = r.kept.get("opt") or torch.optim.SGD(model.parameters(), lr=0.01)
+    step = torch.tensor([r.kept.get("step", 0)])
+    if r.source is not None:  # a survivor's state for everyone: the new rank takes it, the others agree on it
+        for t in [*model.state_dict().values(), step]:
+            dist.broadcast(t, r.source)
+    print(f"rank {r.rank} pid {os.getpid()} generation {r.generation} source {r.source} step {int(step)}", flush=True)
+    ddp = DDP(model, init_sync=False)
+    g = torch.Generator().manual_seed(r.rank * 1000 + int(step))
+    for s in range(int(step), a.steps):
+        loss = ddp(torch.randn(8, 16, generator=g)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        r.kept.update(model=model, opt=opt, step=s + 1)
+        mh.step(s, loss=loss.item())
+        time.sleep(0.2)
+    return a.steps
+
+
+done = train()
+print(f"rank {dist.get_rank() if dist.is_initialized() else '?'} finished {done} steps", flush=True)
+'''

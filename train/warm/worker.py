@@ -18,96 +18,44 @@ import faulthandler
 import os
 import signal
 import sys
-import threading
-import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 import yaml
 
+from inprocess.abort import open_sockets
+from inprocess.generations import STUCK_EXIT_CODE, GenerationLoop, Ready, connect_to
 from train.config import load_config
-from train.entry import leave_process_group
 from train.trainer import Trainer
-from train.warm.abort import GenerationSockets, open_sockets
 from train.warm.replicas import Replicas, gather_resume_state, replica_stride
-from wire.warm_plan import Plan, key
+from wire.warm_plan import Plan
 
-WATCH_EVERY_S = 0.05
-"""How often a rank in a generation looks for the next one (a store round trip on the host's network)."""
-LEAVE_WITHIN_S = 20.0
-"""How long a rank may take to leave a generation once it was aborted (a step's collectives failing, the trainer
-closed: ~1 s here under load) before it is deemed stuck in it and exits."""
-STUCK_EXIT_CODE = 75
-"""The exit code of a worker that could not leave an aborted generation."""
-PLAN_POLL_S = 0.05
-"""How often a worker without a generation looks for its next plan. NOTE: a poll, not a blocking store.wait: a
-signal's Python handler runs only between bytecodes, and a SIGTERM must end a waiting worker at once."""
+__all__ = ["STUCK_EXIT_CODE", "Worker", "main"]
 
 
 class Worker:
+    """The trainer in each generation of a warm worker (the generations themselves: inprocess/generations.py)."""
+
     def __init__(self, control: dist.Store, worker: str, watch: dist.Store | None = None,
                  connect: Callable[[], dist.Store] | None = None, keep: frozenset[str] | None = None) -> None:
-        """`watch`: a second client of the pool's store, for the thread that watches for the next generation (a
-        store client is not shared between threads). `connect`: opens a new client of the pool's store, one per
-        generation for its process group (without it the group uses `control`). `keep`: the sockets an abort never
-        shuts down (the two clients above; None: those open when each generation starts)."""
-        self.control, self.worker, self.watch, self.connect, self.keep = control, worker, watch, connect, keep
+        self.loop = GenerationLoop(control, worker, watch, connect, keep)
         self.replicas: Replicas | None = None
         self.trainer: Trainer | None = None
-        self.stop_requested = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.loop.stop_requested
 
     def serve(self, from_generation: int | None = None) -> int:
-        """Take plans (from generation `from_generation`, or the newest one written) until one says stop, this
-        worker's job finished, or it is told to stop between two generations (SIGTERM); returns the exit code."""
-        self.control.set(key("hello", self.worker), str(os.getpid()))
-        if from_generation is not None:
-            generation = from_generation
-        else:
-            generation = int(self.control.get(key("gen"))) if self.control.check([key("gen")]) else 0
-        while True:
-            while not self.control.check([key("plan", generation)]):
-                if self.stop_requested:
-                    return 0
-                time.sleep(PLAN_POLL_S)
-            plan = Plan.from_json(self.control.get(key("plan", generation)))
-            if plan.stop:
-                return 0
-            if self.control.check([key("plan", generation + 1)]):
-                # NOTE: planned over already (a rollback while a replacement formed): its peers abort it as they
-                # read the next plan, so joining it would only wait for them.
-                self.control.set(key("end", generation, self.worker), "skipped: a later generation is planned")
-                generation += 1
-                continue
-            if self.worker in plan.assign:
-                outcome = self._train(plan)
-                self.control.set(key("end", generation, self.worker), outcome)
-                if outcome == "ok":
-                    return 0
-            generation += 1
+        return self.loop.serve(self._train, from_generation)
 
-    def _train(self, plan: Plan) -> str:
-        rank, world = plan.assign[self.worker], plan.world
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(plan.local_rank[self.worker]))
+    def _train(self, plan: Plan, ready: Ready) -> None:
+        rank, world = plan.assign[self.loop.worker], plan.world
         # NOTE: the disk is where a generation without a common snapshot (or the first) starts from.
         disk = [f"checkpoint.resume={plan.disk_resume}"] if plan.disk_resume else []
         cfg = load_config(plan.config, [*plan.overrides, *disk])
-        started = time.monotonic()
-        sockets = GenerationSockets(self.keep)
-        # NOTE: the generation's rendezvous goes through a store connection of its own, opened after the sockets
-        # were counted: an abort shuts it down with the group's, so a rank waiting in the rendezvous for a peer
-        # that died or moved on is released at once, not at the timeout (the pool's own connections stay up).
-        store = dist.PrefixStore(f"gen/{plan.generation}/", self.connect() if self.connect else self.control)
-        over = threading.Event()
-        watcher = None
-        if self.watch is not None:
-            watcher = threading.Thread(target=self._abort_when_replaced, args=(plan, sockets, over), daemon=True,
-                                       name="megaheal-warm-watch")
-            watcher.start()
         try:
-            dist.init_process_group(plan.backend, store=store, rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=plan.timeout_s))
             stride = replica_stride(world, plan.per_host or world)
             if self.replicas is None or (self.replicas.rank, self.replicas.world) != (rank, world):
                 self.replicas = Replicas(rank, world, stride)  # a fresh rank (or a new layout): nothing it holds counts
@@ -126,59 +74,19 @@ class Worker:
                 # step 16 on disk, and rolled back four times more until the restart budget was spent.
                 self.trainer.checkpointer.abandon_after(snapshot.step, f"a state held in memory (warm rollback, "
                                                                        f"generation {plan.generation})")
-            self.control.set(key("ready", plan.generation, self.worker),
-                             f"{source} in {time.monotonic() - started:.3f} s")
+            ready(source)
             if self.stop_requested:
                 self.trainer.request_stop()
             self.trainer.run()
-            return "ok"
-        except Exception as exc:  # a peer died (or this rank failed): leave the group, keep what is held
-            return f"failed: {type(exc).__name__}: {str(exc)[:300]}"
         finally:
-            over.set()
-            if watcher is not None:
-                # NOTE: the watcher ends before the group is left: one still running could shut down the sockets of
-                # the next generation (their descriptors reuse this one's numbers), and it shares `watch` with the
-                # next generation's watcher (a store client is not safe across threads).
-                watcher.join()
             # NOTE: the group's sockets close only once nothing holds it (the trainer's modules, pipeline stages and
             # flight recorder do): a peer blocked in a collective with this rank, not with the dead one, is
-            # released by that close (gloo's abort does not wake it), so drop the trainer before the group.
+            # released by that close (gloo's abort does not wake it), so the trainer goes before the group.
             self.trainer = None
-            leave_process_group()
-
-    def _abort_when_replaced(self, plan: Plan, sockets: GenerationSockets, over: threading.Event) -> None:
-        """The pool planned the next generation while this one runs here (a peer died): abort this one, so that a
-        collective waiting on a live peer that already left does not wait for its timeout."""
-        assert self.watch is not None
-        following = key("plan", plan.generation + 1)
-        # NOTE: a poll, not store.wait with a timeout: each timed-out wait logs a warning from c10d.
-        while not over.wait(WATCH_EVERY_S):
-            if self.watch.check([following]):
-                closed = sockets.abort(plan.backend)
-                print(f"warm worker {self.worker}: generation {plan.generation + 1} planned; generation "
-                      f"{plan.generation} aborted here ({closed} socket(s) shut down)", flush=True)
-                break
-        else:
-            return
-        # NOTE: and again until the generation is left: a rank still forming its group opens new sockets after the
-        # first abort (gloo retries a connection to a peer that already left with a new socket each time), which
-        # would hold it in the rendezvous until its timeout. NCCL's abort ends its communicators once and for all.
-        deadline = time.monotonic() + LEAVE_WITHIN_S
-        while not over.wait(WATCH_EVERY_S):
-            if plan.backend == "gloo":
-                sockets.abort(plan.backend)
-            if time.monotonic() > deadline:
-                # A rank that cannot leave a generation that is over would hold every peer in the next one's
-                # rendezvous: it ends instead, with its stacks, and is replaced as a crash is.
-                print(f"warm worker {self.worker}: generation {plan.generation} not left {LEAVE_WITHIN_S:.0f} s "
-                      f"after it was aborted; exiting (code {STUCK_EXIT_CODE}) with the stacks below", flush=True)
-                faulthandler.dump_traceback(all_threads=True)
-                os._exit(STUCK_EXIT_CODE)
 
     def request_stop(self) -> None:
         """SIGTERM: a final checkpoint and a clean exit, as under torchrun (async-signal safe: flags only)."""
-        self.stop_requested = True
+        self.loop.stop_requested = True
         if self.trainer is not None:
             self.trainer.request_stop()
 
@@ -191,11 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the first generation whose plan it reads (default: the newest written)")
     args = parser.parse_args(argv)
     faulthandler.enable()  # as train/__main__.py: a fatal signal prints the Python stacks first
-    host, _, port = args.control.rpartition(":")
-
-    def connect() -> dist.Store:
-        return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-
+    connect = connect_to(args.control)
     control, watch = connect(), connect()
     worker = Worker(control, args.worker, watch=watch, connect=connect, keep=open_sockets())
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop())
