@@ -216,7 +216,7 @@ def diagnose(
 def run(
     program: Annotated[Optional[list[str]], typer.Argument(help="SCRIPT.py [ARGS...], or with -m MODULE [ARGS...]: your own training program, started on every rank as torchrun starts it (docs/your-trainer.md); without it, megaheal's own trainer with --config", show_default=False)] = None,
     module: Annotated[bool, typer.Option("-m", "--module", help="the program is a module (python -m), as torchrun's -m")] = False,
-    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", help="a program's ranks per host")] = 1,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="a program's ranks per host [default: local 1; slurm: the allocation's tasks per node]")] = None,
     nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="a program's hosts: N, or MIN:MAX to come back on as few as MIN when no spare is left [default: local 1; slurm: the allocation's less the spares]")] = None,
     config: Annotated[Optional[str], typer.Option("--config", help="megaheal's own trainer: its training config YAML [default: configs/demo.yaml]")] = None,
     run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="run directory [default: runs/run-<time>]")] = None,
@@ -257,7 +257,7 @@ def run(
     raise typer.Exit(code)
 
 
-def _program_launch(words: list[str], module: bool, nproc_per_node: int, nnodes: str | None,
+def _program_launch(words: list[str], module: bool, nproc_per_node: int | None, nnodes: str | None,
                     config: str | None) -> ProgramLaunch | None:
     """`megaheal run`'s program in torchrun's shape, or None for megaheal's own trainer. ValueError naming the
     option or the argument that is wrong."""
@@ -267,12 +267,12 @@ def _program_launch(words: list[str], module: bool, nproc_per_node: int, nnodes:
     from wire.orders import UserProgram
 
     if not words:
-        if module or nnodes is not None or nproc_per_node != 1:
+        if module or nnodes is not None or nproc_per_node is not None:
             raise ValueError("-m, --nnodes and --nproc-per-node describe a program: give SCRIPT.py or -m MODULE")
         return None
     if config is not None:
         raise ValueError("--config is megaheal's own trainer; a script or module takes its own arguments")
-    if nproc_per_node < 1:
+    if nproc_per_node is not None and nproc_per_node < 1:
         raise ValueError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
     target = words[0]
     if not module:

@@ -28,6 +28,8 @@ from wire.run_paths import RunPaths
 
 REPO = Path(__file__).resolve().parents[1]
 SBATCH = "deploy/slurm/megaheal.sbatch"
+SCRIPT_SBATCH = "deploy/slurm/megaheal-script.sbatch"
+"""The batch script for a user's own program (megaheal run SCRIPT ARGS under Slurm)."""
 
 
 def job_env(bed: Bed, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -103,6 +105,23 @@ class SlurmJob:
         # --wait: sbatch returns when the job ended, with its exit status; it says the job id first.
         proc = subprocess.Popen(["sbatch", "--wait", f"--output={out}", SBATCH], cwd=REPO,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        job = re.search(r"Submitted batch job (\d+)", first)
+        if not job:
+            raise BedError(f"sbatch did not submit the job: {first}{proc.stdout.read()}")
+        return cls(bed, run_dir, out, proc, job.group(1))
+
+    @classmethod
+    def submit_program(cls, bed: Bed, workdir: Path, program: list[str], args: str = "") -> SlurmJob:
+        """`sbatch --wait` deploy/slurm/megaheal-script.sbatch with a user's `program` (SCRIPT ARGS, or -m MODULE
+        ARGS), submitted from `workdir` (where its ranks run), as a user submits their own training script."""
+        run_dir, out = workdir / "run", workdir / "slurm.out"
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = job_env(bed) | {"MEGAHEAL_RUN_DIR": str(run_dir), "MEGAHEAL_ARGS": args, "MEGAHEAL_HOME": str(REPO),
+                              "MEGAHEAL_PYTHON": sys.executable}
+        proc = subprocess.Popen(["sbatch", "--wait", f"--output={out}", str(REPO / SCRIPT_SBATCH), *program],
+                                cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         first = proc.stdout.readline()
         job = re.search(r"Submitted batch job (\d+)", first)

@@ -94,6 +94,9 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     """Start a generation of warm workers instead of a torchrun agent."""
     skip_steps: Annotated[list[Count], Meta(max_length=4096)] = []
     """A program's steps to pass over after a rollback (MEGAHEAL_SKIP_STEPS; the trainer's are in `overrides`)."""
+    resume_step: Count | None = None
+    """A program's rollback: resume from its checkpoint of this step (MEGAHEAL_RESUME_STEP; the trainer's is
+    `resume`)."""
 
     def __post_init__(self) -> None:
         if (self.config is None) == (self.program is None):

@@ -16,6 +16,9 @@ ATTEMPT = "MEGAHEAL_ATTEMPT"
 RESTART_COUNT = "MEGAHEAL_RESTART_COUNT"
 """Restarts before this attempt: the attempt's number (0 on the first). The rank's bootstrap sets TORCHELASTIC_RESTART_COUNT to it: each
 attempt is a torchrun of its own, whose count would always be 0."""
+RESUME_STEP = "MEGAHEAL_RESUME_STEP"
+"""After a rollback, the step of the checkpoint to resume from (one the program said it saved: a
+`checkpoint_saved` event with that step); unset: the program's own choice (its newest)."""
 SKIP_STEPS = "MEGAHEAL_SKIP_STEPS"
 """Steps whose batches the program should pass over after a rollback (comma-separated; unset: none)."""
 WARM_CONTROL = "MEGAHEAL_WARM_CONTROL"

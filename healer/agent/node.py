@@ -378,6 +378,10 @@ class NodeAgent:
                 env[rank_env.SKIP_STEPS] = rank_env.encode_steps(order.skip_steps)
             else:
                 env.pop(rank_env.SKIP_STEPS, None)
+            if order.resume_step is not None:
+                env[rank_env.RESUME_STEP] = str(order.resume_step)
+            else:
+                env.pop(rank_env.RESUME_STEP, None)
         return env
 
     def _start_warm(self, order: StartOrder) -> Started:

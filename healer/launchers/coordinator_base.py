@@ -104,7 +104,8 @@ class CoordinatorBase:
         if self.cfg.program is not None:
             # NOTE: a program resumes from its own checkpoints (its business); of a rollback it hears which batches
             # to pass over.
-            return StartOrder(**common, program=self.cfg.program, resume=None, skip_steps=skipped_steps(overrides))
+            return StartOrder(**common, program=self.cfg.program, resume=None, skip_steps=skipped_steps(overrides),
+                              resume_step=program_resume_step(resume))
         return StartOrder(**common, config=self.cfg.config, resume=resume, overrides=list(overrides))
 
     def _quick(self, node: str) -> AgentClient:
@@ -125,6 +126,19 @@ class CoordinatorBase:
 
 
 T = TypeVar("T")
+
+
+PROGRAM_STEP = "step-"
+"""How a program's attempt is told to resume from the checkpoint of a step (`resume` = "step-N"; "auto": its own
+choice), as megaheal's trainer is told a checkpoint's path."""
+
+
+def program_resume(step: int | None) -> str:
+    return "auto" if step is None else f"{PROGRAM_STEP}{step}"
+
+
+def program_resume_step(resume: str | None) -> int | None:
+    return int(resume[len(PROGRAM_STEP):]) if resume and resume.startswith(PROGRAM_STEP) else None
 
 
 def skipped_steps(overrides: tuple[str, ...]) -> list[int]:

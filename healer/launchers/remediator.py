@@ -24,6 +24,7 @@ from ground.names import check_name
 from healer.decide.catalogue import BadStep, fault
 from healer.launchers import rank_records
 from healer.launchers.coordinator import Coordinator
+from healer.launchers.coordinator_base import program_resume
 from healer.launchers.drain import Drainer
 from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.placement import Placement
@@ -50,6 +51,14 @@ class Across(Protocol):
 WARM_READY_WAIT_S = 60.0
 """How long a warm restart waits for every rank to say where it resumed from (a restart that fails meanwhile ends
 the wait: a rank of it failed, or its attempt is done, and the crash that follows restarts cold)."""
+
+
+class SavedCheckpoints(Protocol):
+    """Where the checkpoints a user's program said it saved are kept (healer.observe.heartbeats.HeartbeatTable)."""
+
+    def saved_steps(self, job: str) -> tuple[int, ...]: ...
+
+    def forget_saved_after(self, job: str, step: int) -> None: ...
 
 
 class AgentRemediator:
@@ -82,12 +91,15 @@ class AgentRemediator:
                 raise ValueError("fault_grace must be >= 0 and diagnosis_timeout > 0")
 
     def __init__(self, cfg: Config, supervisor: Coordinator, token: str, drainer: Drainer | None = None,
-                 across: Across | None = None) -> None:
+                 across: Across | None = None, saved: SavedCheckpoints | None = None) -> None:
         """`drainer`: drains the hosts a restart leaves out that their incident proved bad and records their Slurm
         state in the incident (None: neither);
         `across`: runs a runbook of scope job across hosts from here (healer/launchers/job_diagnosis.py; None: such
-        runbooks cannot run, every host gets an `error` verdict saying so)."""
+        runbooks cannot run, every host gets an `error` verdict saying so);
+        `saved`: the checkpoints a user's program said it saved (the heartbeat table), what its rollbacks go back
+        to (megaheal's trainer: its checkpoint catalogue on the disk)."""
         self.cfg, self.sup, self.token, self.drainer, self.across = cfg, supervisor, token, drainer, across
+        self.saved = saved
         self.job = supervisor.cfg.job
         self.placement = Placement(nodes=tuple(cfg.nodes), spares=tuple(cfg.spares), dp=cfg.dp)
         """Where the job runs: replaced whole at each change (state() reads it from another thread)."""
@@ -194,6 +206,8 @@ class AgentRemediator:
             return self._pending > 0
 
     def checkpoint_steps(self) -> tuple[int, ...]:
+        if self.sup.cfg.program is not None:
+            return self.saved.saved_steps(self.job) if self.saved is not None else ()
         return tuple(c.step for c in list_checkpoints(RunPaths(Path(self.sup.cfg.run_dir)).checkpoints) if not verify(c))
 
     @property
@@ -312,7 +326,13 @@ class AgentRemediator:
     def _restart_cold(self, order: RestartOrder, why: str) -> Started:
         self.sup.stop(self.token, self.cfg.fault_grace)
         run_dir = self.sup.cfg.run_dir
-        if order.resume_step is not None:
+        from_step: int | None
+        if self.sup.cfg.program is not None:
+            # A program resumes from its own checkpoints: told the step of a rollback's, else its own choice.
+            resume, from_step = (program_resume(order.resume_step), order.resume_step)
+            if order.resume_step is not None and self.saved is not None:
+                self.saved.forget_saved_after(self.job, order.resume_step)
+        elif order.resume_step is not None:
             chosen = next(c for c in list_checkpoints(RunPaths(run_dir).checkpoints)
                           if c.step == order.resume_step and not verify(c))
             resume, from_step = str(chosen.path), chosen.step

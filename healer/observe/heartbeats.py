@@ -249,6 +249,18 @@ class HeartbeatTable:
         with self._lock:
             return self._nodes.beats()
 
+    def saved_steps(self, job: str) -> tuple[int, ...]:
+        """The steps of the checkpoints `job`'s ranks said they saved (rank_columns.RankColumns.saved), in order."""
+        with self._lock:
+            return tuple(sorted(self._columns.saved.get(job, ())))
+
+    def forget_saved_after(self, job: str, step: int) -> None:
+        """A rollback to `step` made `job`'s later checkpoints history: they count again only once saved again."""
+        with self._lock:
+            saved = self._columns.saved.get(job)
+            if saved is not None:
+                saved.difference_update({s for s in saved if s > step})
+
     def node_times(self) -> tuple[np.ndarray, np.ndarray]:
         """(received_at, max_age_s) of each node of nodes(), as arrays in its order."""
         with self._lock:

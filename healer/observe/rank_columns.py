@@ -70,8 +70,10 @@ _pack = _RECORD.pack_into
 class JobColumns:
     """One job's columns, as ingest writes them (under the table's lock)."""
 
-    def __init__(self, job: str, capacity: int = 64) -> None:
+    def __init__(self, job: str, capacity: int = 64, saved: set[int] | None = None) -> None:
         self.job = job
+        self.saved = set() if saved is None else saved
+        """The steps whose checkpoints its ranks said they saved (RankColumns.saved: kept when the columns go)."""
         self.epoch = next(_epochs)
         self.n = 0
         self.slot_of: dict[int, int] = {}
@@ -118,8 +120,10 @@ class JobColumns:
             flags |= NONFINITE
         if e.proc_state in STOPPED_STATES:
             flags |= STOPPED
-        if finishing_after(e.last_event, step):
-            flags |= FINISHING
+        if e.last_event is not None:
+            if finishing_after(e.last_event, step):
+                flags |= FINISHING
+            note_saved(self.saved, e.last_event)
         # NOTE: in the order of FLOATS, then INTS, flags, present
         _pack(self._buffer, slot * _SIZE, beat.received_at - e.last_seen_age_s,
               _NAN if e.step_time is None else e.step_time, _NAN if e.step_seconds is None else e.step_seconds,
@@ -173,6 +177,10 @@ class RankColumns:
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobColumns] = {}
+        self.saved: dict[str, set[int]] = {}
+        """Per job, the steps of the checkpoints its ranks said they saved (a `checkpoint_saved` event with its
+        `step`): a user's program keeps its checkpoints where megaheal cannot list them, and this is what a rollback
+        can go back to. Kept across the job's columns coming and going between attempts."""
         self.node_names: list[str] = []
         self._node_ids: dict[str, int] = {}
 
@@ -186,7 +194,7 @@ class RankColumns:
     def job(self, job: str) -> JobColumns:
         cols = self.jobs.get(job)
         if cols is None:
-            cols = self.jobs[job] = JobColumns(job)
+            cols = self.jobs[job] = JobColumns(job, saved=self.saved.setdefault(job, set()))
         return cols
 
     def write_rows(self, rows: Rows, received: np.ndarray, node_ids: np.ndarray,
@@ -200,10 +208,13 @@ class RankColumns:
         values = _row_values(rows, received, node_ids)
         stored = ~np.isnan(received)
         rank = rows.columns["rank"].tolist()
+        job_of = rows.columns["job"]
+        for row, extra in rows.extras.items():
+            if extra.last_event is not None and stored[row]:
+                note_saved(self.job(rows.jobs[int(job_of[row])]).saved, extra.last_event)
         if len(rows.jobs) == 1:
             self.job(rows.jobs[0]).write_rows(rank, np.flatnonzero(stored), values, row_beats)
             return
-        job_of = rows.columns["job"]
         for j, name in enumerate(rows.jobs):
             mine = np.flatnonzero(stored & (job_of == j))
             if len(mine):
@@ -222,6 +233,14 @@ class RankColumns:
 
     def snapshot(self) -> dict[str, JobView]:
         return {job: cols.snapshot(self.node_names) for job, cols in self.jobs.items()}
+
+
+def note_saved(saved: set[int], event: EventBody) -> None:
+    """Add the step of a `checkpoint_saved` event (megaheal.rank.event("checkpoint_saved", step=N)) to `saved`."""
+    # NOTE: fields are free-form: only a whole step >= 0 counts.
+    step = event.fields.get("step") if event.name == "checkpoint_saved" else None
+    if type(step) is int and step >= 0:
+        saved.add(step)
 
 
 def finishing_after(event: EventBody | None, step: int | None) -> bool:

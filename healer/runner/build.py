@@ -165,7 +165,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
         return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
                                                       valid_dp=accepted), coordinator, token,
-                               drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across)
+                               drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across,
+                               saved=table)
 
     core = compose(db=engine, store=store, rules=rules, token=token, sinks=Sinks(sinks), hands=hands, resend=resend,
                    max_body=4 << 20)

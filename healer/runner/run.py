@@ -126,7 +126,8 @@ class ProgramLaunch:
     """A user's program in torchrun's shape: `megaheal run [--nnodes N|MIN:MAX] [--nproc-per-node K] SCRIPT ARGS`."""
 
     program: UserProgram
-    nproc_per_node: int = 1
+    nproc_per_node: int | None = None
+    """Ranks per host [default: local 1; slurm: the allocation's tasks per node]."""
     nnodes: int | None = None
     """Hosts it starts on [default: local 1; slurm: the allocation's hosts less the spares]."""
     min_nodes: int | None = None
@@ -153,16 +154,17 @@ def _program_placement(launch: ProgramLaunch, launcher: str, spares: int, drain:
     if launcher == "local":
         n = launch.nnodes or 1
         names = tuple(f"n{i}" for i in range(1, n + spares + 1))
-        return Placement(nodes=names[:n], spares=names[n:], drain=bool(drain))
+        return Placement(nodes=names[:n], spares=names[n:], drain=bool(drain), nproc=launch.nproc_per_node or 1)
     allocation = Allocation.from_environment()
     nodes, spare_hosts = allocation.split(spares)
     if launch.nnodes is not None and launch.nnodes != len(nodes):
         raise ValueError(f"--nnodes {launch.nnodes}: the allocation has {len(nodes)} host(s) beside "
                          f"{len(spare_hosts)} spare(s)")
-    print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {launch.nproc_per_node} ranks "
+    nproc = launch.nproc_per_node or allocation.ranks_per_node
+    print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {nproc} ranks "
           f"({', '.join(nodes)}), spare(s): {', '.join(spare_hosts) or 'none'}")
     return Placement(nodes=nodes, spares=spare_hosts, launcher=SlurmAgents.Config(allocation=allocation),
-                     drain=True if drain is None else drain)
+                     drain=True if drain is None else drain, nproc=nproc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,8 @@ class Placement:
     overrides: tuple[str, ...] = ()
     launcher: LauncherConfig = field(default_factory=LocalAgents.Config)
     drain: bool = False
+    nproc: int = 1
+    """A program's ranks per host (megaheal's trainer: its config says)."""
 
 
 def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None) -> Placement:
@@ -201,8 +205,8 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain)
     if isinstance(what, ProgramLaunch):
         spec = JobSpec(job=job_name(None, run_dir, resume), config=None, program=what.program,
-                       nproc_per_node=what.nproc_per_node, min_nodes=what.min_nodes, warm=warm, **common)
-        world = len(placement.nodes) * what.nproc_per_node
+                       nproc_per_node=placement.nproc, min_nodes=what.min_nodes, warm=warm, **common)
+        world = len(placement.nodes) * placement.nproc
     else:
         assert cfg is not None
         spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=what,

@@ -29,7 +29,7 @@ API_VERSION = 1
 """Bumped when a call changes meaning or loses an argument; additions keep it."""
 
 __all__ = ["API_VERSION", "Restart", "enabled", "event", "loss", "phase", "phase_begins", "phase_ends", "restart_count",
-           "restartable", "skip_steps", "step", "watch"]
+           "restartable", "resume_step", "skip_steps", "step", "watch"]
 
 _reporter: Reporter | None = None
 _looked = False
@@ -131,6 +131,13 @@ def event(name: str, **fields: Any) -> None:
 def restart_count() -> int:
     """How many times the healer restarted the job before this attempt (0 on the first): resume when above 0."""
     return int(os.environ.get(rank_env.RESTART_COUNT) or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+
+def resume_step() -> int | None:
+    """After a rollback, the step of the checkpoint to resume from (one you reported with
+    event("checkpoint_saved", step=N)); None: your own choice (your newest)."""
+    text = os.environ.get(rank_env.RESUME_STEP, "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def skip_steps() -> frozenset[int]:

@@ -62,6 +62,8 @@ class Reporter:
             # NOTE: the first step begins with its first phase, not with the process: the interpreter's start, the
             # imports and the process group's set-up would count as a step time the hang timeout learns from.
             self._step_began = now
+            if self.beacon is not None:
+                self.beacon.between(0)  # out of the bootstrap's "startup": training has begun
         self._open.append((phase, now))
         if self.beacon is not None:
             self.beacon.enter(phase, self._next_step())

@@ -158,3 +158,24 @@ def test_a_value_no_column_can_hold_is_refused_to_its_node_when_it_comes() -> No
     with pytest.raises(SchemaError) as refused:
         NodeColumns(huge)
     assert (refused.value.field, refused.value.reason) == ("ranks[1].step", f"{2**64} does not fit a 64-bit integer")
+
+
+def test_the_checkpoints_a_program_said_it_saved_are_kept_by_job_whichever_hop_brought_them() -> None:
+    def batch(node: str, first: int, seq: int, event: EventBody) -> HeartbeatBatch:
+        entry = RankEntry(job="mine", rank=first, alive=True, last_seen_age_s=0.1, pid=100 + first, step=12,
+                          last_event=event)
+        return HeartbeatBatch(schema=HEARTBEAT_SCHEMA, node=node, seq=seq, sent_at=time.time(), ranks=[entry])
+
+    saves = [EventBody(name="checkpoint_saved", time=1.0, fields={"step": s}) for s in (5, 10, 15)]
+    # Not a save, or one without a whole step >= 0: not counted.
+    noise = [EventBody(name="exception", time=1.0, fields={"step": 7}),
+             EventBody(name="checkpoint_saved", time=1.0, fields={"step": "8"}),
+             EventBody(name="checkpoint_saved", time=1.0, fields={"step": -1})]
+    direct, relayed = HeartbeatTable(clock=lambda: 100.0), HeartbeatTable(clock=lambda: 100.0)
+    sent = [batch("n1", 0, k, e) for k, e in enumerate([*saves, *noise])]
+    for b in sent:
+        direct.ingest(b)
+        relayed.ingest_relayed(encode_relay(columns_of("rack-1", b.seq + 1, 0.0, [(0.0, b)])))
+    assert direct.saved_steps("mine") == relayed.saved_steps("mine") == (5, 10, 15)
+    direct.forget_saved_after("mine", 5)  # a rollback to step 5: the later saves are history
+    assert direct.saved_steps("mine") == (5,) and direct.saved_steps("other") == ()

@@ -100,11 +100,14 @@ class Net(pl.LightningModule):
 world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
 torch.manual_seed(0)
 data = DataLoader(TensorDataset(torch.randn(8 * world * a.steps, 16)), batch_size=8)
-ckpt = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=5, save_last=True, save_top_k=-1)
+ckpt = ModelCheckpoint(dirpath=a.ckpt_dir, filename="{step}", every_n_train_steps=5, save_last=True, save_top_k=-1)
 trainer = pl.Trainer(accelerator="cpu", devices=local, num_nodes=world // local, strategy="ddp", max_steps=a.steps,
                      callbacks=[MegahealCallback(), ckpt], enable_progress_bar=False, logger=False,
                      enable_model_summary=False, enable_checkpointing=True)
-resume = "last" if mh.restart_count() > 0 and os.path.exists(os.path.join(a.ckpt_dir, "last.ckpt")) else None
+if mh.resume_step() is not None:  # a rollback: megaheal names the checkpoint (one the callback said was saved)
+    resume = os.path.join(a.ckpt_dir, f"step={mh.resume_step()}.ckpt")
+else:
+    resume = "last" if mh.restart_count() > 0 and os.path.exists(os.path.join(a.ckpt_dir, "last.ckpt")) else None
 print(f"rank {trainer.global_rank} restart {mh.restart_count()} resumes from {resume}", flush=True)
 trainer.fit(Net(), data, ckpt_path=resume)
 print(f"rank {trainer.global_rank} done at step {trainer.global_step}", flush=True)
@@ -155,7 +158,10 @@ args = TrainingArguments(output_dir=a.out, max_steps=a.steps, per_device_train_b
                          logging_steps=1, save_steps=5, save_strategy="steps", report_to=[], use_cpu=True,
                          ddp_backend="gloo", disable_tqdm=True, dataloader_num_workers=0)
 trainer = Poisoned(model=model, args=args, train_dataset=Samples(), callbacks=[MegahealCallback(), Slow()])
-resume = mh.restart_count() > 0 and bool(glob.glob(os.path.join(a.out, "checkpoint-*")))
+if mh.resume_step() is not None:  # a rollback: megaheal names the checkpoint (one the callback said was saved)
+    resume = os.path.join(a.out, f"checkpoint-{mh.resume_step()}")
+else:
+    resume = mh.restart_count() > 0 and bool(glob.glob(os.path.join(a.out, "checkpoint-*")))
 print(f"rank {rank} restart {mh.restart_count()} resumes {resume}", flush=True)
 trainer.train(resume_from_checkpoint=resume or None)
 print(f"rank {rank} done at step {trainer.state.global_step}", flush=True)
@@ -194,4 +200,47 @@ def train(r: mh.Restart) -> int:
 
 done = train()
 print(f"rank {dist.get_rank() if dist.is_initialized() else '?'} finished {done} steps", flush=True)
+'''
+
+PLAIN_FSDP2 = r'''
+import argparse, os, time
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.fsdp import fully_shard
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=40)
+p.add_argument("--ckpt", required=True)
+p.add_argument("--sleep", type=float, default=0.2)
+a = p.parse_args()
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+for layer in model:
+    if isinstance(layer, torch.nn.Linear):
+        fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+start = 0
+latest = os.path.join(a.ckpt, "latest")
+if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and os.path.exists(latest):
+    start = int(open(latest).read())
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=os.path.join(a.ckpt, f"step-{start}"))  # resharded to this world size
+    model.load_state_dict(state["model"])
+print(f"rank {rank}/{world} starts at step {start} restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}", flush=True)
+g = torch.Generator().manual_seed(rank)
+for step in range(start, a.steps):
+    loss = model(torch.randn(8, 16, generator=g)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    time.sleep(a.sleep)
+    if step % 5 == 4:
+        dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(a.ckpt, f"step-{step + 1}"))
+        if rank == 0:
+            with open(latest + ".tmp", "w") as f:
+                f.write(str(step + 1))
+            os.replace(latest + ".tmp", latest)
+dist.destroy_process_group()
+print(f"rank {rank} done", flush=True)
 '''

@@ -61,7 +61,8 @@ def test_megaheal_runs_arguments_are_torchruns_and_the_scripts_own_pass_through(
                         ((["train.py"], False, 1, None, "c.yaml"), "--config is megaheal's own trainer"),
                         (([], True, 1, None, None), "give SCRIPT.py or -m MODULE"),
                         ((["train.py"], False, 1, "3:2", None), "--nnodes must be"),
-                        ((["train.py"], False, 0, None, None), "--nproc-per-node must be >= 1")]:
+                        ((["train.py"], False, 0, None, None), "--nproc-per-node must be >= 1"),
+                        (([], False, 2, None, None), "give SCRIPT.py or -m MODULE")]:
         with pytest.raises(ValueError, match=error):
             _program_launch(*args)
     result = CliRunner().invoke(app, ["run", "--config", "c.yaml", "train.py"])

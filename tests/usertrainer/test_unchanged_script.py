@@ -14,7 +14,7 @@ import pytest
 
 from healer.runner.loop import SelfHealingJob
 from tests.usertrainer.jobs import faults_in_attempts, make_loop, rank_logs
-from tests.usertrainer.scripts import PLAIN_DDP, WITH_API
+from tests.usertrainer.scripts import PLAIN_DDP, PLAIN_FSDP2, WITH_API
 
 pytestmark = pytest.mark.e2e
 _built: list[SelfHealingJob] = []
@@ -28,11 +28,13 @@ def _closed() -> Iterator[None]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("script", ["ddp", "fsdp2"])
 def test_a_killed_rank_of_an_unchanged_script_is_a_crash_and_the_script_resumes_under_torchruns_contract(
-        tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt.pt"
-    loop = make_loop(tmp_path, PLAIN_DDP, ["--steps", "30", "--ckpt", str(ckpt)], _built)
-    fired, hook = faults_in_attempts({0: (signal.SIGKILL, 3)}, ckpt, steps_in=0)
+        tmp_path: Path, script: str) -> None:
+    text, ckpt, ready = {"ddp": (PLAIN_DDP, tmp_path / "ckpt.pt", tmp_path / "ckpt.pt"),
+                         "fsdp2": (PLAIN_FSDP2, tmp_path / "ckpt", tmp_path / "ckpt" / "latest")}[script]
+    loop = make_loop(tmp_path, text, ["--steps", "30", "--ckpt", str(ckpt)], _built)
+    fired, hook = faults_in_attempts({0: (signal.SIGKILL, 3)}, ready, steps_in=0)
     assert loop.run(timedelta(seconds=200), on_tick=hook) == "finished"  # type: ignore[arg-type]
     [inc] = loop.incidents()
     assert inc.kind == "crash" and inc.state == "resolved" and inc.action == "restart"
