@@ -28,6 +28,10 @@ WARM_WORKER = "MEGAHEAL_WARM_WORKER"
 """The warm worker's id in its pool."""
 WARM_FROM = "MEGAHEAL_WARM_FROM"
 """The first generation whose plan the worker reads."""
+SAFE_PATH_SET = "MEGAHEAL_SAFE_PATH"
+"""Set beside PYTHONSAFEPATH=1 by the node agent: the bootstrap imports megaheal's modules without the user's
+directory on sys.path, then puts that directory where Python would have it and unsets both (the script's own
+children get the usual path)."""
 SIDECAR_SOCKET = "MEGAHEAL_SIDECAR_SOCKET"
 """The node's datagram socket the rank's records go to (exporters/client.py)."""
 

@@ -373,7 +373,10 @@ class NodeAgent:
             env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
         if order.program is not None:  # a user's program learns who it is from these (wire/rank_env.py)
             env |= {rank_env.JOB: order.job, rank_env.ATTEMPT: str(order.attempt),
-                    rank_env.RESTART_COUNT: str(order.attempt)}
+                    rank_env.RESTART_COUNT: str(order.attempt),
+                    # NOTE: the bootstrap's own imports must not find the user's modules first (a `wire.py` of
+                    # theirs for megaheal's wire/): it starts on a safe path and then makes the script's own.
+                    "PYTHONSAFEPATH": "1", rank_env.SAFE_PATH_SET: "1"}
             if order.skip_steps:
                 env[rank_env.SKIP_STEPS] = rank_env.encode_steps(order.skip_steps)
             else:

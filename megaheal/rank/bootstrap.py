@@ -38,11 +38,18 @@ def main(argv: list[str]) -> None:
             reporter.beacon.enter("startup", 0)
         progress = CollectiveProgress(reporter).start()
     sys.argv = [target, *args]
+    # Where `python SCRIPT` (its directory) or `python -m MODULE` (the working directory) would put the program's own
+    # first on the path: in place of ours, or before everything when the agent started us on a safe path.
+    own = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
+    if os.environ.pop(rank_env.SAFE_PATH_SET, None):
+        os.environ.pop("PYTHONSAFEPATH", None)
+        sys.path.insert(0, own)
+    else:
+        sys.path[0] = own
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
             runpy.run_path(target, run_name="__main__")
     except BaseException as exc:
         if reporter is not None and not isinstance(exc, (SystemExit, KeyboardInterrupt)):

@@ -44,7 +44,8 @@ def test_a_host_of_an_unchanged_fsdp2_script_dies_and_the_spare_takes_its_place(
     submitted.append(job)
     wait_for("the script's checkpoint of step 10", lambda: saved_step(ckpt) >= 10 or job.proc.poll() is not None,
              300, every_s=0.5)
-    assert job.proc.poll() is None, job.text()[-3000:]
+    assert job.proc.poll() is None, (job.proc.returncode, job.proc.stdout.read() if job.proc.stdout else "",
+                                     job.text()[-3000:])
     dead = hosts[1]  # a training host; hosts[0] runs the batch script and the healer
     faults.kill_host(bed, dead)
     out = job.finish(420)

@@ -143,3 +143,21 @@ def test_a_step_with_only_its_number_passes_the_sidecar_with_nothing_made_up() -
     entry = rank_summary(RankState(job="mine", rank=0, pid=1, last_step=record.body))
     assert (entry.step, entry.loss, entry.grad_norm, entry.nonfinite, entry.phases, entry.mfu) == (41, None, None, {},
                                                                                                   {}, None)
+
+
+def test_a_users_module_named_as_one_of_megaheals_does_not_break_the_bootstrap(node_socket, tmp_path) -> None:
+    # The agent starts a program's ranks on a safe path (PYTHONSAFEPATH): the bootstrap's imports do not see the
+    # user's directory; their script then does, first, as under `python SCRIPT`.
+    _, env = node_socket
+    (tmp_path / "exporters.py").write_text("raise ImportError('the user exporters module was imported')\n")
+    (tmp_path / "helper.py").write_text("NAME = 'mine'\n")
+    (tmp_path / "user.py").write_text("import os, helper\nprint('helper', helper.NAME, os.environ.get('PYTHONSAFEPATH'))\n")
+    done = subprocess.run([sys.executable, "-m", "megaheal.rank.bootstrap", str(tmp_path / "user.py")],
+                          env={**os.environ, **env, "PYTHONSAFEPATH": "1", rank_env.SAFE_PATH_SET: "1"},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and "helper mine None" in done.stdout, done.stderr[-2000:]
+    # Without the safe path the user's module stands in for megaheal's: why the agent sets it.
+    shadowed = subprocess.run([sys.executable, "-m", "megaheal.rank.bootstrap", str(tmp_path / "user.py")],
+                              env={**os.environ, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              check=False)
+    assert shadowed.returncode != 0 and "the user exporters module was imported" in shadowed.stderr
