@@ -61,7 +61,10 @@ def classify(exit_code: int | None, sig: int | None, tail: tuple[str, ...] | lis
     if exc is not None:
         return CrashClass("python-exception", exc, (_last(lines, re.compile(re.escape(exc))) or "")[:300], peer)
     if sig is not None:
-        return CrashClass("signal", signal_name(sig), "", peer)
+        # NOTE: SIGTERM is how torchrun stops a failed worker's peers: a rank it ended is an echo of another's failure
+        # (a user's script dies of it; megaheal's trainer catches it). Were every rank ended so (a preemption), the
+        # crash still names the first.
+        return CrashClass("signal", signal_name(sig), "", peer or sig == _signal.SIGTERM)
     if exit_code is None:
         # Neither a status nor a telling log line: the process vanished (reaped before it could be read).
         return CrashClass("unknown", "status unknown", lines[-1][:300] if lines else "", peer)

@@ -837,6 +837,20 @@ def test_a_vanished_rank_seen_at_the_same_moment_as_a_peer_with_its_status_still
     assert f.summary.startswith("rank 3 on n2 killed by SIGKILL"), f.summary
 
 
+def test_a_peer_that_torchrun_ended_with_sigterm_is_an_echo_even_with_nothing_in_its_log() -> None:
+    # A user's script does not catch SIGTERM: torchrun stopping rank 2 after rank 3 was SIGKILLed (and reaped by
+    # torchrun first) left no line in rank 2's log. Rank 2's status came first; rank 3's, in the report, later.
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 0, ("n1", "n2"), 0.0)
+    echo = RankExit(rank=2, pid=1002, at=10.0, signal=signal.SIGTERM)
+    died = RankExit(rank=3, pid=1003, at=12.5, signal=signal.SIGKILL)
+    view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[echo, died], ended=True, exit_code=1),
+                12.5)
+    (f,) = Crash(Crash.Config()).evaluate(table, 16.0).firing
+    assert f.summary.startswith("rank 3 on n2 killed by SIGKILL"), f.summary
+
+
 def test_a_rank_that_vanished_on_a_host_whose_part_exited_0_finished_and_is_no_crash() -> None:
     # The job's last step done: torchrun reaped rank 3 before its agent read its status, and its last heartbeat (the
     # one saying it was finishing) never reached the healer. torchrun exits 0 only when every worker did.
