@@ -163,5 +163,7 @@ class FlightRecorderDumper:
 
     def close(self) -> None:
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)  # NOTE: not in a dump when the interpreter finalises (see progress.py)
         for path in (request_path(self.directory, self.pid), answer_path(self.directory, self.pid)):
             path.unlink(missing_ok=True)

@@ -216,7 +216,7 @@ class Sidecar:
         return HeartbeatBatch(
             schema=HEARTBEAT_SCHEMA, node=self.cfg.node, seq=seq, sent_at=sent_at,
             nvml="ok" if self.nvml_collector is not None else "absent",
-            ranks=[rank_summary(s) for s in self.table.snapshot()],
+            ranks=[rank_summary(s) for s in self.table.heartbeat_snapshot()],
             gpus=self.nvml_collector.health() if self.nvml_collector is not None else [],
         )
 

@@ -7,6 +7,7 @@ was rolled back to before the first bad step (the redone steps are judged afresh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import numpy as np
 
@@ -16,12 +17,23 @@ from healer.observe.history import RankHistory, prune
 from healer.observe.jobview import Readings
 
 
+PROGRAM_SETTLE = timedelta(seconds=1.5)
+"""`settle` for a user's program (healer/runner/build.py), which records its steps nowhere megaheal reads: above the
+heartbeat interval (1 s)."""
+
+
 @dataclass(slots=True)
 class _Bad:
     first_step: int
     last_step: int
+    seen_at: float
+    """Healer time of the first sight (the finding waits `settle` past it)."""
     ranks: dict[int, dict[str, str]] = field(default_factory=dict)
+    first_of: dict[int, int] = field(default_factory=dict)
+    """rank -> the first step it was seen non-finite at."""
     nodes: set[str] = field(default_factory=set)
+    fired: bool = False
+    """Reported once: from then on a job that trains on with finite values is healthy again."""
 
 
 class NonFinite(Detector):
@@ -31,8 +43,17 @@ class NonFinite(Detector):
     class Config:
         fields: tuple[str, ...] = ("loss", "grad_norm")
         """Which values are watched."""
+        settle: timedelta = timedelta(0)
+        """How long after the first sight the finding waits for the other hosts' batches: each carries its ranks'
+        first non-finite step (exporters/ranks.py), and a NaN on one rank reaches the others a step later, through
+        the gradient reduce. Then the first bad step (what a rollback goes back before) and the rank it began on are
+        the job's, not those of the host whose batch came first. 0 for megaheal's trainer, whose every step is on
+        disk (the first bad one is read from there): the job trains on, and saves, while the finding waits, and a
+        save can push out the checkpoint the rollback needs; `megaheal run SCRIPT` sets PROGRAM_SETTLE."""
 
         def __post_init__(self) -> None:
+            if self.settle < timedelta(0):
+                raise ValueError(f"settle must be >= 0, got {self.settle}")
             unknown = set(self.fields) - {"loss", "grad_norm"}
             if not self.fields or unknown:
                 raise ValueError(f"fields must be some of loss, grad_norm, got {list(self.fields)}")
@@ -69,10 +90,12 @@ class NonFinite(Detector):
                     continue
                 bad = self._bad.get(job)
                 if bad is None:
-                    bad = self._bad[job] = _Bad(first_step=step, last_step=step)
+                    bad = self._bad[job] = _Bad(first_step=step, last_step=step, seen_at=now)
                 bad.first_step = min(bad.first_step, step)
                 bad.last_step = max(bad.last_step, step)
-                bad.ranks[int(held.rank[slot])] = which
+                rank = int(held.rank[slot])
+                bad.ranks[rank] = which
+                bad.first_of[rank] = min(bad.first_of.get(rank, step), step)
                 bad.nodes.add(held.node_of(slot))
         firing, healthy = [], set()
         for job, held in samples.items():
@@ -80,14 +103,18 @@ class NonFinite(Detector):
             if bad is None:
                 healthy.add(job)
                 continue
+            if not bad.fired and now - bad.seen_at < self.config.settle.total_seconds():
+                continue  # the other hosts' first bad steps may still be on their way (reported even if it passed)
             slots = held.known()
             recovered = bool(np.all((held.newest("step", slots) > bad.last_step)
                                     & ~held.newest("nonfinite", slots)))
-            if recovered:
+            if recovered and bad.fired:
                 del self._bad[job]
                 healthy.add(job)
                 continue
-            bad_ranks = sorted(bad.ranks)
+            bad.fired = True
+            # The ranks it began on: those non-finite at the first bad step (the others followed through the reduce).
+            bad_ranks = sorted(r for r, first in bad.first_of.items() if first == bad.first_step)
             nodes = sorted(bad.nodes)
             kinds = sorted({f"{name}={value}" for which in bad.ranks.values() for name, value in which.items()})
             firing.append(Finding(

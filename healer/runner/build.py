@@ -15,6 +15,7 @@ from typing import Any
 from ground.typedconfig import from_mapping
 from healer.compose import compose
 from healer.decide.rules import DEFAULT_RULES, DetectorCondition, RuleSet, load_rule_set
+from healer.detect.nonfinite import PROGRAM_SETTLE, NonFinite
 from healer.detect.registry import default_registry
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.store import IncidentStore
@@ -114,6 +115,20 @@ def shipped_rules(*, max_restarts: int | None = None, lemon_incidents: int | Non
     return RuleSet(rules, limits)
 
 
+def _settled_nonfinite(rules: RuleSet) -> RuleSet:
+    """`rules` with each nonfinite rule left at settle 0 waiting PROGRAM_SETTLE: a program's first bad step is known
+    only from the heartbeats, each host's in its own batch (healer/detect/nonfinite.py)."""
+    out = []
+    for rule in rules.rules:
+        cond = rule.condition
+        if isinstance(cond, DetectorCondition) and cond.detector == "nonfinite" and \
+                isinstance(cond.params, NonFinite.Config) and cond.params.settle == timedelta(0):
+            rule = replace(rule, when=DetectorCondition(detector="nonfinite",
+                                                        params=replace(cond.params, settle=PROGRAM_SETTLE)))
+        out.append(rule)
+    return RuleSet(out, rules.limits)
+
+
 def db_url_of(spec: JobSpec) -> str:
     return spec.db_url or RunPaths(spec.run_dir).database_url
 
@@ -141,6 +156,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     start with the job). Raises ConfigError, DatabaseError, ValueError."""
     nproc, dp, accepted = _layout(spec)
     rules = spec.rules or load_rule_set([DEFAULT_RULES])
+    if spec.program is not None:
+        rules = _settled_nonfinite(rules)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(db_url_of(spec))
     ensure_schema(engine)

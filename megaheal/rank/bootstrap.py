@@ -59,10 +59,9 @@ def main(argv: list[str]) -> None:
     finally:
         if progress is not None:
             progress.close()
-        # NOTE: what the script built (an FSDP2 model's DTensors, its process group's works) is collected here, while
-        # the interpreter is whole: left to its final collection, a gloo thread freeing a finished work cannot take
-        # the GIL and the process aborts (SIGABRT, "terminate called without an active exception"), after the
-        # script printed its last line: a fresh e2e run's FSDP2 job finished, and was restarted as a crash.
+        # NOTE: what the script built (its model's DTensors, its process group's works) is collected while the
+        # interpreter is whole, as leave_process_group does for megaheal's trainer: a gloo work freed during
+        # finalisation aborts the process.
         gc.collect()
 
 

@@ -204,3 +204,18 @@ def test_the_metrics_server_binds_loopback_by_default(tmp_path) -> None:
         assert sidecar._httpd.socket.getsockname()[0] == "127.0.0.1"
     finally:
         sidecar.stop()
+
+
+def test_a_ranks_first_nonfinite_step_is_held_for_the_next_heartbeat_whatever_comes_after_it() -> None:
+    from exporters.ranks import RankTable
+    from wire.telemetry import build_record
+
+    table = RankTable(process_state=lambda pid: "S")
+    for step, loss in ((10, 2.0), (11, float("nan")), (12, float("nan")), (13, 1.5)):
+        table.observe(build_record("step", "job-a", 1, 4242, 0, step_record(step, rank=1, loss=loss)))
+    assert [s.last_step.step for s in table.snapshot()] == [13]  # metrics: the newest step
+    first, second = table.heartbeat_snapshot(), table.heartbeat_snapshot()
+    assert first[0].last_step.step == 11 and first[0].last_step.loss != first[0].last_step.loss
+    assert second[0].last_step.step == 13  # released: the next batch goes on from the newest
+    table.observe(build_record("step", "job-a", 1, 4242, 0, step_record(14, rank=1, loss=float("inf"))))
+    assert table.heartbeat_snapshot()[0].last_step.step == 14  # a new onset after finite steps is held again

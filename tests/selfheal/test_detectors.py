@@ -18,7 +18,7 @@ from healer.detect.hang import Hang
 from healer.detect.host_lost import HostLost
 from healer.detect.logtail import classify
 from healer.detect.loss_spike import LossSpike, robust_z
-from healer.detect.nonfinite import NonFinite
+from healer.detect.nonfinite import PROGRAM_SETTLE, NonFinite
 from healer.detect.phases import PhaseTable
 from healer.detect.registry import default_registry
 from healer.detect.straggler import Straggler, attribute, attribute_by_stage
@@ -487,6 +487,27 @@ def test_nonfinite_names_the_first_bad_step_and_ranks_and_clears_after_a_rollbac
         detector.evaluate(s.table, s.clock.now)
     (f,) = detector.evaluate(s.table, s.clock.now).firing
     assert f.evidence["first_step"] == 12 and f.evidence["suspect_ranks"] == [1]
+
+
+def test_nonfinite_names_the_rank_it_began_on_though_another_hosts_later_step_came_first() -> None:
+    # Rank 1 (host n1) turned NaN at step 12; the reduce carried it to every rank at 13, and host n2's batch with it
+    # came in before n1's. Within `settle`, n1's first bad step arrives: the finding names step 12 and rank 1.
+    s = stream(nonfinite_at={12: {1}, 13: {0, 1, 2, 3}})
+    detector = NonFinite(NonFinite.Config(settle=PROGRAM_SETTLE))
+    for _ in range(13):
+        s.advance()
+        assert detector.evaluate(s.table, s.clock.now).firing == ()
+    (f,) = detector.evaluate(s.table, s.clock.now + 1).firing
+    assert f.evidence["first_step"] == 12 and f.evidence["suspect_ranks"] == [1], f.summary
+    # A NaN that passed within `settle` is still reported.
+    s = stream(nonfinite_at={12: {2}})
+    detector = NonFinite(NonFinite.Config(settle=PROGRAM_SETTLE))
+    for _ in range(13):
+        s.advance()
+        assert detector.evaluate(s.table, s.clock.now).firing == ()
+    s.advance()
+    (f,) = detector.evaluate(s.table, s.clock.now).firing
+    assert f.evidence["first_step"] == 12 and f.evidence["suspect_ranks"] == [2], f.summary
 
 
 def test_robust_z_ignores_an_outlier_in_the_window() -> None:

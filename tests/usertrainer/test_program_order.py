@@ -3,6 +3,7 @@ a host (checked when decoded), and the torchrun command a node agent makes of it
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import msgspec
@@ -71,3 +72,17 @@ def test_megaheal_runs_arguments_are_torchruns_and_the_scripts_own_pass_through(
 
 def test_a_rollbacks_skipped_steps_reach_a_program_from_the_attempts_items() -> None:
     assert skipped_steps(("job=mine", "skip_steps=[8,9]")) == [8, 9] and skipped_steps(("job=mine",)) == []
+
+
+def test_a_programs_nonfinite_rule_waits_for_every_hosts_first_bad_step_and_the_trainers_does_not() -> None:
+    from healer.decide.rules import DEFAULT_RULES, load_rule_set
+    from healer.detect.nonfinite import PROGRAM_SETTLE
+    from healer.runner.build import _settled_nonfinite
+
+    shipped = load_rule_set([DEFAULT_RULES])
+    settled = _settled_nonfinite(shipped)
+    settle = {r.name: r.condition.params.settle for r in (*shipped.rules, *settled.rules)
+              if getattr(r.condition, "detector", None) == "nonfinite"}
+    assert [r.condition.params.settle for r in shipped.rules if r.name == "nonfinite"] == [timedelta(0)]
+    assert settle == {"nonfinite": PROGRAM_SETTLE}
+    assert [r.name for r in settled.rules] == [r.name for r in shipped.rules] and settled.limits == shipped.limits

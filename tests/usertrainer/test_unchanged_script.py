@@ -66,7 +66,7 @@ def test_a_nan_reported_through_megaheal_rank_is_named_by_rank_and_step(tmp_path
     # A script's batches cannot be rolled back by megaheal without the checkpoints it keeps: the healer says so.
     assert loop.run(timedelta(seconds=150)) == "escalated"
     inc = next(i for i in loop.incidents() if i.kind == "nonfinite")
-    # NOTE: the heartbeats carry each rank's newest step: the poisoned step 8 of rank 1 is seen, or its reduce's NaN
-    # on every rank at step 9 (the sidecar does not hold back a first NaN; see the closing note of issue 33).
-    assert inc.evidence["first_step"] in (8, 9) and 1 in inc.suspect_ranks, (inc.summary, inc.evidence)
+    # The sidecar holds each rank's first NaN step for the next heartbeat, and the detector waits for every host's:
+    # rank 1's step 8 is named, not the reduce's NaN on every rank at step 9.
+    assert inc.evidence["first_step"] == 8 and inc.suspect_ranks == [1], (inc.summary, inc.evidence)
     assert "no good checkpoint before step" in str(inc.to_payload()), inc.to_payload()
