@@ -58,7 +58,7 @@ if a.variant != "unchanged" and a.variant != "torchrun":
     import megaheal.rank as mh
 
 
-def loop(model, opt, start, rank, kept=None):
+def loop(model, opt, start, rank, kept=None, marker="0"):
     ddp = DDP(model, init_sync=kept is None)
     g = torch.Generator().manual_seed(rank * 1000 + start)
     for s in range(start, a.steps):
@@ -71,7 +71,7 @@ def loop(model, opt, start, rank, kept=None):
             kept.update(model=model, opt=opt, step=s + 1)
         if rank == 0:
             with open(a.trace, "a") as f:
-                f.write(f"{s} {time.time()}\n")
+                f.write(f"{s} {time.time()} {marker}\n")
             if s % 5 == 4 and kept is None:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": s + 1}, a.ckpt + ".tmp")
                 os.replace(a.ckpt + ".tmp", a.ckpt)
@@ -91,7 +91,7 @@ if a.variant == "in-process":
         if r.source is not None:
             for t in [*model.state_dict().values(), step]:
                 dist.broadcast(t, r.source)
-        loop(model, opt, int(step), r.rank, r.kept)
+        loop(model, opt, int(step), r.rank, r.kept, marker=str(r.generation))
     train()
 else:
     dist.init_process_group("gloo")
@@ -100,24 +100,30 @@ else:
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and os.path.exists(a.ckpt):
         state = torch.load(a.ckpt)
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); start = state["step"]
-    loop(model, opt, start, dist.get_rank())
+    loop(model, opt, start, dist.get_rank(), marker=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     dist.destroy_process_group()
 '''
 
 
-def trace(path: Path) -> list[tuple[int, float]]:
+def trace(path: Path) -> list[tuple[int, float, str]]:
+    """(step, unix time, attempt marker) of each step rank 0 finished: the marker is torchrun's restart count, or
+    the generation of an in-process restart."""
     if not path.exists():
         return []
     out = []
     for line in path.read_text().splitlines():
-        step, _, at = line.partition(" ")
-        if at:
-            out.append((int(step), float(at)))
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((int(parts[0]), float(parts[1]), parts[2]))
     return out
 
 
 def first_step_after(path: Path, t: float) -> float | None:
-    return next((at for _, at in trace(path) if at > t), None)
+    """When the restarted job finished its first step: the first record after `t` of another attempt than the one
+    running at `t` (the survivors finish a step or two of the failed one first)."""
+    done = trace(path)
+    before = [m for _, at, m in done if at <= t]
+    return next((at for _, at, m in done if at > t and (not before or m != before[-1])), None)
 
 
 def megaheal_variant(variant: str, workdir: Path) -> dict[str, object]:
@@ -151,7 +157,7 @@ def megaheal_variant(variant: str, workdir: Path) -> dict[str, object]:
             "restart_mode": restarts[0].mode if restarts else None,
             "detection_s": round(inc.detected_at - at, 3) if inc and at is not None else None,
             "mttr_s": round(after - at, 3) if after is not None and at is not None else None,
-            "steps_done": len({s for s, _ in trace(steps_file)})}
+            "steps_done": len({s for s, _, _ in trace(steps_file)})}
 
 
 def torchrun_variant(workdir: Path) -> dict[str, object]:
@@ -188,9 +194,12 @@ def torchrun_variant(workdir: Path) -> dict[str, object]:
                     pass
             agent.wait(30)
     after = first_step_after(steps_file, at) if at is not None else None
-    return {"outcome": f"exit {agent.returncode}", "restart_mode": "cold (all 4 workers)", "detection_s": detection,
+    errors = [line.strip() for line in (run / "torchrun.log").read_text(errors="replace").splitlines()
+              if "Error" in line or "error" in line][-3:]
+    return {"outcome": f"exit {agent.returncode}", "errors": errors, "restart_mode": "cold (all 4 workers)",
+            "detection_s": detection,
             "mttr_s": round(after - at, 3) if after is not None and at is not None else None,
-            "steps_done": len({s for s, _ in trace(steps_file)})}
+            "steps_done": len({s for s, _, _ in trace(steps_file)})}
 
 
 def user_script_row(variants: tuple[str, ...] = VARIANTS) -> dict[str, object]:

@@ -11,8 +11,10 @@ Under `megaheal run` each call hands a record to the node's sidecar over a non-b
 (plain torchrun, a notebook) every call does nothing. No call blocks, and none raises into the training loop: a
 failure is logged once and the record dropped. The standard library, msgspec and torch's own hooks only.
 
-What a rank is told by megaheal (the restart count, the steps a rollback asks it to skip) is read with
-`restart_count()` and `skip_steps()`; the rest of the contract is torchrun's environment.
+What a rank is told by megaheal (the restart count; after a rollback, the checkpoint's step to resume from and the
+steps to skip) is read with `restart_count()`, `resume_step()` and `skip_steps()`; the rest of the contract is
+torchrun's environment. `restartable` wraps a training function for in-process restarts (megaheal/rank/restart.py);
+the Lightning and Hugging Face callbacks are in megaheal/rank/lightning.py and huggingface.py.
 """
 
 from __future__ import annotations
