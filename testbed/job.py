@@ -102,9 +102,14 @@ class SlurmJob:
                 "MEGAHEAL_ARGS": args, "MEGAHEAL_PYTHON": sys.executable}
         if config is not None:
             env["MEGAHEAL_CONFIG"] = config
-        # --wait: sbatch returns when the job ended, with its exit status; it says the job id first.
-        proc = subprocess.Popen(["sbatch", "--wait", f"--output={out}", SBATCH], cwd=REPO,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return cls._sbatch(bed, run_dir, out, [SBATCH], REPO, env)
+
+    @classmethod
+    def _sbatch(cls, bed: Bed, run_dir: Path, out: Path, script: list[str], cwd: Path, env: dict[str, str]) -> SlurmJob:
+        """`sbatch --wait` SCRIPT [ARGS]: it returns when the job ended, with its exit status; it says the job id
+        first."""
+        proc = subprocess.Popen(["sbatch", "--wait", f"--output={out}", *script], cwd=cwd, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         first = proc.stdout.readline()
         job = re.search(r"Submitted batch job (\d+)", first)
@@ -120,14 +125,7 @@ class SlurmJob:
         workdir.mkdir(parents=True, exist_ok=True)
         env = job_env(bed) | {"MEGAHEAL_RUN_DIR": str(run_dir), "MEGAHEAL_ARGS": args, "MEGAHEAL_HOME": str(REPO),
                               "MEGAHEAL_PYTHON": sys.executable}
-        proc = subprocess.Popen(["sbatch", "--wait", f"--output={out}", str(REPO / SCRIPT_SBATCH), *program],
-                                cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        job = re.search(r"Submitted batch job (\d+)", first)
-        if not job:
-            raise BedError(f"sbatch did not submit the job: {first}{proc.stdout.read()}")
-        return cls(bed, run_dir, out, proc, job.group(1))
+        return cls._sbatch(bed, run_dir, out, [str(REPO / SCRIPT_SBATCH), *program], workdir, env)
 
     # ---- while it runs -----------------------------------------------------------------------------------
 

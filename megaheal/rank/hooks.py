@@ -17,6 +17,23 @@ from typing import Any
 from megaheal.rank.reporter import Reporter, guarded
 
 
+class PhaseSwitch:
+    """One phase at a time for a framework's callbacks, whose hooks say where a step is, not when a phase ends:
+    `switch("optimizer")` ends the phase before and begins that one (None: no phase)."""
+
+    def __init__(self) -> None:
+        self._open: str | None = None
+
+    def switch(self, phase: str | None) -> None:
+        import megaheal.rank as mh  # NOTE: here: megaheal.rank imports this module
+
+        if self._open is not None:
+            mh.phase_ends(self._open)
+        self._open = phase
+        if phase is not None:
+            mh.phase_begins(phase)
+
+
 class Watch:
     """The hooks on one model and optimizer; `remove()` takes them off."""
 

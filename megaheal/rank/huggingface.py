@@ -17,18 +17,12 @@ from typing import Any
 from transformers import TrainerCallback
 
 import megaheal.rank as mh
+from megaheal.rank.hooks import PhaseSwitch
 
 
 class MegahealCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self) -> None:
-        self._open: str | None = None
-
-    def _switch(self, phase: str | None) -> None:
-        if self._open is not None:
-            mh.phase_ends(self._open)
-        self._open = phase
-        if phase is not None:
-            mh.phase_begins(phase)
+        self._switch = PhaseSwitch().switch
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._switch("data_wait")

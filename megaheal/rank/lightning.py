@@ -15,19 +15,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import megaheal.rank as mh
+from megaheal.rank.hooks import PhaseSwitch
 
 
 class _Hooks:
     """The hooks, on whichever Lightning package's Callback the class below is made from."""
 
-    _open: str | None = None
+    _phases: PhaseSwitch | None = None
 
     def _switch(self, phase: str | None) -> None:
-        if self._open is not None:
-            mh.phase_ends(self._open)
-        self._open = phase
-        if phase is not None:
-            mh.phase_begins(phase)
+        if self._phases is None:
+            self._phases = PhaseSwitch()
+        self._phases.switch(phase)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._switch("data_wait")
