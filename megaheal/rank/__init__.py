@@ -81,14 +81,11 @@ def loss(value: Any) -> None:
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """Time the enclosed work as phase `name` of the current step (and say so where a hang would look)."""
-    reporter = _get()
-    if reporter is not None:
-        guarded(None)(reporter.enter)(name)
+    phase_begins(name)
     try:
         yield
     finally:
-        if reporter is not None:
-            guarded(None)(reporter.leave)(name)
+        phase_ends(name)
 
 
 @guarded(None)
