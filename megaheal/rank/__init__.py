@@ -105,16 +105,18 @@ def phase_ends(name: str) -> None:
 
 
 @guarded(None)
-def watch(model: Any = None, optimizer: Any = None, *, steps: bool = False) -> Any:
+def watch(model: Any = None, optimizer: Any = None, *, steps: bool = False, reduce: bool = True) -> Any:
     """Time forward_backward, optimizer and data_wait through hooks on `model` (an nn.Module) and `optimizer` (a
-    torch.optim.Optimizer); with `steps`, every optimizer step also ends a step (the loss from `loss()`). Returns a
-    handle whose `remove()` takes the hooks off; None outside megaheal."""
+    torch.optim.Optimizer); with `steps`, every optimizer step also ends a step (the loss from `loss()`). For a
+    DistributedDataParallel model, the wait in its gradient reduce is timed too (dp_reduce: what names a straggler)
+    by a communication hook running DDP's own all-reduce, unless the model has a hook already or `reduce` is False.
+    Returns a handle whose `remove()` takes the module and optimizer hooks off; None outside megaheal."""
     from megaheal.rank.hooks import Watch
 
     reporter = _get()
     if reporter is None:
         return None
-    handle = Watch(reporter, model, optimizer, steps)
+    handle = Watch(reporter, model, optimizer, steps, reduce)
     _watches.append(handle)
     return handle
 

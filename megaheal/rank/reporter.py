@@ -78,6 +78,13 @@ class Reporter:
         if self.beacon is not None:
             self.beacon.leave()
 
+    def shift(self, source: str, target: str, seconds: float) -> None:
+        """Count `seconds` of the step's `source` phase as `target` (a wait measured inside it), at most all of it."""
+        moved = min(max(seconds, 0.0), self._phases.get(source, 0.0))
+        if moved > 0:
+            self._phases[source] -= moved
+            self._phases[target] = self._phases.get(target, 0.0) + moved
+
     # ---- steps -----------------------------------------------------------------------------------------
 
     def step(self, step: int | None = None, *, loss: float | None = None, grad_norm: float | None = None,

@@ -44,22 +44,28 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--poison-step", type=int, default=-1)
 p.add_argument("--poison-rank", type=int, default=1)
+p.add_argument("--width", type=int, default=0, help="hidden layers of this width (0: one linear layer)")
+p.add_argument("--batch", type=int, default=8)
+p.add_argument("--sleep", type=float, default=0.2)
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = DDP(torch.nn.Linear(16, 1))
+layers = [torch.nn.Linear(16, 1)] if not a.width else [
+    torch.nn.Linear(16, a.width), torch.nn.ReLU(), torch.nn.Linear(a.width, a.width), torch.nn.ReLU(),
+    torch.nn.Linear(a.width, 1)]
+model = DDP(torch.nn.Sequential(*layers))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 mh.watch(model, opt)
 g = torch.Generator().manual_seed(rank)
 for step in range(a.steps):
-    x = torch.randn(8, 16, generator=g)
+    x = torch.randn(a.batch, 16, generator=g)
     if step == a.poison_step and rank == a.poison_rank:
         x[0, 0] = float("nan")  # a corrupt sample in this rank's batch
     loss = model(x).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
-    time.sleep(0.2)
-    mh.step(step, loss=loss.item(), tokens=8)
+    time.sleep(a.sleep)
+    mh.step(step, loss=loss.item(), tokens=a.batch)
 dist.destroy_process_group()
 '''
 

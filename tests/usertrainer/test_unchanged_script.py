@@ -1,17 +1,20 @@
 """`megaheal run SCRIPT.py`: a user's own training program under megaheal, end to end on real processes (2 hosts x 2
 ranks of local agents, a spare, the embedded healer). With no line of megaheal in the script, a killed rank is a
 crash and a stopped one a hang (seen by its collectives no longer completing), each named and healed by a restart the
-script resumes from under torchrun's contract; with megaheal.rank's few lines, a NaN is named by rank and step."""
+script resumes from under torchrun's contract; with megaheal.rank's few lines, a NaN is named by rank and step and a
+slowed rank as a straggler."""
 
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from healer.runner.chaos import duty_cycle
 from healer.runner.loop import SelfHealingJob
 from tests.usertrainer.jobs import faults_in_attempts, make_loop, rank_logs
 from tests.usertrainer.scripts import PLAIN_DDP, PLAIN_FSDP2, WITH_API
@@ -70,3 +73,30 @@ def test_a_nan_reported_through_megaheal_rank_is_named_by_rank_and_step(tmp_path
     # rank 1's step 8 is named, not the reduce's NaN on every rank at step 9.
     assert inc.evidence["first_step"] == 8 and inc.suspect_ranks == [1], (inc.summary, inc.evidence)
     assert "no good checkpoint before step" in str(inc.to_payload()), inc.to_payload()
+
+
+@pytest.mark.timeout(240)
+def test_a_slowed_rank_of_a_script_with_megaheal_rank_is_named_a_straggler_and_on_call_notified(
+        tmp_path: Path) -> None:
+    # A compute-bound DDP step (~50 ms of matrix products a rank); rank 2 is then stopped 85% of every 200 ms for 12 s.
+    # Its peers wait for it inside DDP's reduce, which megaheal.rank.watch times apart from their own compute.
+    loop = make_loop(tmp_path, WITH_API, ["--steps", "90", "--width", "1024", "--batch", "512", "--sleep", "0.05"],
+                     _built, straggler={"window": 3, "consecutive": 2})
+    fired: dict[str, float] = {}
+
+    def slow(lp: SelfHealingJob) -> None:
+        a = lp.sup.attempt
+        steps = [b.step for b in lp.table.ranks() if a is not None and b.entry.pid in a.ranks and b.step is not None]
+        if "slowed" in fired or a is None or len(steps) != 4 or min(steps) < 3:
+            return
+        pid = next(p for p, r in a.ranks.items() if r.rank == 2)
+        threading.Thread(target=duty_cycle, args=(pid, 0.85, 12.0), daemon=True).start()
+        fired["slowed"] = lp.healer.clock()
+
+    assert loop.run(timedelta(seconds=200), on_tick=slow) == "finished"  # type: ignore[arg-type]
+    inc = next(i for i in loop.incidents() if i.kind == "straggler")
+    assert inc.detected_at >= fired["slowed"] and inc.suspect_ranks == [2], (inc.summary, inc.evidence)
+    assert inc.action == "notify" and loop.sup.attempt is not None and loop.sup.attempt.number == 0  # nothing restarted
+    rows = {r["rank"]: r for r in inc.evidence["phase_table"]}
+    # The waiting is in the peers' reduce, not in their compute: the slowed rank's own work is what stands out.
+    assert all(rows[r]["dp_reduce_s"] > rows[2]["dp_reduce_s"] for r in (0, 1, 3)), rows
