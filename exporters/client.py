@@ -72,8 +72,12 @@ class RankClient:
         self._greeted = self._send("hello", self._hello)
 
     def step(self, record: Mapping[str, Any]) -> None:
-        """Send one step record, the trainer's per-step dict (its keys outside StepBody stay in the JSON lines)."""
-        self._send_record("step", record)
+        """Send one step record, the trainer's per-step dict (its keys outside StepBody stay in the JSON lines),
+        tagged with the attempt MEGAHEAL_ATTEMPT names as it is sent."""
+        # NOTE: read at each send, not once: a warm worker's process (and this client, under megaheal.rank) lives
+        # through several attempts, and its generation loop sets the variable as each one begins.
+        attempt = os.environ.get(rank_env.ATTEMPT, "")
+        self._send_record("step", {**record, "attempt": int(attempt)} if attempt.isdigit() else record)
 
     def event(self, kind: str, **fields: Any) -> None:
         """Send an event, e.g. event("checkpoint_saved", step=100) or event("exception", type=..., message=...)."""

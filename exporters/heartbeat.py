@@ -49,7 +49,8 @@ def rank_summary(s: RankState) -> RankEntry:
         nonfinite={k: str(v) for k, v in (("loss", rec.loss), ("grad_norm", rec.grad_norm))
                    if v is not None and not math.isfinite(v)},
         tokens_per_second=rec.tokens_per_second, mfu=rec.mfu, dp_reduce_enter_ns=rec.dp_reduce_enter_ns,
-        dp_reduce_lag_s=s.reduce_lag_seconds, max_rss_mib=rec.max_rss_mib)
+        dp_reduce_lag_s=s.reduce_lag_seconds, max_rss_mib=rec.max_rss_mib,
+        attempt=rec.attempt)
 
 
 def _finite(value: float | None) -> float | None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from inprocess.abort import GenerationSockets
 from inprocess.leave import leave_process_group
+from wire import rank_env
 from wire.warm_plan import Plan, key
 
 WATCH_EVERY_S = 0.05
@@ -83,7 +84,10 @@ class GenerationLoop:
 
     def _generation(self, plan: Plan, run: Run) -> str:
         rank, world = plan.assign[self.worker], plan.world
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(plan.local_rank[self.worker]))
+        # NOTE: the attempt too: each step record says which attempt it is of (exporters/client.py), and a step this
+        # process finishes in an aborted generation must not pass for the next one's (healer/observe/jobview.py).
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(plan.local_rank[self.worker]),
+                          **{rank_env.ATTEMPT: str(plan.generation)})
         started = time.monotonic()
         sockets = GenerationSockets(self.keep)
         # NOTE: the generation's rendezvous goes through a store connection of its own, opened after the sockets

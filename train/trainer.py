@@ -39,6 +39,7 @@ from train.records import StepRecordWriter, StepTable
 from train.timing import PhaseTimer, TimedAllGather, TimedPipelineWaits, TimedReduceScatter
 from train.warm.replicas import Replicas
 from train.warm.snapshot import Snapshot
+from wire import rank_env
 from wire.phase_now import ENV as PHASE_DIR_ENV
 from wire.phase_now import PhaseBeacon
 from wire.run_paths import RunPaths
@@ -72,6 +73,9 @@ class Trainer:
         self.device = _rank_device(cfg.device)
         self.mesh = _build_mesh(cfg, self.device) if world > 1 else None
         self.place = _rank_place(self.mesh, world)
+        attempt = os.environ.get(rank_env.ATTEMPT, "")
+        self.attempt = int(attempt) if attempt.isdigit() else None
+        """The job's attempt this trainer trains in (a warm worker makes one trainer per attempt): on every record."""
         # Where this rank is now, for the node agent when the job hangs (nothing is written unless asked for).
         self.beacon = PhaseBeacon.from_env(self.place.rank)
         if self.beacon is not None:
@@ -398,7 +402,7 @@ class Trainer:
             # Linux reports ru_maxrss in KiB: the process's peak resident memory so far.
             max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             rank=self.place.rank, local_rank=self.place.local_rank, world_size=self.place.world_size,
-            mesh=self.place.coords(), node=self._host, pid=os.getpid())
+            mesh=self.place.coords(), node=self._host, pid=os.getpid(), attempt=self.attempt)
 
     # ------------------------------------------------------------ the loop
 

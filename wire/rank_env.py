@@ -12,7 +12,8 @@ JOB = "MEGAHEAL_JOB"
 NODE = "MEGAHEAL_NODE"
 """The host's name as the healer knows it."""
 ATTEMPT = "MEGAHEAL_ATTEMPT"
-"""The attempt's number, from 0: one more at every restart the healer orders."""
+"""The attempt's number, from 0: one more at every restart the healer orders. Set for every rank (megaheal's trainer
+too), and by a warm worker as each of its generations begins: every step record says which attempt it is of."""
 RESTART_COUNT = "MEGAHEAL_RESTART_COUNT"
 """Restarts before this attempt: the attempt's number (0 on the first). The rank's bootstrap sets TORCHELASTIC_RESTART_COUNT to it: each
 attempt is a torchrun of its own, whose count would always be 0."""

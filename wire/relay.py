@@ -62,7 +62,9 @@ _KINDS: Final = {"job": "index", "rank": "count", "alive": "flag", "last_seen_ag
                  "local_rank": "maybe-count", "world_size": "maybe-count", "dropped": "count", "step": "maybe-count",
                  "step_time": "number", "step_seconds": "number", "loss": "number", "grad_norm": "number",
                  "tokens_per_second": "number", "mfu": "number", "dp_reduce_enter_ns": "int",
-                 "dp_reduce_lag_s": "number", "max_rss_mib": "number"}
+                 "dp_reduce_lag_s": "number", "max_rss_mib": "number", "attempt": "maybe-count"}
+_OPTIONAL: Final = frozenset({"attempt"})
+"""Columns a relay of an earlier release does not send (empty): every row's value is missing."""
 _GROUPS: Final = {"phases": "number", "mesh": "maybe-count", "events": "maybe-count"}
 _DTYPES: Final = {"count": "<i8", "maybe-count": "<i8", "int": "<i8", "index": "<i8", "age": "<f8", "number": "<f8",
                   "flag": "u1"}
@@ -106,6 +108,7 @@ class RankRows(Struct, frozen=True, kw_only=True, gc=False):
     dp_reduce_enter_ns: Column
     dp_reduce_lag_s: Column
     max_rss_mib: Column
+    attempt: Column = b""
     proc_state: Annotated[str, Meta(max_length=MAX_ROWS, description="one process state letter a row (NUL: none)")]
     phases: Annotated[dict[str, Column], Meta(max_length=64, description="an object of columns")] = {}
     mesh: Annotated[dict[str, Column], Meta(max_length=64, description="an object of columns")] = {}
@@ -122,7 +125,8 @@ class Rows:
 
     def __init__(self, rows: RankRows, n: int) -> None:
         self.n, self.jobs = n, rows.jobs
-        self.columns = {name: _array(f"rows.{name}", getattr(rows, name), kind, n, len(rows.jobs))
+        self.columns = {name: np.full(n, MISSING, dtype=np.int64) if name in _OPTIONAL and not getattr(rows, name)
+                        else _array(f"rows.{name}", getattr(rows, name), kind, n, len(rows.jobs))
                         for name, kind in _KINDS.items()}
         self.groups = {group: {key: _array(f"rows.{group}.{key}", column, kind, n, 0)
                                for key, column in getattr(rows, group).items()} for group, kind in _GROUPS.items()}

@@ -52,6 +52,9 @@ class StepRecord(Struct, kw_only=True):
     """The rank's coordinates: pp, dp, tp."""
     node: str | None = None
     pid: int = 0
+    attempt: int | None = None
+    """The job's attempt the step is of (MEGAHEAL_ATTEMPT; None outside a launcher): a warm worker's process trains
+    in one attempt after another, and a step of the attempt it is leaving may end after the next one began."""
 
 
 def to_line(record: StepRecord) -> dict[str, Any]:

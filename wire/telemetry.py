@@ -95,6 +95,10 @@ class StepBody(Struct, frozen=True, kw_only=True):
     dp_reduce_enter_ns: int | None = None
     """CLOCK_MONOTONIC at which the rank entered the step's dp reduce (comparable within a node)."""
     max_rss_mib: Finite | None = None
+    attempt: Count | None = None
+    """Which of the job's attempts the step belongs to (MEGAHEAL_ATTEMPT when it was sent): a warm worker keeps its
+    process, pid and rank from one attempt to the next, and a step its aborted attempt finished after the next one
+    was planned is not the new attempt's."""
     # The rank's identity again, so that a sidecar that missed the hello (restarted) still knows the rank.
     local_rank: Count | None = None
     node: str | None = None
@@ -170,6 +174,8 @@ class RankEntry(Struct, frozen=True, kw_only=True, gc=False):
     dp_reduce_enter_ns: int | None = None
     dp_reduce_lag_s: Finite | None = None
     max_rss_mib: Finite | None = None
+    attempt: Count | None = None
+    """The attempt its step belongs to (StepBody.attempt), when the rank said."""
     proc_state: ProcState | None = None
     """The kernel's state letter of the rank's process as the sidecar read it (R, S, D, T: stopped by a signal,
     t: by a tracer); None when it is gone or the sender did not say. A hang names a stopped rank by it."""

@@ -364,7 +364,8 @@ class NodeAgent:
         env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
             "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
             rank_env.NODE: self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
-            "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path, phase_now.ENV: str(phase_dir)}
+            "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path, phase_now.ENV: str(phase_dir),
+            rank_env.ATTEMPT: str(order.attempt)}
         # The flight recorder on (gloo's and NCCL's), unless the order or the host says how large: what a hang's
         # evidence reads each rank's last collectives from (exporters/flight_recorder.py). NOTE: TORCH_FR_BUFFER_SIZE
         # since torch 2.9; the older TORCH_NCCL_TRACE_BUFFER_SIZE, when that is what the host sets, still counts
@@ -372,8 +373,7 @@ class NodeAgent:
         if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
             env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
         if order.program is not None:  # a user's program learns who it is from these (wire/rank_env.py)
-            env |= {rank_env.JOB: order.job, rank_env.ATTEMPT: str(order.attempt),
-                    rank_env.RESTART_COUNT: str(order.attempt),
+            env |= {rank_env.JOB: order.job, rank_env.RESTART_COUNT: str(order.attempt),
                     # NOTE: the bootstrap's own imports must not find the user's modules first (a `wire.py` of
                     # theirs for megaheal's wire/): it starts on a safe path and then makes the script's own.
                     "PYTHONSAFEPATH": "1", rank_env.SAFE_PATH_SET: "1"}

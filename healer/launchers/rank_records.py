@@ -23,33 +23,37 @@ def attempt_window(run_dir: Path, attempt: int) -> tuple[float, float | None] | 
     return Journal.of(RunPaths(run_dir).journal).window(attempt)
 
 
-def rank0_steps(run_dir: Path, since: float, until: float | None = None) -> list[StepRecord]:
-    """Rank 0's step records that ended within [since, until) (wire/step_record.py)."""
+def rank0_steps(run_dir: Path, since: float, until: float | None = None,
+                attempt: int | None = None) -> list[StepRecord]:
+    """Rank 0's step records that ended within [since, until) (wire/step_record.py); with `attempt`, not those that
+    say they are of another one (a warm worker's aborted attempt can end a step after the next attempt began)."""
     return [r for r in step_record.read(RunPaths(run_dir).rank_records(0))
-            if r.time >= since and (until is None or r.time < until)]
+            if r.time >= since and (until is None or r.time < until)
+            and (attempt is None or r.attempt is None or r.attempt == attempt)]
 
 
 def first_step(run_dir: Path, attempt: int) -> int | None:
     window = attempt_window(run_dir, attempt)
-    records = rank0_steps(run_dir, *window) if window else []
+    records = rank0_steps(run_dir, *window, attempt=attempt) if window else []
     return records[0].step if records else None
 
 
 def highest_step(run_dir: Path, attempt: int) -> int | None:
     window = attempt_window(run_dir, attempt)
-    records = rank0_steps(run_dir, *window) if window else []
+    records = rank0_steps(run_dir, *window, attempt=attempt) if window else []
     return max(r.step for r in records) if records else None
 
 
-def first_nonfinite_step(run_dir: Path, since: float) -> int | None:
-    """The first step after `since` whose loss or grad norm rank 0 recorded as NaN or infinite."""
-    for rec in rank0_steps(run_dir, since):
+def first_nonfinite_step(run_dir: Path, since: float, attempt: int | None = None) -> int | None:
+    """The first step after `since` (of `attempt`) whose loss or grad norm rank 0 recorded as NaN or infinite."""
+    for rec in rank0_steps(run_dir, since, attempt=attempt):
         if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
             return rec.step
     return None
 
 
-def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config, seen: int | None = None) -> int | None:
+def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config, seen: int | None = None,
+                     attempt: int | None = None) -> int | None:
     """The first step after `since` whose loss is a spike by the loss_spike detector's own test, over every
     step rank 0 recorded (the detector itself sees only the steps the heartbeats sampled).
 
@@ -59,7 +63,7 @@ def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config, seen
     old enough and escalated."""
     lowest = None if seen is None else seen - config.window
     window: list[float] = []
-    for rec in rank0_steps(run_dir, since):
+    for rec in rank0_steps(run_dir, since, attempt=attempt):
         loss = rec.loss
         if len(window) >= config.min_samples and robust_z(loss, window, config.min_mad)[0] > config.threshold \
                 and (lowest is None or rec.step >= lowest):

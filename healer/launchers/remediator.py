@@ -226,9 +226,9 @@ class AgentRemediator:
             return None
         how = fault(kind).bad_step
         if how is BadStep.NONFINITE:
-            return rank_records.first_nonfinite_step(self.sup.cfg.run_dir, window[0])
+            return rank_records.first_nonfinite_step(self.sup.cfg.run_dir, window[0], attempt)
         if how is BadStep.SPIKE:
-            return rank_records.first_spike_step(self.sup.cfg.run_dir, window[0], detector_config, seen)
+            return rank_records.first_spike_step(self.sup.cfg.run_dir, window[0], detector_config, seen, attempt)
         return None
 
     def rank_evidence(self, attempt: int) -> dict[str, Any] | None:

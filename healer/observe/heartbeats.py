@@ -64,6 +64,8 @@ class RankBeat(Struct, frozen=True, gc=False):
     alive = _read("alive")
     pid = _read("pid")
     step = _read("step")
+    attempt = _read("attempt")
+    """The attempt its step belongs to, when the rank said (RankEntry.attempt)."""
     last_seen_age_s = _read("last_seen_age_s")
     """How old the rank's newest record was when the sidecar sent the batch."""
     proc_state = _read("proc_state")

@@ -4,7 +4,10 @@ The heartbeat table keeps every rank a sidecar still reports, and a sidecar repo
 until the new attempt's rank of the same number says hello (or for minutes, when the job came back smaller).
 Under a launcher only the current attempt counts: the view keeps the heartbeats of the processes the launcher
 found for that attempt, and nothing at all of a job whose attempt the healer is stopping (its silence and its
-exits are the healer's own doing). Without a launcher (the service alone) every heartbeat counts.
+exits are the healer's own doing). A warm restart keeps the processes, so a rank's step also says which attempt it
+belongs to (RankEntry.attempt): a step of another attempt does not count (one the aborted attempt finished after
+the next was planned, a NaN of the weights the rollback threw away). Without a launcher (the service alone) every
+heartbeat counts.
 
 The view has the table's reading interface (`ranks()`, `nodes()`, `columns()`, `jobs()`, `processes`), so a
 detector reads a view the way it would read the table. `columns()` is the same ranks as arrays per job
@@ -69,6 +72,7 @@ class TickView:
         # job -> the pids that count (empty: none, the attempt is being stopped), for the jobs a launcher started.
         # Every other job's heartbeats all count.
         keep = {job: frozenset() if view.is_stopping(job) else view.pids(job) for job in view.jobs()}
+        attempts = {job: view.attempt(job) for job in keep}
         node_beats, (received, max_age), job_columns = table.snapshot()
         if not keep:
             # NOTE: the service alone (no launcher): nothing to filter. Filtering 131,072 ranks one by one took most
@@ -77,7 +81,10 @@ class TickView:
 
         def counts(beat: RankBeat) -> bool:
             pids = keep.get(beat.job)
-            return pids is None or beat.pid in pids
+            if pids is None:
+                return True
+            said = beat.attempt
+            return beat.pid in pids and (said is None or said == attempts[beat.job])
 
         nodes = []
         for i, node in enumerate(node_beats):
@@ -96,7 +103,9 @@ class TickView:
             if pids is None:
                 columns[job] = cols
             elif pids:
-                columns[job] = cols.only(np.isin(cols.pid, np.fromiter(pids, dtype=np.int64, count=len(pids))))
+                said = cols.attempt
+                columns[job] = cols.only(np.isin(cols.pid, np.fromiter(pids, dtype=np.int64, count=len(pids)))
+                                         & ((said < 0) | (said == attempts[job])))
         return cls(tuple(nodes), view, columns, histories, received, max_age)
 
     def ranks(self) -> list[RankBeat]:

@@ -40,8 +40,8 @@ step (the trainer's `finishing` event); its process is stopped (kernel state T o
 FLOATS = ("heard_at", "step_time", "step_seconds", "compute_s", "data_wait_s", "dp_reduce_s", "checkpoint_s",
           "loss", "grad_norm", "dp_reduce_lag_s")
 """NaN where the record had no value (compute_s: no phases at all)."""
-INTS = ("rank", "step", "pid", "stage", "node")
-"""step and pid -1 where the record had none; node: an index into RankColumns.node_names."""
+INTS = ("rank", "step", "pid", "stage", "node", "attempt")
+"""step, pid and attempt -1 where the record had none; node: an index into RankColumns.node_names."""
 STOPPED_STATES = ("T", "t")
 """The kernel's states of a process that was stopped (by a signal, or by a tracer)."""
 # NOTE: not `grad_norm_clip`: the global gradient norm is all-reduced over the data-parallel and pipeline groups,
@@ -129,8 +129,8 @@ class JobColumns:
               _NAN if e.step_time is None else e.step_time, _NAN if e.step_seconds is None else e.step_seconds,
               compute, data_wait, dp_reduce, save, _NAN if e.loss is None else e.loss,
               _NAN if e.grad_norm is None else e.grad_norm, _NAN if e.dp_reduce_lag_s is None else e.dp_reduce_lag_s,
-              rank, -1 if step is None else step, -1 if e.pid is None else e.pid, e.mesh.get("pp", 0), node_id, flags,
-              1)
+              rank, -1 if step is None else step, -1 if e.pid is None else e.pid, e.mesh.get("pp", 0), node_id,
+              -1 if e.attempt is None else e.attempt, flags, 1)
 
     def write_rows(self, rank: list[int], rows: np.ndarray, values: dict[str, np.ndarray],
                    row_beats: list[RankBeat | None]) -> None:
@@ -281,7 +281,7 @@ def _row_values(rows: Rows, received: np.ndarray, node_ids: np.ndarray) -> dict[
             "dp_reduce_s": phase("dp_reduce", "dp_gather"), "checkpoint_s": phase("checkpoint"), "loss": col["loss"],
             "grad_norm": col["grad_norm"], "dp_reduce_lag_s": col["dp_reduce_lag_s"], "rank": col["rank"],
             "step": step, "pid": ints(col["pid"], -1), "stage": ints(rows.groups["mesh"].get("pp"), 0),
-            "node": node_ids, "flags": flags}
+            "node": node_ids, "attempt": ints(col["attempt"], -1), "flags": flags}
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,26 @@ def test_it_delivers_hello_step_and_event_records(tmp_path, sidecar_socket) -> N
     c.close()
 
 
+def test_each_step_says_the_attempt_named_in_the_environment_as_it_is_sent(tmp_path, sidecar_socket,
+                                                                         monkeypatch) -> None:
+    # A warm worker's process outlives its attempt: its generation loop sets MEGAHEAL_ATTEMPT as each one begins.
+    from exporters.heartbeat import rank_summary
+    from exporters.ranks import RankState
+    from wire import rank_env
+
+    c = client(tmp_path / "s.sock")
+    monkeypatch.delenv(rank_env.ATTEMPT, raising=False)
+    c.step(step_record(1))
+    monkeypatch.setenv(rank_env.ATTEMPT, "1")
+    c.step(step_record(2))
+    monkeypatch.setenv(rank_env.ATTEMPT, "2")
+    c.step(step_record(3))
+    steps = [decode(sidecar_socket.recv(65536)) for _ in range(4)][1:]  # after the hello
+    assert [(s.body.step, s.body.attempt) for s in steps] == [(1, None), (2, 1), (3, 2)]
+    assert rank_summary(RankState(job="job-a", rank=3, pid=1, last_step=steps[2].body)).attempt == 2
+    c.close()
+
+
 def test_without_a_sidecar_records_are_counted_as_dropped_and_nothing_raises(tmp_path) -> None:
     c = client(tmp_path / "absent.sock")
     c.hello()

@@ -97,3 +97,34 @@ def test_the_tick_view_counts_every_heartbeat_without_a_launcher_and_only_the_at
     assert times(launched) == [(100.0, 1.1), (100.0, 1.1)] and times(plain) == [(100.0, 2.1), (100.0, 1.1)]
     table.processes.stopping("j")
     assert [b.job for b in TickView.of(table).ranks()] == ["other"]
+
+
+@pytest.mark.parametrize("relayed", [False, True])
+def test_a_warm_workers_step_of_an_earlier_attempt_does_not_count_in_the_next_though_its_pid_does(
+        relayed: bool) -> None:
+    # A warm restart keeps the processes: pid 100 finished a step of attempt 1 (NaN weights the rollback is throwing
+    # away) after attempt 2 was planned. Only its step of attempt 2 counts; a step that says no attempt counts by pid.
+    from wire.relay import columns_of, encode_relay
+    from wire.telemetry import HEARTBEAT_SCHEMA, HeartbeatBatch, RankEntry
+
+    def beat(seq: int, attempts: list[int | None]) -> HeartbeatBatch:
+        return HeartbeatBatch(schema=HEARTBEAT_SCHEMA, node="a", seq=seq, sent_at=1.0, ranks=[
+            RankEntry(job="j", rank=i, pid=100 + i, alive=True, last_seen_age_s=0.1, step=17, attempt=attempt)
+            for i, attempt in enumerate(attempts)])
+
+    table = HeartbeatTable(clock=lambda: 100.0)
+
+    def send(batch: HeartbeatBatch) -> None:
+        if relayed:
+            table.ingest_relayed(encode_relay(columns_of("rack-1", batch.seq, 0.0, [(0.0, batch)])))
+        else:
+            table.ingest(batch)
+
+    table.processes.started("j", 2)
+    table.processes.found("j", frozenset({100, 101, 102}))
+    send(beat(1, [1, 2, None]))
+    view = TickView.of(table)
+    assert sorted(b.rank for b in view.ranks()) == [1, 2]
+    assert view.columns()["j"].counts.tolist() == [False, True, True]
+    send(beat(2, [2, 2, None]))  # its first step of attempt 2
+    assert sorted(b.rank for b in TickView.of(table).ranks()) == [0, 1, 2]

@@ -105,6 +105,28 @@ def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sam
     assert first_spike_step(tmp_path, since=0.0, config=calm) is None
 
 
+def test_a_step_an_aborted_warm_attempt_ended_after_the_next_began_is_not_the_next_attempts(tmp_path: Path) -> None:
+    import json
+
+    from healer.launchers.rank_records import first_nonfinite_step, first_step, highest_step
+    from wire.journal import Start, append
+    from wire.run_paths import RunPaths
+
+    # Attempt 1 (warm) trained to step 15 with NaN weights from step 15; attempt 2 was planned at t=116 and rolled
+    # back to step 12, while attempt 1's rank 0 still ended its steps 16 and 17 (NaN) at 116.2 and 116.4.
+    rows = [(s, 100.0 + s, 1, 1.0 if s < 15 else float("nan")) for s in range(16)]
+    rows += [(16, 116.2, 1, float("nan")), (17, 116.4, 1, float("nan")), (12, 117.0, 2, 1.0), (13, 117.5, 2, 1.0)]
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "0.jsonl").write_text("".join(
+        json.dumps({"step": s, "time": t, "attempt": a, "loss": loss, "grad_norm": 1.0}) + "\n"
+        for s, t, a, loss in rows))
+    for attempt, at in ((1, 99.0), (2, 116.0)):
+        append(RunPaths(tmp_path).journal, Start(job="j", attempt=attempt, at=at, nodes=["n1"], resume="memory"))
+    assert first_step(tmp_path, 2) == 12 and highest_step(tmp_path, 2) == 13
+    assert first_nonfinite_step(tmp_path, since=116.0, attempt=2) is None
+    assert first_nonfinite_step(tmp_path, since=116.0) == 16  # what the time window alone made of it
+
+
 def test_the_first_spiking_step_is_the_one_of_the_spike_the_detector_saw_not_an_earlier_blip(tmp_path: Path) -> None:
     import json
 
