@@ -6,7 +6,7 @@
   samples their kernel state, CPU time (a SIGSTOPped rank is 'T') and the phase each says it is in now
   (wire/phase_now.py: what the healer's hang detector times a save or a restore by), and records every exit:
   read from the zombie while it is one, else as vanished until the torchrun agent's failure report says how the rank
-  died;
+  died. The agent's look comes as soon as a rank ends (`wait_for_exit`: its pidfd), not at its next interval;
 - stop: SIGTERM to every rank (the trainer saves a final checkpoint and exits 0), SIGKILL to what is left after the
   grace, then the torchrun agent and whatever it left. Every signal goes only to a process that is still the one
   found (its pid and start time) and carries the attempt's run id, through a pidfd (ground.kill), never
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -81,6 +82,8 @@ class HostAttempt:
     """Set: a stop in progress gives up its grace and kills now."""
     exit_code: int | None = None
     _log: IO[bytes] | None = None
+    _pidfds: dict[int, int] = field(default_factory=dict)
+    """pid -> a pidfd of each rank still running (readable once it ends): what `wait_for_exit` waits on."""
 
     @property
     def run_id(self) -> str:
@@ -138,6 +141,7 @@ class HostAttempt:
             rank, local = env.get("RANK", ""), env.get("LOCAL_RANK", "0")
             if rank.isdigit():
                 self.ranks[pid] = _Rank(int(rank), int(local) if local.isdigit() else 0, pid, t.started)
+                self._watch_exit(pid, t.started)
         for pid, r in self.ranks.items():
             if r.rank in self.exits:
                 continue
@@ -147,6 +151,7 @@ class HostAttempt:
                 self.states[r.rank] = (st.state, st.cpu_seconds, phase)
                 continue
             self.states.pop(r.rank, None)
+            self._unwatch(pid)
             if self.process.poll() is None:
                 # NOTE: torchrun reports exit statuses only after stopping its other workers: a rank that died is
                 # recorded now, with its status while it is still a zombie, as vanished when torchrun reaped it
@@ -155,6 +160,40 @@ class HostAttempt:
         code = self.process.poll()
         if code is not None:
             self._agent_ended(code, now)
+
+    def wait_for_exit(self, timeout: float) -> None:
+        """Return when a rank found so far ends, or after `timeout` seconds.
+
+        NOTE: torchrun reaps a dead worker at its next look (every 0.2 s here), and a zombie is the only place
+        another process can read the exit status from. Looking at the agent's own interval, one crash in two was
+        found already reaped: its cause waited for torchrun's failure report, which comes only once torchrun has
+        stopped the host's other ranks (up to its 30 s close, for a rank blocked in a collective), and a fresh
+        make test named a SIGKILLed rank "vanished". Woken by the pidfd, the look reads the zombie first."""
+        fds = list(self._pidfds.values())
+        if not fds:
+            time.sleep(timeout)
+            return
+        waiting = select.poll()
+        for fd in fds:
+            waiting.register(fd, select.POLLIN)
+        waiting.poll(timeout * 1000)  # NOTE: a closed fd (POLLNVAL) only wakes it early: the next look sorts it out
+
+    def _watch_exit(self, pid: int, started: float) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return  # gone already, or no pidfds (a kernel before 5.3): the next interval's look finds it
+        if procfs.is_same_process(pid, started):
+            self._pidfds[pid] = fd
+        else:
+            os.close(fd)
+
+    def _unwatch(self, pid: int | None = None) -> None:
+        """Close the pidfd of `pid` (every one: None)."""
+        for p in list(self._pidfds) if pid is None else [pid]:
+            fd = self._pidfds.pop(p, None)
+            if fd is not None:
+                os.close(fd)
 
     def _rank_ended(self, r: _Rank, st: procfs.Stat | None, now: float) -> None:
         known = st is not None and st.wait_status is not None
@@ -166,6 +205,7 @@ class HostAttempt:
     def _agent_ended(self, code: int, now: float) -> None:
         assert self.process is not None
         self.exit_code = code
+        self._unwatch()
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -210,7 +210,7 @@ class NodeAgent:
             self.stop()
 
     def _poll_forever(self) -> None:
-        while not self._stop.wait(self.cfg.poll_interval_s):
+        while not self._wait_for_a_look():
             try:
                 self._poll_once()
             except Exception:  # noqa: BLE001 - NOTE: one bad look (a /proc entry or a file gone) is not the end
@@ -219,6 +219,19 @@ class NodeAgent:
                 self.poll_failures += 1
                 log.error("agent %s: a look at the host's ranks failed (%d so far); the next one goes on",
                           self.cfg.node, self.poll_failures, exc_info=True)
+
+    def _wait_for_a_look(self) -> bool:
+        """Wait until the next look: the poll interval, or less when a rank of the attempt ends (a crash: its exit
+        status is read while it is still a zombie, HostAttempt.wait_for_exit). True when the agent stops."""
+        attempt = self.attempt
+        try:
+            if attempt is not None and not attempt.ended:
+                attempt.wait_for_exit(self.cfg.poll_interval_s)
+                return self._stop.is_set()
+        except Exception:  # noqa: BLE001 - NOTE: as a failed look: the agent goes on looking at its interval
+            log.warning("agent %s: waiting for a rank's exit failed; looking at the interval", self.cfg.node,
+                        exc_info=True)
+        return self._stop.wait(self.cfg.poll_interval_s)
 
     def _poll_once(self) -> None:
         self._exit_if_orphaned()

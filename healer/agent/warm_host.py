@@ -204,6 +204,11 @@ class WarmHostAttempt:
             self.ready = True
             self.pool.refill(set(), self.attempt)
 
+    def wait_for_exit(self, timeout: float) -> None:
+        """The node agent's wait between two looks (HostAttempt.wait_for_exit): the pool's workers are the agent's
+        own children, whose exit statuses it reads whenever it looks."""
+        time.sleep(timeout)
+
     def poll(self) -> None:
         if self.ended or self.superseded:
             return

@@ -43,6 +43,9 @@ class _Attempt:
     def report(self) -> None:
         return None
 
+    def wait_for_exit(self, timeout: float) -> None:
+        time.sleep(timeout)
+
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Any:
