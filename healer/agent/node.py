@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ground import procfs
+from ground.names import name_path
 from healer.agent import rank_evidence
 from healer.agent.host import HostAttempt
 from healer.agent.order_book import OrderBook
@@ -462,13 +463,13 @@ class NodeAgent:
             return Adopted(adopted=order.attempt, pid=found.process.pid)
 
     def _attempt_dir(self, order: StartOrder | AdoptOrder) -> Path:
-        return self.cfg.work_dir / f"{order.job}-attempt-{order.attempt:03d}"
+        return name_path(self.cfg.work_dir, f"{order.job}-attempt-{order.attempt:03d}")
 
     def _phase_dir(self, job: str, attempt: int) -> Path:
         """Where the attempt's ranks say which phase they are in (wire/phase_now.py). NOTE: on the host's own
         scratch disk, not under the run directory: that is shared between hosts on a cluster, and a page mapped
         from a network filesystem is written back over the network."""
-        return (self.cfg.scratch_dir / "megaheal-phase" / f"{job}-attempt-{attempt:03d}").absolute()
+        return name_path(self.cfg.scratch_dir / "megaheal-phase", f"{job}-attempt-{attempt:03d}").absolute()
 
     def _evidence(self, order: EvidenceOrder) -> Evidence:
         """What each rank of the attempt here is doing, read from outside (nothing is signalled or stopped)."""

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ground.names import name_path
+
 
 class AgentFleet(Protocol):
     healer_url: str
@@ -91,4 +93,4 @@ class AgentSettings:
 
     def work_dir(self, node: str) -> Path:
         """The agent's own directory: its log, its URL file, each attempt's logs of its host."""
-        return (self.run_dir / "nodes" / node / "agent").absolute()
+        return (name_path(self.run_dir / "nodes", node) / "agent").absolute()

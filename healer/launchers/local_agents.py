@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ground import procfs
+from ground.names import name_path
 from healer.launchers import agent_registry
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.fleet import AgentSettings, Launch
@@ -82,7 +83,7 @@ class LocalAgents(AgentSettings):
     @staticmethod
     def scratch_dir(run_dir: Path, node: str) -> Path:
         """The host's local disk: its ranks' TMPDIR (what a node-local NVMe is on a cluster)."""
-        return run_dir / "nodes" / node / "tmp"
+        return name_path(run_dir / "nodes", node) / "tmp"
 
     def start(self, nodes: list[str]) -> dict[str, str]:
         """Start an agent for each host and wait until they serve; their URLs."""

@@ -28,7 +28,7 @@ from wire.telemetry import SchemaError, build_record, decode_batch
 
 pytestmark = pytest.mark.unit
 
-BAD = ["my run", "jöb", "job\n", "-job", "", "a" * 254, "job\x00"]
+BAD = ["my run", "jöb", "job\n", "-job", "", "a" * 254, "job\x00", "a/../../../etc", "team/job", "a..b", ".hidden"]
 HELLO = {"local_rank": 0, "node": "h", "world_size": 1, "mesh": {}}
 
 
@@ -60,15 +60,38 @@ def test_it_refuses_a_bad_name_wherever_a_job_or_node_name_enters(tmp_path: Path
 
 
 def test_it_accepts_the_names_clusters_use() -> None:
-    for name in ("job-7", "llama3_70b.run2", "2024-06-01", "node-001.cluster.local", "team/job@v2", "a" * 253):
+    for name in ("job-7", "llama3_70b.run2", "2024-06-01", "node-001.cluster.local", "team.job@v2", "a" * 253):
         assert check_name(name, "job") == name
         build_record("hello", name, 0, 1, 0, HELLO)
+
+
+def test_a_path_made_from_names_stays_under_its_parent(tmp_path: Path) -> None:
+    from ground.names import name_path
+
+    assert name_path(tmp_path, "job-7-attempt-003") == tmp_path / "job-7-attempt-003"
+    assert name_path(tmp_path, "a" * 243 + "-attempt-003").parent == tmp_path  # 255: the longest a file name is
+    for part in ("..", "../x", "a/../../etc", "/etc", ".hidden", "a..b", "", "a" * 256):
+        with pytest.raises(ValueError, match="cannot name a directory under"):
+            name_path(tmp_path, "fine", part)
+
+
+def test_an_agent_refuses_a_start_order_for_a_job_whose_name_would_leave_its_directory() -> None:
+    import msgspec
+
+    from wire.orders import decode_order
+
+    order = {"kind": "start", "id": "x", "job": "a/../../../etc", "attempt": 0, "nnodes": 1, "node_rank": 0,
+             "nproc_per_node": 1, "run_dir": "/tmp/r", "config": "c.yaml"}
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.job"):
+        decode_order(json.dumps(order).encode())
+    decode_order(json.dumps({**order, "job": "a-etc"}).encode())  # the same order with a name
 
 
 def test_it_makes_a_valid_job_name_from_any_run_directory() -> None:
     assert derive_name("my run") == "my-run"
     assert derive_name("2024-06-01") == "2024-06-01"
     assert derive_name("..hidden run ☃") == "hidden-run-"
+    assert derive_name("team/job..v2") == "team-job.v2"
     unusable = derive_name("ランダム")
     assert unusable.startswith("run-") and unusable != derive_name("別の")  # two such directories stay apart
     assert job_name(None, Path("runs/my run"), resume=False) == "my-run"
