@@ -53,7 +53,10 @@ PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "pp_wait", "dp_redu
 # NOTE: msgspec has no "finite" constraint; the largest float as both bounds refuses NaN and the infinities.
 # NOTE: every struct keeps msgspec's default forbid_unknown_fields=False: that is what lets a newer sender add fields.
 
-Count = Annotated[int, Meta(ge=0, description="an integer >= 0")]
+# NOTE: integers bounded to 64 bits: the healer packs them into int64 columns (healer/observe/rank_columns.py), where
+# a larger one raised struct.error half-way through a batch (a 500, and the batch half stored).
+Count = Annotated[int, Meta(ge=0, le=2**63 - 1, description="an integer >= 0 and below 2^63")]
+Int64 = Annotated[int, Meta(ge=-(2**63) + 1, le=2**63 - 1, description="an integer of 64 bits")]
 Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max, description="a finite number")]
 Flag = Annotated[bool, Meta(description="true or false")]
 Number = Annotated[float, Meta(description="a number (NaN and infinities allowed)")]
@@ -92,7 +95,7 @@ class StepBody(Struct, frozen=True, kw_only=True):
     tokens_per_second: Finite | None = None
     mfu: Finite | None = None
     phases: Phases = {}
-    dp_reduce_enter_ns: int | None = None
+    dp_reduce_enter_ns: Int64 | None = None
     """CLOCK_MONOTONIC at which the rank entered the step's dp reduce (comparable within a node)."""
     max_rss_mib: Finite | None = None
     attempt: Count | None = None
@@ -171,7 +174,7 @@ class RankEntry(Struct, frozen=True, kw_only=True, gc=False):
     """Which of loss and grad_norm were not finite (and are null here), e.g. {"loss": "nan"}."""
     tokens_per_second: Finite | None = None
     mfu: Finite | None = None
-    dp_reduce_enter_ns: int | None = None
+    dp_reduce_enter_ns: Int64 | None = None
     dp_reduce_lag_s: Finite | None = None
     max_rss_mib: Finite | None = None
     attempt: Count | None = None

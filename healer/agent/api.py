@@ -54,6 +54,8 @@ def create_app(agent: NodeAgent) -> Starlette:
             return refuse(400, str(exc), _field(str(exc)))
         except msgspec.DecodeError as exc:
             return refuse(400, f"not a JSON order: {exc}", "body")
+        except RecursionError:  # NOTE: msgspec skips an unknown field's value recursively: 64 KiB of '[' is too deep
+            return refuse(400, "not a JSON order: nested too deeply", "body")
         try:
             state, _ = agent.submit(order)
         except Conflict as exc:

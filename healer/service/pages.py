@@ -145,7 +145,8 @@ def _text(value: str, name: str) -> str:
 
 
 def _number(value: str, name: str) -> int:
-    if not value.isdigit() or len(value) > 18:
+    # NOTE: ASCII digits only: "²".isdigit() is True and int("²") raises (a 500 on /incidents/%C2%B2)
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
         raise PageError(400 if name == "offset" else 404, f"{name} must be a whole number, got {value[:40]!r}")
     return int(value)
 

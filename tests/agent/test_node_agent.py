@@ -4,11 +4,13 @@ batches carrying the host's part of the attempt to a healer's table."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -64,6 +66,11 @@ def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field
     hostile = {**start_order(tmp_path), "env": {"LD_PRELOAD": "/tmp/x.so"}}
     with pytest.raises(RequestFailed, match="400.*env"):
         post(node.url, hostile)  # only GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ settings reach a rank
+    # An unknown field nested 20,000 deep (msgspec skips it recursively): refused, not a 500.
+    deep = json.dumps(start_order(tmp_path))[:-1] + ', "extra": ' + "[" * 20000 + "]" * 20000 + "}"
+    answer = httpx.post(f"{node.url}/v1/orders", content=deep, headers={"Authorization": f"Bearer {TOKEN}"},
+                        timeout=10)
+    assert answer.status_code == 400 and "nested too deeply" in answer.text, answer.text
 
 
 @pytest.mark.multiprocess

@@ -113,6 +113,10 @@ def test_each_field_of_the_wrong_type_is_refused_by_name(field: str, where: tupl
     ("ranks[0].last_event.name", ("ranks", "last_event", {"name": "", "time": 1.0}), "an event name of 1-64"),
     ("gpus[0].xid_counts[...]", ("gpus", "xid_counts", {"79": -1}), "expected an integer >= 0"),
     ("ranks[0].job", ("ranks", "job", None), "got null"),
+    # Past 64 bits: the healer's int64 columns cannot hold them (once a struct.error, a 500 and half a batch stored).
+    ("ranks[0].pid", ("ranks", "pid", 2**63), "below 2^63"),
+    ("ranks[0].step", ("ranks", "step", 2**64), "below 2^63"),
+    ("ranks[0].dp_reduce_enter_ns", ("ranks", "dp_reduce_enter_ns", -(2**63)), "an integer of 64 bits"),
 ])
 def test_values_outside_the_limits_are_refused_by_name(field: str, where: tuple[str | None, str, Any], text: str) -> None:
     with pytest.raises(BadRequest) as refused:

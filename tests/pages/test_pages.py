@@ -98,6 +98,9 @@ def test_it_serves_pages_that_allow_no_script_and_only_their_own_stylesheet(serv
     trace = client.get(f"/jobs/{JOB}/trace.json")
     assert trace.json()["otherData"]["ranks"] == 4 and "attachment" in trace.headers["content-disposition"]
     assert client.get("/jobs/unknown/trace.json").status_code == 404
+    # Digits that are not ASCII ones are no incident's number: a 404, not a 500.
+    for path in ("/incidents/%C2%B2", "/incidents/%D9%A3", "/incidents?offset=%C2%B2"):
+        assert client.get(path).status_code in (400, 404), path
 
 
 def test_it_shows_every_hostile_value_as_text(served: tuple[TestClient, int, int]) -> None:
