@@ -58,7 +58,9 @@ def page_routes(healer: Healer, readiness: Readiness, token: str, sources: Sourc
         async def run(request: Request) -> Response:
             try:
                 if not readiness.ready:
-                    raise PageError(503, f"database unavailable: {readiness.reason}")
+                    # NOTE: not the reason: it names the database's host, port, user and name, and the pages are
+                    # read without a token (the reason is logged, and shown by /readyz to a caller with one).
+                    raise PageError(503, "database unavailable; try again")
                 return secured(await handler(request))
             except PageError as exc:
                 return _error(exc.status, str(exc))

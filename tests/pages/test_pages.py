@@ -155,3 +155,18 @@ def test_the_report_shows_each_host_with_its_role_and_its_slurm_state_at_the_end
     table = page[page.index('<table class="hosts">'):]
     table = table[:table.index("</table>")]
     assert "<td>n1</td>" in table and "0: trained" in table and "IDLE+DRAIN (megaheal: incident 1)" in table
+
+
+def test_a_database_that_is_down_is_said_without_naming_its_host_user_or_database(healer: Healer) -> None:
+    from healer.incidents.db import make_engine
+
+    down = make_engine("postgresql+psycopg://secret_user@127.0.0.1:1/secret_db")
+    readiness = Readiness(lambda: ensure_schema(down))
+    readiness.probe()
+    assert "secret_user" in readiness.reason or "127.0.0.1" in readiness.reason  # what must not reach a visitor
+    app = Starlette(routes=page_routes(healer, readiness, TOKEN, Sources(engine=down, run_roots=())))
+    with TestClient(app, raise_server_exceptions=True) as client:
+        for path in ("/incidents", "/incidents/1", f"/jobs/{JOB}"):
+            page = client.get(path)
+            assert page.status_code == 503 and "database unavailable" in page.text, path
+            assert not any(word in page.text for word in ("secret_user", "secret_db", "127.0.0.1")), page.text
