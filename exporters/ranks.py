@@ -29,6 +29,9 @@ class RankState:
     job: str
     rank: int
     pid: int
+    started: float | None = None
+    """When the process started (seconds after boot), read at its first record: a later process given the same pid
+    is not this rank (None: it was gone before it could be read)."""
     local_rank: int | None = None
     node: str | None = None
     world_size: int | None = None
@@ -54,8 +57,9 @@ class RankState:
 class RankTable:
     """Thread-safe table of ranks keyed by (job, rank); the newest process of a rank replaces the old one.
 
-    A rank is alive while its process is (a zombie, dead but not yet reaped, is not). Its kernel state goes with
-    it: a rank stopped by a signal (T) is alive and does nothing, which names it when its job hangs.
+    A rank is alive while its process is (a zombie, dead but not yet reaped, is not), the same process: its pid and
+    the start time read at its first record (a pid the kernel gave to another process since is not the rank). Its
+    kernel state goes with it: a rank stopped by a signal (T) is alive and does nothing, which names it when its job hangs.
     NOTE: that needs the sidecar in the ranks' PID namespace (same host, or a pod sharing its PID namespace).
 
     A rank silent for forget_after_s is forgotten, whether its process lives or not: a process that stopped
@@ -69,12 +73,13 @@ class RankTable:
         process_state: Callable[[int], str | None] = procfs.state,
         forget_after_s: float = 600.0,
         max_ranks: int = 256,
+        start_time: Callable[[int], float | None] = procfs.start_time,
     ) -> None:
         if forget_after_s <= 0:
             raise ValueError(f"forget_after_s must be > 0, got {forget_after_s}")
         if max_ranks < 1:
             raise ValueError(f"max_ranks must be >= 1, got {max_ranks}")
-        self._clock, self._process_state = clock, process_state
+        self._clock, self._process_state, self._start_time = clock, process_state, start_time
         self._forget_after_s, self._max_ranks = forget_after_s, max_ranks
         self._ranks: dict[tuple[str, int], RankState] = {}
         self._lock = threading.Lock()
@@ -93,7 +98,8 @@ class RankTable:
                     self.rejected += 1
                     return
                 # A new process for this rank (a restart): start afresh, the old one's numbers are not its own.
-                state = RankState(job=message.job, rank=message.rank, pid=message.pid, first_seen=now)
+                state = RankState(job=message.job, rank=message.rank, pid=message.pid, first_seen=now,
+                                  started=self._start_time(message.pid))
                 self._ranks[key] = state
             state.last_seen = now
             state.dropped = max(state.dropped, message.dropped)
@@ -129,7 +135,8 @@ class RankTable:
             states = [replace(s, events=Counter(s.events), mesh=dict(s.mesh)) for s in self._ranks.values()]
         for state in states:
             state.age_seconds = now - state.last_seen
-            state.proc_state = self._process_state(state.pid)
+            same = state.started is not None and self._start_time(state.pid) == state.started
+            state.proc_state = self._process_state(state.pid) if same else None
             state.alive = procfs.state_is_alive(state.proc_state)
         _fill_reduce_lag(states)
         return sorted(states, key=lambda s: (s.job, s.rank))

@@ -58,7 +58,7 @@ def value(samples, name: str, **labels) -> float:
 
 
 def test_every_rank_stays_within_the_series_budget_and_promtool_passes() -> None:
-    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S")
+    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S", start_time=lambda pid: 1.0)
     for rank in range(4):
         table.observe(hello(rank))
         extra_phases = {f"extra_{i}": 0.001 for i in range(6)}  # a future trainer's phases: still capped
@@ -84,9 +84,23 @@ def test_every_rank_stays_within_the_series_budget_and_promtool_passes() -> None
     assert (code, problems) == (0, []), problems
 
 
+def test_a_ranks_pid_given_to_another_process_is_not_the_rank_alive() -> None:
+    # The rank's process ended and the kernel gave its pid to another one (it runs, state S): by its start time,
+    # not the rank. Once gone before its first record was read, a rank is not alive under that pid either.
+    started = {100: 5.0}
+    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S", start_time=lambda pid: started.get(pid))
+    table.observe(hello(0))
+    assert [(s.alive, s.proc_state) for s in table.snapshot()] == [(True, "S")]
+    started[100] = 9.0  # another process now
+    assert [(s.alive, s.proc_state) for s in table.snapshot()] == [(False, None)]
+    table.observe(message("hello", 1, {"local_rank": 1, "node": "h", "world_size": 2, "mesh": {}}, pid=777))
+    assert [(s.rank, s.alive) for s in table.snapshot()] == [(0, False), (1, False)]
+
+
 def test_silent_dead_and_restarted_ranks_are_told_apart() -> None:
     clock, dead = FakeClock(), set()
-    table = RankTable(clock=clock, process_state=lambda pid: None if pid in dead else "S", forget_after_s=60)
+    table = RankTable(clock=clock, process_state=lambda pid: None if pid in dead else "S", forget_after_s=60,
+                      start_time=lambda pid: 1.0)
     for rank in range(2):
         table.observe(hello(rank, dropped=5))
         table.observe(message("step", rank, step_record(10, rank=rank), dropped=5))
@@ -113,7 +127,7 @@ def test_silent_dead_and_restarted_ranks_are_told_apart() -> None:
 
 
 def test_the_reduce_lag_compares_ranks_at_the_same_step() -> None:
-    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S")
+    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S", start_time=lambda pid: 1.0)
     enter = {0: 5_000_000_000, 1: 5_250_000_000, 2: 5_010_000_000}
     for rank, ns in enter.items():
         table.observe(message("step", rank, step_record(4, rank=rank, dp_reduce_enter_ns=ns)))
@@ -124,7 +138,7 @@ def test_the_reduce_lag_compares_ranks_at_the_same_step() -> None:
 
 
 def test_a_table_refuses_ranks_beyond_its_bound() -> None:
-    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S", max_ranks=2)
+    table = RankTable(clock=FakeClock(), process_state=lambda pid: "S", max_ranks=2, start_time=lambda pid: 1.0)
     for rank in range(3):
         table.observe(hello(rank))
     assert len(table) == 2 and table.rejected == 1

@@ -210,7 +210,7 @@ def test_a_ranks_first_nonfinite_step_is_held_for_the_next_heartbeat_whatever_co
     from exporters.ranks import RankTable
     from wire.telemetry import build_record
 
-    table = RankTable(process_state=lambda pid: "S")
+    table = RankTable(process_state=lambda pid: "S", start_time=lambda pid: 1.0)
     for step, loss in ((10, 2.0), (11, float("nan")), (12, float("nan")), (13, 1.5)):
         table.observe(build_record("step", "job-a", 1, 4242, 0, step_record(step, rank=1, loss=loss)))
     assert [s.last_step.step for s in table.snapshot()] == [13]  # metrics: the newest step
