@@ -19,6 +19,7 @@ import ctypes
 import logging
 import os
 import re
+import secrets
 import stat
 from pathlib import Path
 
@@ -48,8 +49,10 @@ def check_token(token: str, source: str) -> str:
 def read_secret(path: str | Path, what: str, private: bool = False) -> str:
     """The content of secret file `path` without surrounding whitespace, after checking who can change it (see the
     module docstring). `what` says what the secret is for, in messages. Raises SecretError."""
+    # NOTE: a private file (one the run wrote itself, replace_private) is never a link: one there was put by someone else.
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | (os.O_NOFOLLOW if private else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, flags)
     except OSError as exc:
         raise SecretError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
     try:
@@ -103,6 +106,24 @@ def write_private(path: Path, text: str) -> bool:
             return False
         _fsync_dir(path.parent)
         return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_private(path: Path, text: str) -> None:
+    """Put `text` at `path`, mode 0600, replacing whatever is there (a symlink is replaced, not followed), durably:
+    a new file written and fsynced under another name, renamed over `path`, the directory fsynced. For a file the
+    run writes and reads back with read_secret(private=True) (its token, its agents' URLs): its mode and place are
+    never an existing file's or link's."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 

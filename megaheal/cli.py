@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from ground.typedconfig import ConfigError
+
+if TYPE_CHECKING:  # NOTE: the CLI imports what each command needs when it runs
+    from healer.runner.run import ProgramLaunch
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Keep large distributed training jobs healthy.")
 
@@ -142,12 +145,13 @@ def agent(
     import socket
     from pathlib import Path
 
+    from ground.secretfile import check_token, read_secret, replace_private
     from healer.agent.node import NodeAgent, agent_socket_path
     from healer.compose_agent import node_agent as compose_node_agent
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        token = Path(token_file).read_text().strip()
+        token = check_token(read_secret(token_file, "job token"), token_file)
         work = Path(work_dir)
         scratch = Path(scratch_dir) if scratch_dir else work / "tmp"
         name = node or socket.gethostname()
@@ -167,9 +171,7 @@ def agent(
             while not node_agent.url:
                 threading.Event().wait(0.02)
             # Whole or not at all: the launcher may read it from another host (a shared filesystem) at any moment.
-            tmp = Path(f"{url_file}.tmp")
-            tmp.write_text(node_agent.url + "\n")
-            tmp.replace(url_file)
+            replace_private(Path(url_file), node_agent.url + "\n")
 
         threading.Thread(target=write_url, daemon=True).start()
     node_agent.serve_forever()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
+from ground.secretfile import SecretError, read_secret, replace_private
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
 from wire.orders import ReportOrder
 from wire.run_paths import RunPaths
@@ -26,17 +26,21 @@ def save(run_dir: Path, urls: dict[str, str]) -> dict[str, str]:
     """Record the agents' URLs (whole or not at all: a healer dying meanwhile leaves the previous file); `urls`."""
     target = path(run_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(urls) + "\n")
-    os.replace(tmp, target)
+    # NOTE: 0600, as the token: the healer sends its token to the URLs it reads back from here.
+    replace_private(target, json.dumps(urls) + "\n")
     return urls
 
 
 def load(run_dir: Path) -> dict[str, str]:
     """The agents the run's launcher last recorded; {} when none were."""
+    where = path(run_dir)
+    if not where.exists():
+        return {}
     try:
-        return dict(json.loads(path(run_dir).read_text()))
-    except (FileNotFoundError, ValueError):
+        return dict(json.loads(read_secret(where, "agents' URLs", private=True)))
+    except (SecretError, ValueError) as exc:
+        # NOTE: a file someone else could have written names where the healer would send its token: not read.
+        log.error("the run's agents are not taken from %s: %s", where, exc)
         return {}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import time
@@ -21,25 +20,15 @@ from typing import IO, Any
 
 from ground import procfs
 from ground.names import name_path
+from ground.secretfile import read_secret
 from healer.launchers import agent_registry
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.fleet import AgentSettings, Launch
 from healer.launchers.job_diagnosis import local_env
+from healer.launchers.run_token import read_token
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
-
-
-def write_token(path: Path, token: str | None = None) -> str:
-    """The job's token in a file only its owner can read (agents read it; it never goes into an environment)."""
-    token = token or secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return token
 
 
 @dataclass(slots=True)
@@ -100,7 +89,8 @@ class LocalAgents(AgentSettings):
                 proc.kill()
                 tail = log_path.read_text(errors="replace").splitlines()[-5:] if log_path.exists() else []
                 raise RuntimeError(f"the agent of {node} did not start: {' | '.join(tail) or 'no output'}")
-            self.agents[node] = LocalAgent(node, url_file.read_text().strip(), proc, log_path, agent_log)
+            self.agents[node] = LocalAgent(node, read_secret(url_file, "agent's URL", private=True), proc, log_path,
+                                           agent_log)
         return self._registered()
 
     hosts_are_local = True
@@ -142,7 +132,7 @@ class LocalAgents(AgentSettings):
         from healer.compose_agent import node_agent
 
         work = self.work_dir(node)
-        cfg = NodeAgent.Config(node=node, token=self.token_file.read_text().strip(), work_dir=work,
+        cfg = NodeAgent.Config(node=node, token=read_token(self.token_file), work_dir=work,
                                scratch_dir=self.scratch_dir(self.run_dir, node), healer_url=self.healer_url,
                                socket_path=agent_socket_path(node, work),
                                python=self.python, cwd=self.cwd, extra_env=self.extra_env)
@@ -171,7 +161,7 @@ class LocalAgents(AgentSettings):
         """After a healer died: its agents outlived it (sessions of their own). Those that still answer, with the run's
         token, are kept and told to report here; the hosts whose agent is gone get a new one. Their URLs."""
         known = self.known()
-        token = self.token_file.read_text().strip()
+        token = read_token(self.token_file)
         for node in nodes:
             url = known.get(node)
             if url is not None and agent_registry.redirect(node, url, token, self.healer_url):
@@ -222,7 +212,7 @@ class LocalAgents(AgentSettings):
 
     def stop(self) -> None:
         """End the agents (the job's ranks must already be stopped: an agent leaves them as they are); twice is once."""
-        token = self.token_file.read_text().strip() if self.token_file.exists() else ""
+        token = read_token(self.token_file) if self.token_file.exists() else ""
         adopted: list[int] = []
         for agent in self.agents.values():
             if agent.in_process is not None:

@@ -30,10 +30,12 @@ from pathlib import Path
 from typing import IO
 
 from ground import slurm
+from ground.secretfile import read_secret
 from ground.slurm import SlurmError
 from healer.launchers import agent_registry
 from healer.launchers.allocation import Allocation
 from healer.launchers.fleet import AgentSettings, Launch
+from healer.launchers.run_token import read_token
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "megaheal-agent:"
@@ -126,7 +128,7 @@ class SlurmAgents(AgentSettings):
         url_file = self.work_dir(step.node) / "url"
         assert step.srun is not None
         while time.monotonic() < deadline and step.srun.poll() is None:
-            url = url_file.read_text().strip() if url_file.exists() else ""
+            url = read_secret(url_file, "agent's URL", private=True) if url_file.exists() else ""
             if url:
                 step.url = url
                 return
@@ -146,7 +148,7 @@ class SlurmAgents(AgentSettings):
         are told to report here; a host whose agent does not answer gets a new one (its old step, if any, is
         cancelled first: an agent that hangs must not hold the host's part twice)."""
         known = agent_registry.load(self.run_dir)
-        token = self.token_file.read_text().strip()
+        token = read_token(self.token_file)
         missing = []
         for node in nodes:
             url = known.get(node)
@@ -201,7 +203,7 @@ class SlurmAgents(AgentSettings):
         cleanly; whatever step is left after `stop_timeout_s` is cancelled. Twice is once."""
         if not self.agents:
             return
-        token = self.token_file.read_text().strip() if self.token_file.exists() else ""
+        token = read_token(self.token_file) if self.token_file.exists() else ""
         for agent in self.agents.values():
             if agent.url:
                 agent_registry.shut_down(agent.node, agent.url, token)

@@ -23,8 +23,9 @@ from healer.launchers.coordinator import Coordinator
 from healer.launchers.drain import Drainer
 from healer.launchers.job_diagnosis import JobDiagnosis
 from healer.launchers.launchers import LauncherConfig, launch
-from healer.launchers.local_agents import LocalAgents, write_token
+from healer.launchers.local_agents import LocalAgents
 from healer.launchers.remediator import AgentRemediator
+from healer.launchers.run_token import read_token, write_token
 from healer.launchers.warm_control import WarmSettings
 from healer.ledger.store import LedgerWriter
 from healer.observe.heartbeats import HeartbeatTable
@@ -165,7 +166,7 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     # job. A healer that takes the run over reads it from there.
     token_file = RunPaths(spec.run_dir).token
     if token is None and token_file.exists():
-        token = token_file.read_text().strip()
+        token = read_token(token_file)
     token = write_token(token_file, token)
     store = IncidentStore(engine, f"megaheal-run:{socket.gethostname()}:{os.getpid()}", handler=f"run:{spec.job}")
     resend = timedelta(seconds=30)

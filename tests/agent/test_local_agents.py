@@ -12,7 +12,8 @@ import pytest
 
 from ground import procfs
 from healer.launchers.agent_client import AgentClient
-from healer.launchers.local_agents import LocalAgents, write_token
+from healer.launchers.local_agents import LocalAgents
+from healer.launchers.run_token import write_token
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.services

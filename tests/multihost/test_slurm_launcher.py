@@ -21,7 +21,7 @@ from healer.incidents.store import IncidentStore
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.allocation import Allocation
 from healer.launchers.drain import Drainer
-from healer.launchers.local_agents import write_token
+from healer.launchers.run_token import write_token
 from healer.launchers.slurm_agents import STEP_PREFIX, SlurmAgents
 from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.reports import ReportServer

@@ -11,11 +11,12 @@ import pytest
 
 from healer.decide.plans import Verdict
 from healer.launchers.coordinator import Coordinator
-from healer.launchers.local_agents import LocalAgents, write_token
+from healer.launchers.local_agents import LocalAgents
 from healer.launchers.node_diagnosis import (
     diagnose_node,
     diagnose_nodes,
 )
+from healer.launchers.run_token import write_token
 from healer.observe.processes import ProcessView
 from healer.ports import HostVerdict, to_verdict
 from healer.runner.chaos import break_scratch
