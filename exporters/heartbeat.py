@@ -27,6 +27,7 @@ from collections.abc import Callable
 import msgspec
 
 from exporters.ranks import RankState
+from ground.httpclient import open_url
 from wire.telemetry import HeartbeatBatch, RankEntry, encode_batch
 
 HEARTBEAT_PATH = "/v1/heartbeats"
@@ -61,7 +62,7 @@ def urllib_post(url: str, body: bytes, headers: dict[str, str], timeout_s: float
     """POST and return the HTTP status; raises OSError (URLError included) when the healer cannot be reached."""
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - URL from the operator
+        with open_url(request, timeout=timeout_s) as response:  # noqa: S310 - URL from the operator
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code

@@ -17,7 +17,6 @@ forwarders then post to the healer directly (exporters/heartbeat.py) until it an
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -28,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters.heartbeat import urllib_post
 from ground.names import check_name
+from ground.secretfile import bearer_matches
 from wire.relay import MAX_NODES_PER_RELAY, NodeColumns, columns_of, encode_relay
 from wire.telemetry import SchemaError, decode_batch
 
@@ -167,5 +167,4 @@ class HeartbeatRelay:
             next_at = max(next_at, time.monotonic() - self.interval_s)
 
     def authorized(self, header: str) -> bool:
-        # NOTE: constant-time, as the healer compares it.
-        return hmac.compare_digest(header.encode(), f"Bearer {self.token}".encode())
+        return bearer_matches(header, self.token)

@@ -1,7 +1,8 @@
 """Outbound HTTP (Prometheus queries, Alertmanager, webhooks) on the standard library, with a timeout always.
 
 Failures become RequestFailed: permanent for a 4xx other than 408/429 (retrying cannot help), transient
-for everything else (5xx, timeouts, refused connections).
+for everything else (5xx, timeouts, refused connections). A redirect is never followed (`open_url`): urllib would
+send the request's Authorization header on to wherever the answer points.
 """
 
 from __future__ import annotations
@@ -12,6 +13,17 @@ import urllib.request
 from typing import Any
 
 MAX_RESPONSE = 16 << 20
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Answers a 3xx as what it is (an HTTPError), instead of asking the new place with the same headers."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+open_url = urllib.request.build_opener(_NoRedirects).open
+"""urllib.request.urlopen without redirects: for every request megaheal sends, a token in it or not."""
 
 
 class RequestFailed(Exception):
@@ -31,7 +43,7 @@ def request_json(method: str, url: str, body: Any = None, headers: dict[str, str
         all_headers["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=data, headers=all_headers, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as response:  # noqa: S310 - URL from the operator
+        with open_url(req, timeout=timeout_s) as response:  # noqa: S310 - URL from the operator
             raw = response.read(MAX_RESPONSE)
     except urllib.error.HTTPError as exc:
         detail = exc.read(2000).decode(errors="replace").strip()

@@ -16,6 +16,7 @@ itself (`read_secret(private=True)`) must be owned by this process's user and ha
 from __future__ import annotations
 
 import ctypes
+import hmac
 import logging
 import os
 import re
@@ -44,6 +45,14 @@ def check_token(token: str, source: str) -> str:
     if not _TOKEN.fullmatch(token):
         raise SecretError(f"{source}: the token may hold printable ASCII characters only, without spaces")
     return token
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """Whether an Authorization header carries `token` as a bearer token: the scheme's name in any case (RFC 9110:
+    "bearer" is "Bearer"), the token compared in constant time (so it cannot be guessed byte by byte from response
+    times)."""
+    scheme, _, given = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(errors="replace"), token.encode())
 
 
 def read_secret(path: str | Path, what: str, private: bool = False) -> str:

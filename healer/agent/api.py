@@ -12,7 +12,6 @@ bounded; a malformed one is a 400 naming the field.
 
 from __future__ import annotations
 
-import hmac
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ground.secretfile import bearer_matches
 from healer.agent.order_book import Conflict
 from wire.orders import decode_order
 
@@ -34,10 +34,8 @@ MAX_BODY = 64 * 1024
 
 
 def create_app(agent: NodeAgent) -> Starlette:
-    expected = f"Bearer {agent.cfg.token}".encode()
-
     def authorized(request: Request) -> bool:
-        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+        return bearer_matches(request.headers.get("authorization"), agent.cfg.token)
 
     def refuse(status: int, message: str, field: str | None = None) -> JSONResponse:
         return JSONResponse({"error": message, "field": field}, status_code=status)

@@ -16,7 +16,6 @@ authenticated callers only). Bad input never reaches a 500.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ground.secretfile import bearer_matches
 from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
 from healer.errors import BadRequest, DatabaseError, IllegalTransition, NotFound
@@ -165,12 +165,8 @@ def _ingest_routes(ingest: Ingest, authorize: Callable[[Request], None], max_bod
 
 
 def _token_check(token: str) -> tuple[Callable[[Request], bool], Callable[[Request], None]]:
-    expected = f"Bearer {token}".encode()
-
     def authorized(request: Request) -> bool:
-        given = request.headers.get("authorization", "").encode()
-        # NOTE: constant-time comparison, so the token cannot be guessed byte by byte from response times.
-        return hmac.compare_digest(given, expected)
+        return bearer_matches(request.headers.get("authorization"), token)
 
     def authorize(request: Request) -> None:
         if not authorized(request):
