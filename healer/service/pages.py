@@ -31,6 +31,7 @@ from healer.errors import DatabaseError, IllegalTransition, NotFound
 from healer.pages import render
 from healer.pages.views import STATES, Filters, Sources, incident_list, incident_view, job_view
 from healer.service.health import Readiness
+from healer.service.requests import Refused, check_person
 
 log = logging.getLogger(__name__)
 MAX_FORM = 16 << 10
@@ -95,9 +96,10 @@ def page_routes(healer: Healer, readiness: Readiness, token: str, sources: Sourc
         # posting here in a person's name: it cannot know it.
         if not hmac.compare_digest(form.get("token", "").encode(), expected):
             raise PageError(401, "wrong or missing API token: ask whoever runs this healer for it")
-        by, note = form.get("by", "").strip(), form.get("note", "")
-        if not 0 < len(by) <= 200 or len(note) > 4000:
-            raise PageError(400, "your name (1-200 characters) and a note of at most 4000 characters, please")
+        try:
+            by, note = check_person(form.get("by", "").strip(), form.get("note", ""))
+        except Refused as exc:  # NOTE: the API's own rule: what one refuses, the other must not store
+            raise PageError(400, f"{exc.field}: {exc}") from None
         await run_in_threadpool(healer.person_action, incident_id, new, by, note)
         return RedirectResponse(f"/incidents/{incident_id}", status_code=303)
 

@@ -108,11 +108,21 @@ def person_fields(body: Any) -> tuple[str, str]:
     """`by` and `note` of an ack or resolve ({} when the request had no body)."""
     if not isinstance(body, dict):
         raise Refused(400, "expected a JSON object", "body")
-    by, note = body.get("by", "operator"), body.get("note", "")
+    return check_person(body.get("by", "operator"), body.get("note", ""))
+
+
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""The marks and overrides that reorder text as it is shown: a note with them can read other than it was written."""
+
+
+def check_person(by: Any, note: Any) -> tuple[str, str]:
+    """Who acts on an incident and their note, as the API and the pages' form take them: a name of printable
+    characters, and a note without control characters (but tab and newline) or direction overrides."""
     if not isinstance(by, str) or not 0 < len(by) <= MAX_NAME or not by.isprintable():
         raise Refused(400, f"expected a name of 1-{MAX_NAME} printable characters", "by")
     if not isinstance(note, str) or len(note) > MAX_NOTE:
         raise Refused(400, f"expected a string of at most {MAX_NOTE} characters", "note")
-    if any(unicodedata.category(c) == "Cc" and c not in "\t\n\r" for c in note):
-        raise Refused(400, "control characters (other than tab and newline) are not allowed", "note")
+    if any((unicodedata.category(c) == "Cc" and c not in "\t\n\r") or c in _BIDI for c in note):
+        raise Refused(400, "control characters (other than tab and newline) and direction marks are not allowed",
+                      "note")
     return by, note

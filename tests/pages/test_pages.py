@@ -118,6 +118,11 @@ def test_it_acts_on_an_incident_only_with_the_token(served: tuple[TestClient, in
     assert client.post(f"/incidents/{hostile}/ack", data=form).status_code == 401
     assert client.post(f"/incidents/{hostile}/ack", data={**form, "token": ""}).status_code == 401
     assert healer.store.state_of(hostile).value == "open"
+    # What the API refuses, the form does too: a control character, a direction override, a name not printable.
+    for bad in ({"note": "fixed\x07"}, {"note": "\u202edenif"}, {"by": "on\u2066call"}):
+        r = client.post(f"/incidents/{hostile}/ack", data={**form, "token": TOKEN, **bad})
+        assert r.status_code == 400, bad
+    assert healer.store.state_of(hostile).value == "open"
     r = client.post(f"/incidents/{hostile}/ack", data={**form, "token": TOKEN}, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == f"/incidents/{hostile}"
     assert healer.store.get(hostile)["acknowledged_by"] == "person:oncall"
