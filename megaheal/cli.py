@@ -228,6 +228,7 @@ def run(
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="training config override KEY=VALUE (repeatable), e.g. steps=20")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="take over --run-dir from a healer that died: stop what it left running and finish its incidents")] = False,
     db: Annotated[Optional[str], typer.Option("--db", help="the healer's database (incidents, host history, restarts, goodput): sqlite:///PATH or postgresql+psycopg://... [default: RUN_DIR/healer.db]")] = None,
+    db_password_file: Annotated[Optional[str], typer.Option("--db-password-file", help="file holding the database's password (kept out of the URL, the environment and every command line)")] = None,
     alertmanager: Annotated[Optional[str], typer.Option("--alertmanager", help="Alertmanager URL; an escalated incident pages from there [default: none]")] = None,
     rules: Annotated[Optional[list[str]], typer.Option("--rules", help="rule file or directory (repeatable) [default: configs/rules/, every detector]")] = None,
     launcher: Annotated[str, typer.Option("--launcher", help="local: the hosts are agents on this machine; slurm: the hosts of the Slurm allocation this runs in (sbatch, salloc), an agent per host via srun")] = "local",
@@ -244,15 +245,17 @@ def run(
     from healer.errors import DatabaseError
     from healer.runner.run import run_job  # torch, rich: imported only here
     from healer.runner.shutdown import RunDirBusy
+    from healer.service.config import read_db_password
 
     try:
         launch = _program_launch(program or [], module, nproc_per_node, nnodes, config)
+        password = read_db_password(db_password_file)
         code = run_job(config or "configs/demo.yaml", Path(run_dir) if run_dir else None, chaos,
                        timedelta(minutes=timeout_min),
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
                        resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
                        launcher=launcher, spares=spares, drain=drain,
-                       standbys=standbys if warm else None, program=launch)
+                       standbys=standbys if warm else None, program=launch, db_password=password)
     except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -291,6 +294,7 @@ def _program_launch(words: list[str], module: bool, nproc_per_node: int | None, 
 def report(
     run_dir: Annotated[str, typer.Argument(help="run directory of a supervised run")],
     db: Annotated[Optional[str], typer.Option("--db", help="the healer's database the run used [default: RUN_DIR/healer.db]")] = None,
+    db_password_file: Annotated[Optional[str], typer.Option("--db-password-file", help="file holding the database's password")] = None,
     html: Annotated[Optional[str], typer.Option("--html", help="also write the run's pages as one self-contained HTML file here")] = None,
 ) -> None:
     """Print a supervised run's incidents and goodput ledger (ETTR); write them to RUN_DIR/report.json."""
@@ -299,12 +303,14 @@ def report(
     from healer.errors import DatabaseError
     from healer.runner.report import load_incidents, write_html
     from healer.runner.report import report as make_report
+    from healer.service.config import read_db_password
 
     try:
-        make_report(Path(run_dir), load_incidents(Path(run_dir), db))
+        password = read_db_password(db_password_file)
+        make_report(Path(run_dir), load_incidents(Path(run_dir), db, password))
         if html:
-            typer.echo(f"html report: {write_html(Path(run_dir), Path(html), db)}")
-    except (FileNotFoundError, ValueError, DatabaseError) as exc:
+            typer.echo(f"html report: {write_html(Path(run_dir), Path(html), db, password)}")
+    except (FileNotFoundError, ValueError, DatabaseError, ConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 

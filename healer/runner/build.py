@@ -63,6 +63,9 @@ class JobSpec:
     """Default: the shipped rule set (configs/rules/), which enables every detector."""
     db_url: str | None = None
     """The healer's database; default: SQLite in the run directory."""
+    db_password: str | None = None
+    """The database's password (megaheal run --db-password-file): given to the driver, never in a URL, an
+    environment or a command line."""
     alertmanager_url: str | None = None
     """Where incidents page from; none by default."""
     public_url: str = "http://127.0.0.1:8470"
@@ -130,6 +133,10 @@ def _settled_nonfinite(rules: RuleSet) -> RuleSet:
     return RuleSet(out, rules.limits)
 
 
+DB_TIMEOUT = timedelta(seconds=10)
+"""The longest a statement or a lock wait of the run's healer may take on PostgreSQL (the service's default too)."""
+
+
 def db_url_of(spec: JobSpec) -> str:
     return spec.db_url or RunPaths(spec.run_dir).database_url
 
@@ -160,8 +167,14 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     if spec.program is not None:
         rules = _settled_nonfinite(rules)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(db_url_of(spec))
-    ensure_schema(engine)
+    # NOTE: the schema under no time limit (a take-over's migration may rewrite big tables), then every statement and
+    # lock wait bounded: a database that stops answering fails the healer's write, it does not hang the loop.
+    migrating = make_engine(db_url_of(spec), password=spec.db_password)
+    try:
+        ensure_schema(migrating)
+    finally:
+        migrating.dispose()
+    engine = make_engine(db_url_of(spec), DB_TIMEOUT, spec.db_password)
     # The run's own token, in a file only this user reads: only this healer and its agents may kill or restart the
     # job. A healer that takes the run over reads it from there.
     token_file = RunPaths(spec.run_dir).token

@@ -6,6 +6,7 @@ keeps in the run directory), the times from the run's journals."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,17 @@ def run_job_name(run_dir: Path) -> str:
     return job
 
 
+READ_TIMEOUT = timedelta(seconds=60)
+"""The longest one of the report's reads may take on PostgreSQL: a database that stopped answering is an error."""
+
+
 def default_db_url(run_dir: Path) -> str:
     return RunPaths(run_dir).database_url
 
 
-def load_incidents(run_dir: Path, db_url: str | None = None) -> list[dict[str, Any]]:
+def load_incidents(run_dir: Path, db_url: str | None = None, password: str | None = None) -> list[dict[str, Any]]:
     """The run's incidents as timeline payloads, from `db_url` (default: the run directory's database)."""
-    engine = make_engine(db_url or default_db_url(run_dir))
+    engine = make_engine(db_url or default_db_url(run_dir), READ_TIMEOUT, password)
     try:
         ensure_schema(engine, create_if_empty=False)
         return [t.to_payload() for t in job_timelines(engine, run_job_name(run_dir))]
@@ -39,11 +44,11 @@ def load_incidents(run_dir: Path, db_url: str | None = None) -> list[dict[str, A
         engine.dispose()
 
 
-def write_html(run_dir: Path, out: Path, db_url: str | None = None) -> Path:
+def write_html(run_dir: Path, out: Path, db_url: str | None = None, password: str | None = None) -> Path:
     """The single-file HTML report of the run (healer.pages.onefile) at `out`; returns its absolute path."""
     from healer.pages.onefile import write_report
 
-    engine = make_engine(db_url or default_db_url(run_dir))
+    engine = make_engine(db_url or default_db_url(run_dir), READ_TIMEOUT, password)
     try:
         ensure_schema(engine, create_if_empty=False)
         return write_report(run_dir, engine, run_job_name(run_dir), out).absolute()

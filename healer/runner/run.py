@@ -83,9 +83,10 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
             metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False,
             db_url: str | None = None, alertmanager_url: str | None = None,
             rules: tuple[str, ...] = (), launcher: str = "local", spares: int = 1, drain: bool | None = None,
-            standbys: int | None = None, program: ProgramLaunch | None = None) -> int:
+            standbys: int | None = None, program: ProgramLaunch | None = None, db_password: str | None = None) -> int:
     """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and hosts go on).
-    `db_url`: the healer's database [default: SQLite in the run dir]; `alertmanager_url`: where incidents page
+    `db_url`: the healer's database [default: SQLite in the run dir], `db_password` its password (from a file, never
+    in the URL); `alertmanager_url`: where incidents page
     from; `rules`: rule files or directories [default: configs/rules/]. `launcher`: local (hosts are agents on
     this machine) or slurm (the hosts of the allocation this runs in, the last `spares` of them kept as spares);
     `drain`: drain hosts proven bad in the scheduler [default: under slurm]. `standbys`: run warm with that many
@@ -111,14 +112,14 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         warm = WarmSettings(standbys=standbys) if standbys is not None else None
         with RunDirLock(run_dir, resume):
             return _run_locked(None, program, run_dir, None, timeout, metrics_port, (), resume, db_url,
-                               alertmanager_url, rules, placement, warm)
+                               alertmanager_url, rules, placement, warm, db_password)
     cfg = load_config(config, list(overrides))
     schedule = load_schedule(chaos_path) if chaos_path else None
     placement = _placement(cfg, launcher, spares, drain)
     warm = WarmSettings(standbys=standbys) if standbys is not None else None
     with RunDirLock(run_dir, resume):
         return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, (*placement.overrides, *overrides),
-                           resume, db_url, alertmanager_url, rules, placement, warm)
+                           resume, db_url, alertmanager_url, rules, placement, warm, db_password)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,11 +198,11 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None)
 def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Path, schedule: Schedule | None,
                 timeout: timedelta, metrics_port: int | None, overrides: tuple[str, ...], resume: bool,
                 db_url: str | None, alertmanager_url: str | None, rules: tuple[str, ...], placement: Placement,
-                warm: WarmSettings | None) -> int:
+                warm: WarmSettings | None, db_password: str | None = None) -> int:
     """`cfg` and `what` (its path) for megaheal's trainer; None and the program's launch for a user's program."""
     start_overrides = schedule.start_overrides(cfg.global_batch) if schedule and cfg else ()
     common = dict(run_dir=run_dir, nodes=placement.nodes, spares=placement.spares,
-                  rules=load_rule_set(list(rules)) if rules else None, db_url=db_url,
+                  rules=load_rule_set(list(rules)) if rules else None, db_url=db_url, db_password=db_password,
                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain)
     if isinstance(what, ProgramLaunch):
         spec = JobSpec(job=job_name(None, run_dir, resume), config=None, program=what.program,
@@ -258,7 +259,7 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
     record_states(run_dir, job.agents, [*spec.nodes, *spec.spares])  # Slurm's say on each host, for the report
     ledger = report(run_dir, incidents(), chaos=chaos.summary() if chaos is not None else None)
     job.close()
-    html = write_html(run_dir, RunPaths(run_dir).report, db_url)
+    html = write_html(run_dir, RunPaths(run_dir).report, db_url, db_password)
     if outcome == "interrupted":
         print(f"outcome: interrupted by {signal.Signals(interrupts.signum or signal.SIGINT).name}: the job was "
               f"stopped; go on with it: megaheal run --run-dir {run_dir} --resume")

@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -43,7 +44,10 @@ class RunDirLock:
 
     def __enter__(self) -> RunDirLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # NOTE: 0600, kept so for a file an older runner made 0644: its holder's command line is no one else's
+        # business (and a URL's password, were one ever given on it, is redacted below as well).
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -61,7 +65,7 @@ class RunDirLock:
                              f"`megaheal run --run-dir {self.run_dir} --resume`, or choose another --run-dir")
         # NOTE: written after the lock is ours, so a refused runner never clobbers the holder's description.
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  "argv": sys.argv}
+                  "argv": [_redacted(a) for a in sys.argv]}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         self._fd = fd
@@ -123,3 +127,11 @@ class Interrupts:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+
+
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
+
+
+def _redacted(arg: str) -> str:
+    """`arg` with the password of any URL in it (scheme://user:PASSWORD@host) replaced by ***."""
+    return _URL_PASSWORD.sub(r"\1***@", arg)

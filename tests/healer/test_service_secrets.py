@@ -52,6 +52,19 @@ def test_the_healer_logs_in_to_postgresql_with_the_password_from_its_file(tmp_pa
             assert status == 503 and "password authentication failed" in body["database"], body
         finally:
             wrong.stop()
+        # The report of a run whose healer used this database: the same password file, and nowhere else.
+        from wire.journal import Start, append
+        from wire.run_paths import RunPaths
+
+        run = tmp_path / "run"
+        run.mkdir()
+        append(RunPaths(run).journal, Start(job="run", attempt=0, at=1.0, nodes=["n1"]))
+        report = subprocess.run([MEGAHEAL, "report", str(run), "--db", url, "--db-password-file",
+                                 _private(tmp_path / "pw2", pg.password)], capture_output=True, text=True, timeout=120)
+        assert report.returncode == 0 and (run / "report.json").exists(), report.stderr[-2000:]
+        refused = subprocess.run([MEGAHEAL, "report", str(run), "--db", url], capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2 and "password" in refused.stderr, refused.stderr[-2000:]
     finally:
         pg.stop()
 

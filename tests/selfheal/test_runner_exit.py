@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,21 @@ def test_it_refuses_a_run_directory_another_runner_holds_and_takes_a_dead_runner
         RunDirLock(tmp_path, resume=False).__enter__()
     with RunDirLock(tmp_path, resume=True):
         pass
+
+
+@pytest.mark.unit
+def test_the_lock_names_its_holder_to_its_user_only_and_never_a_urls_password(tmp_path: Path, monkeypatch) -> None:
+    from healer.runner.shutdown import RunDirLock as Lock
+
+    path = RunPaths(tmp_path).runner_lock
+    path.parent.mkdir(parents=True)
+    path.write_text("{}\n")
+    path.chmod(0o644)  # an older runner's
+    monkeypatch.setattr(sys, "argv", ["megaheal", "run", "--db", "postgresql+psycopg://me:s3cret@db:5432/runs"])
+    with Lock(tmp_path, resume=False) as lock:
+        assert stat.S_IMODE(lock.path.stat().st_mode) == 0o600
+        held = lock.path.read_text()
+    assert "s3cret" not in held and "postgresql+psycopg://me:***@db:5432/runs" in json.loads(held)["argv"]
 
 
 @pytest.mark.services
