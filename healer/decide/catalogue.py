@@ -100,6 +100,8 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
               description="every rank slower in the collectives while compute stays flat"),
     FaultKind("heartbeat_stale", "critical", Remedy.NOTIFY, description="ranks on a host stopped reporting"),
+    FaultKind("healer_blind", "critical", Remedy.NOTIFY,
+              description="the healer hears from few of a job's hosts at once: it acts on no host's silence"),
     FaultKind("host_lost", "critical", Remedy.EXCLUDE_AND_RESTART, stops_job=True, lemon=True, evicts_suspects=True,
               drains_suspects=True, description="a host of the job went silent and the job stopped with it (the host is down or cut off)"),
     # What the healer cannot see itself, told by Prometheus through Alertmanager (deploy/healer/rules/alerts.yaml).

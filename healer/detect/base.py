@@ -93,6 +93,10 @@ class Detector(ABC):
     """Whether it faults a job for silence or a lack of progress (heartbeat_stale, host_lost, hang): such findings
     are not the job's while the healer itself stops, diagnoses or starts it (Healer.evaluate_detectors)."""
 
+    blinds: ClassVar[bool] = False
+    """Whether its findings say the healer cannot hear a job's hosts (healer_blind): while one stands, the job's
+    silence is the healer's, and the findings of the detectors that measure silence are dropped for it."""
+
     @dataclass(kw_only=True, slots=True)
     class Config:
         pass

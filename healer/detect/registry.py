@@ -20,6 +20,7 @@ _BUILTIN: dict[str, str] = {
     "gpu_fault": "healer.detect.gpu_fault:GpuFault",
     "collective_slowdown": "healer.detect.collective_slowdown:CollectiveSlowdown",
     "host_lost": "healer.detect.host_lost:HostLost",
+    "healer_blind": "healer.detect.blind:HealerBlind",
 }
 
 

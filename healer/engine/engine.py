@@ -146,10 +146,15 @@ class Healer:
         state = self.remediator.state() if self.remediator is not None else None
         left_out = set(state.excluded) if state is not None else set()
         acting = _acted_on(state)
+        evaluated = [(rule, detector, detector.evaluate(view, now)) for rule, detector in self.detectors]
+        # NOTE: a job most of whose hosts the healer stopped hearing at once is the healer's blindness, not the hosts'
+        # fault (healer/detect/blind.py): nothing is done on its silence.
+        blind = {f.job for _, detector, result in evaluated if detector.blinds for f in result.firing}
         results = []
-        for rule, detector in self.detectors:
-            result = detector.evaluate(view, now)
+        for rule, detector, result in evaluated:
             kept = tuple(f for f in result.firing if f.node not in left_out)
+            if kept and detector.measures_silence and blind:
+                kept = tuple(f for f in kept if f.job not in blind)
             if kept and detector.measures_silence and acting is not None:
                 # NOTE: while the healer stops, diagnoses or starts the job, its silence and its lack of progress are
                 # the healer's own doing, not a fault of the attempt being replaced or of the one starting.

@@ -54,6 +54,36 @@ def test_a_silent_node_opens_one_incident_that_resolves_when_it_reports_again(tm
     assert got["state"] == "resolved" and got["events"][-1]["evidence"]["reason"] == "stale: healthy again"
 
 
+BLIND = ("- name: lost\n  when: {detector: host_lost, after: 15s}\n"
+         "- name: stale\n  when: {detector: heartbeat_stale, after: 30s}\n"
+         "- name: blind\n  when: {detector: healer_blind, after: 8s}\n")
+
+
+def test_a_healer_that_hears_from_no_host_says_so_once_and_names_no_host(tmp_path: Path) -> None:
+    # Three hosts of a launched job fall silent together (the healer's own link was cut, say) for a minute: each
+    # would be a lost host and a stale node. One blind incident is opened instead, none against a host; once two
+    # of them are heard again, the third, still silent, is a lost host as before.
+    clock = ManualClock()
+    healer = make_healer(tmp_path, BLIND, clock)
+    nodes = ("n1", "n2", "n3")
+    healer.table.processes.started("job", 0, nodes, clock.now)
+    for i, node in enumerate(nodes):
+        healer.ingest_heartbeats(batch(node, [i]))
+    healer.tick_detect()
+    for _ in range(12):
+        clock.now += 5
+        healer.tick_detect()
+    (blind,) = healer.store.list_incidents()
+    assert (blind["kind"], blind["node"], blind["state"]) == ("healer_blind", None, "open"), blind
+    assert "heard from 0 of 3 hosts" in blind["summary"]
+    for seq, node in enumerate(("n1", "n2"), start=1):
+        healer.ingest_heartbeats(batch(node, [nodes.index(node)], seq=seq))
+    healer.tick_detect()
+    assert healer.store.get(blind["id"])["state"] == "resolved"
+    lost = [i for i in healer.store.list_incidents() if i["kind"] == "host_lost"]
+    assert [i["node"] for i in lost] == ["n3"], lost
+
+
 def test_alert_rules_match_by_name_and_labels_and_resolve_with_the_alert(tmp_path: Path) -> None:
     healer = make_healer(tmp_path, '- name: xid\n  when: {alert: GpuXid, labels: {xid: "79"}}\n  severity: critical\n')
     firing = {"status": "firing", "labels": {"alertname": "GpuXid", "xid": "79", "node": "n3", "job": "j"},
