@@ -22,8 +22,22 @@ from msgspec import Meta, Struct
 from wire.telemetry import Count, Finite, Name
 
 OrderId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$", description="an order id")]
-EnvKey = Annotated[str, Meta(pattern=r"^(GLOO|NCCL|TORCH|OMP|CUDA|MKL)_[A-Z0-9_]{1,64}$",
-                             description="a GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ variable")]
+ENV_KEYS = frozenset({
+    "GLOO_SOCKET_IFNAME", "GLOO_DEVICE_TRANSPORT",
+    "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_TIMEOUT", "NCCL_IB_GID_INDEX", "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_CROSS_NIC", "NCCL_ALGO", "NCCL_PROTO", "NCCL_BUFFSIZE",
+    "NCCL_NTHREADS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD",
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
+    "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS",
+})
+"""The variables a start order may set for its ranks, by name. NOTE: by name, not by prefix: `GLOO_`, `NCCL_`,
+`TORCH_`, `CUDA_` also begin variables that load code (CUDA_INJECTION64_PATH, NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN),
+and whoever holds the token would run theirs in every rank."""
+EnvKey = Annotated[str, Meta(pattern=r"^[A-Z][A-Z0-9_]{0,100}$", description="a variable's name")]
+"""Which names a start order may set is checked after (StartOrder), to name the ones refused."""
 EnvValue = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}$", description="a value without NUL")]
 Override = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*=[^\x00]{0,4096}$", description="KEY=VALUE")]
 Endpoint = Annotated[str, Meta(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}:[0-9]{1,5}$", description="HOST:PORT")]
@@ -101,6 +115,9 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     def __post_init__(self) -> None:
         if (self.config is None) == (self.program is None):
             raise ValueError("a start order runs either megaheal's trainer (config) or a user's program (program)")
+        if refused := sorted(set(self.env) - ENV_KEYS):
+            raise ValueError(f"env: an order may not set {', '.join(refused)} (the variables it may set: "
+                             "wire/orders.py ENV_KEYS)")
 
 
 class WorkersOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="workers"):

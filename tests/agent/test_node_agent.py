@@ -65,7 +65,10 @@ def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field
         post(node.url, bad)
     hostile = {**start_order(tmp_path), "env": {"LD_PRELOAD": "/tmp/x.so"}}
     with pytest.raises(RequestFailed, match="400.*env"):
-        post(node.url, hostile)  # only GLOO_/NCCL_/TORCH_/OMP_/CUDA_/MKL_ settings reach a rank
+        post(node.url, hostile)  # only the settings wire/orders.py ENV_KEYS names reach a rank
+    for key in ("CUDA_INJECTION64_PATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "TORCH_EXTENSIONS_DIR"):
+        with pytest.raises(RequestFailed, match="400.*env"):
+            post(node.url, {**start_order(tmp_path), "env": {key: "/tmp/evil.so"}})  # by name, not by prefix
     # An unknown field nested 20,000 deep (msgspec skips it recursively): refused, not a 500.
     deep = json.dumps(start_order(tmp_path))[:-1] + ', "extra": ' + "[" * 20000 + "]" * 20000 + "}"
     answer = httpx.post(f"{node.url}/v1/orders", content=deep, headers={"Authorization": f"Bearer {TOKEN}"},
