@@ -129,8 +129,8 @@ class WorkersOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="wor
 
 class StopOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="stop"):
     id: OrderId
-    attempt: Count | None = None
-    """Stop this attempt (None: whatever runs)."""
+    attempt: Count
+    """Stop this attempt, and nothing else: an order that named none stopped whatever ran, a later attempt too."""
     grace_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0
 
 

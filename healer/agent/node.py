@@ -319,7 +319,7 @@ class NodeAgent:
         if isinstance(order, StopOrder) and order.grace_s == 0:
             with self._lock:
                 attempt = self.attempt
-            if attempt is not None and (order.attempt is None or attempt.attempt == order.attempt):
+            if attempt is not None and attempt.attempt == order.attempt:
                 attempt.hurry.set()
         return self.orders.submit(order)
 
@@ -490,7 +490,7 @@ class NodeAgent:
     def _stop_attempt(self, order: StopOrder) -> Stopped:
         with self._lock:
             attempt = self.attempt
-        if attempt is None or (order.attempt is not None and attempt.attempt != order.attempt):
+        if attempt is None or attempt.attempt != order.attempt:
             return Stopped()
         attempt.stop(order.grace_s)  # NOTE: outside the lock: the poller keeps reporting while it stops
         return Stopped(stopped=attempt.attempt, exit_code=attempt.exit_code)

@@ -66,6 +66,9 @@ def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field
     hostile = {**start_order(tmp_path), "env": {"LD_PRELOAD": "/tmp/x.so"}}
     with pytest.raises(RequestFailed, match="400.*env"):
         post(node.url, hostile)  # only the settings wire/orders.py ENV_KEYS names reach a rank
+    # A stop names the attempt it stops: one that named none stopped whatever ran, a later attempt too.
+    with pytest.raises(RequestFailed, match="400.*attempt"):
+        post(node.url, {"kind": "stop", "id": "stop-any", "grace_s": 0})
     for key in ("CUDA_INJECTION64_PATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "TORCH_EXTENSIONS_DIR"):
         with pytest.raises(RequestFailed, match="400.*env"):
             post(node.url, {**start_order(tmp_path), "env": {key: "/tmp/evil.so"}})  # by name, not by prefix
