@@ -64,12 +64,16 @@ def serve(relay: HeartbeatRelay, listen: str) -> None:
     """Run the relay until SIGINT/SIGTERM (uvicorn's handlers), forwarding all the while."""
     import uvicorn
 
+    from ground.http_serving import guarded_h11
+
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"listen must be HOST:PORT, got {listen!r}")
     relay.start()
     try:
+        # NOTE: bounded as the healer is: a node group's sidecars hold one connection each (ground/http_serving.py)
         uvicorn.Server(uvicorn.Config(create_relay_app(relay), host=host, port=int(port), access_log=False,
-                                      log_config=None, timeout_graceful_shutdown=5)).run()
+                                      log_config=None, timeout_graceful_shutdown=5, limit_concurrency=1024,
+                                      http=guarded_h11(per_peer=64))).run()
     finally:
         relay.stop()

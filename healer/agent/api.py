@@ -95,13 +95,15 @@ def serve(agent: NodeAgent, listen: str) -> tuple[Any, int]:
     """uvicorn on a daemon thread; (server, bound port)."""
     import uvicorn
 
+    from ground.http_serving import guarded_h11
+
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, int(port)))
     config = uvicorn.Config(create_app(agent), access_log=False, log_config=None, limit_concurrency=64,
-                            timeout_graceful_shutdown=2)
+                            http=guarded_h11(per_peer=16), timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="megaheal-agent-api", daemon=True)
     thread.start()

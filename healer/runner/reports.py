@@ -23,11 +23,13 @@ class ReportServer:
         """Serve; the URL the agents post to."""
         import uvicorn
 
+        from ground.http_serving import guarded_h11
+
         host, _, port = self.listen.rpartition(":")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
-        config = uvicorn.Config(self.app, access_log=False, log_config=None,
+        config = uvicorn.Config(self.app, access_log=False, log_config=None, http=guarded_h11(per_peer=64),
                                 limit_concurrency=256, timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="megaheal-reports",

@@ -191,11 +191,17 @@ class Service:
     def serve(self) -> None:
         import uvicorn
 
+        from ground.http_serving import guarded_h11
+
         host, port = split_listen(self.cfg.listen)
         # NOTE: limit_concurrency counts open connections (idle keep-alive ones too) and running requests; past it
         # uvicorn answers 503 at once, so a flood of connections cannot take every file descriptor or worker.
+        # A connection that sends no request within 10 s is closed, and one address may hold a quarter of the bound
+        # at most (ground/http_serving.py): one client's idle connections no longer make every host look lost.
+        bound = fit_open_files(self.cfg.max_connections)
         config = uvicorn.Config(self.app, host=host, port=port, access_log=False, log_config=None,
-                                timeout_graceful_shutdown=5, limit_concurrency=fit_open_files(self.cfg.max_connections))
+                                timeout_graceful_shutdown=5, limit_concurrency=bound,
+                                http=guarded_h11(per_peer=max(1, bound // 4)))
         uvicorn.Server(config).run()
 
 

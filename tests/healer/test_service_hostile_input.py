@@ -92,18 +92,28 @@ def test_it_tells_an_unauthenticated_caller_only_whether_it_is_ready(tmp_path: P
         healer.stop()
 
 
-def _open_idle(url: str, n: int) -> list[socket.socket]:
+def _open_idle(url: str, n: int, source: str = "127.0.0.1") -> list[socket.socket]:
     host, port = url.removeprefix("http://").split(":")
-    return [socket.create_connection((host, int(port)), timeout=5) for _ in range(n)]
+    return [socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0)) for _ in range(n)]
 
 
-def test_it_refuses_connections_beyond_its_bound_at_once_and_serves_again_when_they_close(tmp_path: Path) -> None:
+def test_one_client_cannot_fill_the_bound_and_many_that_do_are_refused_at_once_until_they_close(
+        tmp_path: Path) -> None:
+    # max_connections 8: one address may hold 2 (a quarter); connections that send nothing close after 10 s
+    # (ground/http_serving.py). One client's 12 idle connections leave the healer serving; four clients' 3 each
+    # fill it, and it answers 503 at once until they close.
     (tmp_path / "rules.yaml").write_text("")
     healer = HealerProcess(tmp_path, {"db": f"sqlite:///{tmp_path / 'h.db'}", "rules": [str(tmp_path / "rules.yaml")],
                                       "max_connections": 8}).start()
     idle: list[socket.socket] = []
     try:
-        idle = _open_idle(healer.url, 12)  # a client that opens connections and sends nothing
+        idle = _open_idle(healer.url, 12, "127.0.0.9")
+        time.sleep(0.5)
+        assert status_of(f"{healer.url}/healthz") == 200  # from another address (127.0.0.1)
+        for s in idle:
+            s.close()
+        idle = [s for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
+                for s in _open_idle(healer.url, 3, source)]
         wait_for("the bound to be reached", lambda: status_of(f"{healer.url}/healthz") == 503, 10)
         for s in idle:
             s.close()
