@@ -26,6 +26,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from inprocess.store import BoundStore
 from wire.orders import WarmStart, Worker
 from wire.run_ids import worker_id
 from wire.warm_plan import Plan, key
@@ -72,7 +73,7 @@ class Generation:
 class WarmControl:
     def __init__(self, settings: WarmSettings, *, config: str, run_dir: str, nproc_per_node: int) -> None:
         self.settings, self.config, self.run_dir, self.nproc = settings, config, run_dir, nproc_per_node
-        self._store: dist.TCPStore | None = None
+        self._store: BoundStore | None = None
         self.formed_in: int | None = None
         """The attempt that formed the running pool (None: no pool runs)."""
         self.current: Generation | None = None
@@ -80,9 +81,9 @@ class WarmControl:
     @property
     def store(self) -> dist.TCPStore:
         if self._store is None:
-            self._store = dist.TCPStore(self.settings.advertise, 0, is_master=True, wait_for_workers=False,
-                                        timeout=timedelta(seconds=30))
-        return self._store
+            # NOTE: on the advertised address only (loopback for the local launcher), not every interface
+            self._store = BoundStore(self.settings.advertise, timedelta(seconds=30))
+        return self._store.store
 
     @property
     def endpoint(self) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from inprocess.store import BoundStore
 from wire.run_paths import RunPaths
 from wire.warm_plan import Plan, key
 
@@ -62,6 +63,7 @@ class WarmPool:
         self.timeout_s, self.max_restarts = timeout_s, max_restarts
         self.env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
         self.store: dist.TCPStore | None = None
+        self._bound: BoundStore | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.generation = -1
         self.assign: dict[str, int] = {}
@@ -77,8 +79,8 @@ class WarmPool:
     def start(self) -> None:
         """The store, then every worker (ranks and standbys), then generation 0 once all are up."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=30))
+        self._bound = BoundStore("127.0.0.1", timedelta(seconds=30))  # NOTE: the loopback only (inprocess/store.py)
+        self.store = self._bound.store
         workers = [self._spawn() for _ in range(self.world + self.standbys)]
         self._wait_hello(workers)
         self._plan(workers[:self.world], resume="memory")
