@@ -81,18 +81,18 @@ class Crash(Detector):
             failed = sorted((e for e in exits if e.failed and not (e.vanished and (e.rank in finishing or
                                                                                  ended.get(e.node) == 0))),
                             key=lambda e: e.at)
-            if not failed or now - failed[0].at < self.config.settle.total_seconds():
+            if not failed or now - failed[0].waited_from < self.config.settle.total_seconds():
                 continue
             # NOTE: any exit without its status, not only the first: a peer's echo seen at the same moment (its
             # status read from its zombie) once came first, and the crash fired naming the cause "vanished".
             unknown = [e for e in failed if e.vanished and e.node not in ended]
-            if unknown and now - unknown[0].at < self.config.report_wait.total_seconds():
+            if unknown and now - min(e.waited_from for e in unknown) < self.config.report_wait.total_seconds():
                 continue  # how it died is on its way: torchrun's report, once its host's part has ended
             echoes = all(classify(e.exit_code, e.signal, e.log_tail).peer_failure for e in failed if e.rank is not None)
-            if echoes and now - failed[0].at < self.config.silent_after.total_seconds():
+            if echoes and now - failed[0].waited_from < self.config.silent_after.total_seconds():
                 continue  # only echoes so far: long enough to tell whether the cause's host went silent
             silent = self._silent_hosts(table, job, now) if echoes else []
-            if silent and now - failed[0].at < self.config.silent_host_hold.total_seconds():
+            if silent and now - failed[0].waited_from < self.config.silent_host_hold.total_seconds():
                 continue  # the cause is on a host that went silent: host_lost names it
             firing.append(self._finding(key, job, attempt, failed, silent))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))

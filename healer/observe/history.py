@@ -151,10 +151,12 @@ class JobSamples:
         # rank silent past forget_after_s is not brought back by its stale beat. A step from before the job's current
         # attempt started is not this attempt's: after a warm restart the same processes (same pids, same ranks) are
         # listed with their last step of the generation before until they report a new one, and a NaN of that one is
-        # not this one's. NOTE: the step's own time (the rank's host clock), not when the sidecar last heard the rank:
-        # other records (events) come in between.
+        # not this one's. A step that says its attempt was kept by the view only if it is this one's (jobview.py);
+        # one that does not is judged by its own time (the rank's host clock, not when the sidecar last heard the
+        # rank: other records come in between), which a host clock behind the healer's would make look old.
         step_at = np.where(np.isnan(cols.step_time), heard, cols.step_time)
-        ok = cols.counts & (step >= 0) & (now - heard <= forget_after_s) & (step_at >= started_at)
+        ok = cols.counts & (step >= 0) & (now - heard <= forget_after_s) & \
+            ((cols.attempt >= 0) | (step_at >= started_at))
         fresher = ok & (heard > self.heard_at[:n])
         self.heard_at[:n][fresher] = heard[fresher]
         slots = np.flatnonzero(ok & (step != self.last_step[:n]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from wire.telemetry import AttemptReport, RankExit
 
@@ -41,6 +41,13 @@ class ProcessExit:
     vanished: bool = False
     """The rank disappeared while its agent still ran and its status could not be read (the agent reaped it
     first): a failure unless the rank had said it was finishing."""
+    seen_at: float | None = None
+    """Healer seconds when the healer first heard of it (None: as `at`). What the detectors time their waits by:
+    `at` is the agent host's clock, which may be ahead of the healer's or behind it."""
+
+    @property
+    def waited_from(self) -> float:
+        return self.at if self.seen_at is None else self.seen_at
 
     @property
     def failed(self) -> bool:
@@ -101,6 +108,7 @@ class ProcessView:
                 for i, old in enumerate(self._exits):
                     if old.vanished and (old.job, old.attempt, old.rank) == (ex.job, ex.attempt, ex.rank):
                         del self._exits[i]
+                        ex = replace(ex, seen_at=old.seen_at)  # NOTE: heard of first then: the waits go on from it
                         break
             self._exits.append(ex)
             while len(self._exits) > self.max_exits:
@@ -157,7 +165,7 @@ class ProcessView:
             self._reported.setdefault(r.job, {})[node] = tuple(sorted(ranks.values(), key=lambda x: x[1]))
             self._pids_stale.add(r.job)
         for e in r.exits:
-            self._record_reported(node, r, e)
+            self._record_reported(node, r, e, now)
         # NOTE: after the exits: a reader that sees the host's part ended sees how its ranks ended (the crash
         # detector waits for exactly that).
         if r.ended and r.exit_code is not None:
@@ -165,7 +173,7 @@ class ProcessView:
                 if self._attempts.get(r.job) == r.attempt:
                     self._ended[(r.job, node)] = r.exit_code
 
-    def _record_reported(self, node: str, r: AttemptReport, e: RankExit) -> None:
+    def _record_reported(self, node: str, r: AttemptReport, e: RankExit, now: float) -> None:
         with self._lock:
             known = next((x for x in self._exits if (x.job, x.attempt, x.rank, x.node) ==
                           (r.job, r.attempt, e.rank, node)), None)
@@ -173,7 +181,7 @@ class ProcessView:
             return  # already in the view (every report carries all of the attempt's exits)
         self.record_exit(ProcessExit(job=r.job, attempt=r.attempt, node=node, rank=e.rank, pid=e.pid, at=e.at,
                                      exit_code=e.exit_code, signal=e.signal, log_tail=tuple(e.log_tail),
-                                     expected=e.expected, vanished=e.vanished))
+                                     expected=e.expected, vanished=e.vanished, seen_at=now))
 
     def reported_ranks(self, job: str) -> list[tuple[str, int, int, int, float | None]]:
         """(node, pid, rank, local_rank, started) of the job's current attempt, as the agents reported them (started:

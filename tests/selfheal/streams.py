@@ -38,6 +38,11 @@ class JobStream:
     """Ranks whose process the sidecar reads as stopped (kernel state T); the others are sleeping (S)."""
     mesh: Callable[[int, int], dict[str, int]] | None = None
     """(rank, world size) -> the rank's mesh coordinates; by default every rank is a data-parallel peer."""
+    clock_skew: float | None = None
+    """Seconds the ranks' hosts' clocks are off the healer's: each step then says when it ended by their clock
+    (None: the steps say nothing of their time)."""
+    attempt: int | None = None
+    """The attempt each step says it is of (None: the steps do not say)."""
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +86,9 @@ class JobStream:
                     "events": {}, "last_event": None, "step": self.step, "step_seconds": sum(ranks[r].values()) + self.late.get(r, 0.0),
                     "phases": ranks[r], "loss": None if bad else loss, "grad_norm": 1.0,
                     "nonfinite": {"loss": "nan"} if bad else {}, "dp_reduce_lag_s": None,
-                    "proc_state": "T" if r in self.stopped else "S"})
+                    "proc_state": "T" if r in self.stopped else "S",
+                    **({"step_time": self.clock.now + self.clock_skew} if self.clock_skew is not None else {}),
+                    **({"attempt": self.attempt} if self.attempt is not None else {})})
                 assert math.isfinite(loss)
             self.table.ingest({"schema": 1, "node": node, "seq": self.step, "sent_at": self.clock.now,
                                "nvml": "ok" if gpus else "absent", "ranks": entries,

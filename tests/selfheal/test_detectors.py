@@ -642,6 +642,20 @@ def test_a_new_attempt_of_a_job_starts_every_learning_detector_afresh() -> None:
     assert fired_at is not None and fired_at >= restarted_at + 3 * 5, (restarted_at, fired_at)
 
 
+def test_a_step_that_says_its_attempt_counts_whatever_its_hosts_clock_says() -> None:
+    # The ranks' hosts run 5 minutes behind the healer: by their own time every step ended before the attempt
+    # started. Steps that say their attempt count (a NaN at step 6 is found); untold, they would be taken for
+    # the attempt before's.
+    for attempt, found in ((0, True), (None, False)):
+        s = stream(clock_skew=-300.0, attempt=attempt)
+        s.table.processes.started("job", 0, tuple(s.nodes), s.clock.now)
+        detector = NonFinite(NonFinite.Config())
+        s.nonfinite_at[6] = {1}
+        for _ in range(6):
+            s.advance()
+        assert bool(detector.evaluate(s.table, s.clock.now).firing) == found, attempt
+
+
 # ---- host_lost -------------------------------------------------------------------------------------------
 
 def _placed(s: JobStream) -> None:
@@ -837,6 +851,26 @@ def test_a_rank_that_vanished_waits_for_its_hosts_report_of_how_it_died() -> Non
     view.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[died], ended=True, exit_code=1), 26.0)
     (f,) = crash.evaluate(table, 26.0).firing
     assert f.evidence["signal"] == "SIGKILL" and f.summary.startswith("rank 3 on n2 killed by SIGKILL")
+
+
+@pytest.mark.parametrize("skew", [-300.0, 300.0])
+def test_a_crash_is_timed_by_the_healers_clock_whatever_the_agents_host_says(skew: float) -> None:
+    # n2's clock is 5 minutes off the healer's. Its report of rank 3's SIGKILL (at its own time) reaches the healer
+    # at t=10: a settle of 5 s ends at t=15 either way (a clock ahead once held the crash for 5 minutes more; one
+    # behind skipped the settle), and a vanished rank waits report_wait (30 s) from t=10 for its host's report.
+    table = HeartbeatTable(clock=ManualClock())
+    table.processes.started("job", 0, ("n1", "n2"), 0.0)
+    died = RankExit(rank=3, pid=1003, at=10.0 + skew, signal=signal.SIGKILL)
+    table.processes.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[died]), 10.0)
+    settled = Crash(Crash.Config(settle=timedelta(seconds=5)))
+    assert not settled.evaluate(table, 14.0).firing
+    assert settled.evaluate(table, 15.5).firing
+    gone = HeartbeatTable(clock=ManualClock())
+    gone.processes.started("job", 0, ("n1", "n2"), 0.0)
+    vanished = RankExit(rank=3, pid=1003, at=10.0 + skew, vanished=True)
+    gone.processes.report("n2", AttemptReport(job="job", attempt=0, node_rank=1, exits=[vanished]), 10.0)
+    crash = Crash(Crash.Config())
+    assert not crash.evaluate(gone, 39.0).firing and crash.evaluate(gone, 40.5).firing
 
 
 def test_a_vanished_rank_seen_at_the_same_moment_as_a_peer_with_its_status_still_waits_for_the_report() -> None:
