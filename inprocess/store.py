@@ -14,18 +14,21 @@ import torch.distributed as dist
 
 
 class BoundStore:
-    """A TCPStore server listening on `host` only (an ephemeral port), and the socket it listens on."""
+    """A TCPStore server listening on `host` only (an ephemeral port)."""
 
     def __init__(self, host: str, timeout: timedelta) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        listening = socket.socket(family, socket.SOCK_STREAM)
         try:
-            self._socket.bind((host, 0))
-            self._socket.listen(1024)
-            self.port = int(self._socket.getsockname()[1])
-            # NOTE: the store takes the descriptor; the socket object is kept so that it is not closed under it
+            listening.bind((host, 0))
+            listening.listen(1024)
+            self.port = int(listening.getsockname()[1])
             self.store = dist.TCPStore(host, self.port, is_master=True, wait_for_workers=False, timeout=timeout,
-                                       master_listen_fd=self._socket.fileno())
+                                       master_listen_fd=listening.fileno())
         except BaseException:
-            self._socket.close()
+            listening.close()
             raise
+        # NOTE: the store owns the descriptor from here on and closes it. Left to the socket object too, whichever
+        # was collected first closed it under the other: the test process aborted (a fresh make test) as the
+        # store's server loop found its listening descriptor gone.
+        listening.detach()
