@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import threading
 import time
 import urllib.error
@@ -28,6 +29,7 @@ import msgspec
 
 from exporters.ranks import RankState
 from ground.httpclient import open_url
+from ground.tls import PeerTls, https
 from wire.telemetry import HeartbeatBatch, RankEntry, encode_batch
 
 HEARTBEAT_PATH = "/v1/heartbeats"
@@ -86,7 +88,11 @@ class HeartbeatForwarder:
         post: Callable[[str, bytes, dict[str, str], float], int] = urllib_post,
         clock: Callable[[], float] = time.time,
         relay_url: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """`tls`: this host's client context (ground/tls.py): batches then go over mutual TLS, to a peer whose
+        certificate names the run's healer (or a relay, for `relay_url`), and the host's certificate is what the
+        healer takes a batch's node from."""
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         if buffer_batches < 1:
@@ -96,7 +102,7 @@ class HeartbeatForwarder:
         """The node group's relay (exporters/relay.py): batches go there while it answers, else to the healer."""
         self._relay_down_until = 0.0
         self._relay_failures = 0
-        self._build, self._post, self._clock = build, post, clock
+        self._build, self._post, self._clock, self._tls = build, post, clock, tls
         self._interval_s = interval_s
         self._timeout_s = min(2.0, interval_s)
         self._headers = {"Content-Type": "application/json"}
@@ -182,7 +188,10 @@ class HeartbeatForwarder:
     def _send_to(self, url: str, what: str, body: bytes) -> bool | None:
         """True: done with the batch (taken, or refused for good and dropped); None: not taken now (retry it)."""
         try:
-            status = self._post(url, body, self._headers, self._timeout_s)
+            if self._tls is not None:
+                status = https("POST", url, body, self._headers, self._timeout_s, PeerTls(self._tls, what), 4096)[0]
+            else:
+                status = self._post(url, body, self._headers, self._timeout_s)
         except (OSError, TimeoutError) as exc:
             self._failed(f"cannot reach the {what} at {url}: {exc}")
             return None

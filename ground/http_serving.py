@@ -8,6 +8,8 @@ lost. `guarded_h11` returns a protocol class for `uvicorn.Config(http=...)` that
 - at most `per_peer` open connections from one address: one past it is closed as it is made.
 A sidecar or an agent holds one or two connections to the healer; `per_peer` is far above that, and far below
 `limit_concurrency`.
+Served over TLS (`tls_config`), each request's ASGI scope also holds the identity the peer's certificate proved
+(ground/tls.py `peer_of`), for the routes that need to know which host is speaking.
 
 Why by hand: uvicorn has neither (its `timeout_keep_alive` starts only after a first response), and a reverse proxy
 in front of every node agent is more than a cluster operator should have to run.
@@ -20,6 +22,8 @@ from collections import Counter
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ground.tls import PEER_KEY, Identity, identity_of
 
 PER_PEER = 64
 HEADER_DEADLINE_S = 10.0
@@ -43,6 +47,9 @@ def guarded_h11(per_peer: int = PER_PEER, header_deadline_s: float = HEADER_DEAD
                 transport.close()  # NOTE: connection_lost follows, and counts it out
                 return
             self._deadline = self.loop.call_later(header_deadline_s, self._silent)
+            tls = transport.get_extra_info("ssl_object")
+            if tls is not None:
+                self.app = _with_peer(self.app, identity_of(tls.getpeercert()))
 
         def handle_events(self) -> None:
             super().handle_events()
@@ -67,3 +74,16 @@ def guarded_h11(per_peer: int = PER_PEER, header_deadline_s: float = HEADER_DEAD
             super().connection_lost(exc)
 
     return GuardedH11
+
+
+def _with_peer(app: Any, peer: Identity | None) -> Any:
+    """`app`, with the connection's proven peer in every request's scope (None: it sent no certificate)."""
+    async def with_peer(scope: Any, receive: Any, send: Any) -> None:
+        scope[PEER_KEY] = peer
+        await app(scope, receive, send)
+    return with_peer
+
+
+def tls_config(context: Any) -> dict[str, Any]:
+    """uvicorn.Config arguments that serve over `context` (an ssl.SSLContext made by ground/tls.py)."""
+    return {"ssl_context_factory": lambda config, default: context}

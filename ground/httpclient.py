@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from ground.tls import PeerTls, https
+
 MAX_RESPONSE = 16 << 20
 
 
@@ -35,12 +37,15 @@ class RequestFailed(Exception):
 
 
 def request_json(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
-                 timeout_s: float = 5.0) -> Any:
-    """Send `body` as JSON (if given) and return the decoded JSON answer (None for an empty one)."""
+                 timeout_s: float = 5.0, tls: PeerTls | None = None) -> Any:
+    """Send `body` as JSON (if given) and return the decoded JSON answer (None for an empty one). With `tls`, over
+    mutual TLS to the peer it names (ground/tls.py)."""
     data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
     all_headers = {"Accept": "application/json", **(headers or {})}
     if data is not None:
         all_headers["Content-Type"] = "application/json"
+    if tls is not None:
+        return _tls_json(method, url, data, all_headers, timeout_s, tls)
     req = urllib.request.Request(url, data=data, headers=all_headers, method=method)
     try:
         with open_url(req, timeout=timeout_s) as response:  # noqa: S310 - URL from the operator
@@ -52,6 +57,24 @@ def request_json(method: str, url: str, body: Any = None, headers: dict[str, str
     except (OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", exc)
         raise RequestFailed(f"{method} {url}: {reason}") from exc
+    return _decoded(method, url, raw)
+
+
+def _tls_json(method: str, url: str, data: bytes | None, headers: dict[str, str], timeout_s: float,
+              tls: PeerTls) -> Any:
+    try:
+        status, raw = https(method, url, data, headers, timeout_s, tls, MAX_RESPONSE)
+    except (OSError, TimeoutError) as exc:
+        # NOTE: a peer that is not who was asked for (PeerRefused) is as good as no answer: the host is not reached.
+        raise RequestFailed(f"{method} {url}: {exc}") from exc
+    if status >= 300:  # a 3xx is an answer as it is: never followed
+        detail = raw[:2000].decode(errors="replace").strip()
+        permanent = 400 <= status < 500 and status not in (408, 429)
+        raise RequestFailed(f"{method} {url}: HTTP {status}: {detail[:500]}", permanent=permanent)
+    return _decoded(method, url, raw)
+
+
+def _decoded(method: str, url: str, raw: bytes) -> Any:
     if not raw.strip():
         return None
     try:

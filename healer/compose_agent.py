@@ -9,6 +9,7 @@ from typing import Any
 
 from exporters.heartbeat import HeartbeatForwarder
 from exporters.sidecar import AUTO, Sidecar
+from ground.tls import TlsFiles
 from healer.agent.node import NodeAgent
 from wire.telemetry import HeartbeatBatch
 
@@ -22,8 +23,10 @@ def node_agent(cfg: NodeAgent.Config, nvml: Any = AUTO) -> NodeAgent:
     sidecar = Sidecar(Sidecar.Config(node=cfg.node, socket_path=cfg.socket_path, metrics_addr=cfg.metrics_addr),
                       nvml=nvml)
 
+    tls = TlsFiles(cfg.tls_dir).client() if cfg.tls_dir is not None else None
+
     def forwarder(healer_url: str, build: Callable[[int, float], HeartbeatBatch]) -> HeartbeatForwarder:
         return HeartbeatForwarder(healer_url, build, cfg.heartbeat_interval_s, AGENT_BUFFER_BATCHES, token=cfg.token,
-                                  relay_url=cfg.relay_url)
+                                  relay_url=cfg.relay_url, tls=tls)
 
     return NodeAgent(cfg, sidecar, forwarder)

@@ -17,6 +17,10 @@ class BadRequest(HealerError):
         self.field = field
 
 
+class WrongSender(HealerError):
+    """A heartbeat batch for one host that came with another's certificate (answered with HTTP 403)."""
+
+
 class IllegalTransition(HealerError):
     """An incident was asked to move between two states that the transition table does not connect."""
 

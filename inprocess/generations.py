@@ -1,5 +1,6 @@
 """The loop of a process that outlives its generations: it takes plans from its pool's store (wire/warm_plan.py), and
 in each plan that gives it a rank it joins the generation's process group, runs what it was given to run, and leaves.
+It takes only plans sealed with its pool's key, and seals what it writes there (wire/warm_seal.py).
 
 When a peer dies, the generation's collectives fail (gloo: the connection to the dead peer closes; those blocked on
 live peers are released when they tear down their group in turn, or at the generation's collective timeout); and
@@ -22,7 +23,8 @@ import torch.distributed as dist
 from inprocess.abort import GenerationSockets
 from inprocess.leave import leave_process_group
 from wire import rank_env
-from wire.warm_plan import Plan, key
+from wire.warm_plan import Plan, key, read_plan
+from wire.warm_seal import SealedStore
 
 WATCH_EVERY_S = 0.05
 """How often a rank in a generation looks for the next one (a store round trip on the host's network)."""
@@ -45,39 +47,45 @@ and raises when the generation failed here."""
 
 class GenerationLoop:
     def __init__(self, control: dist.Store, worker: str, watch: dist.Store | None = None,
-                 connect: Callable[[], dist.Store] | None = None, keep: frozenset[str] | None = None) -> None:
+                 connect: Callable[[], dist.Store] | None = None, keep: frozenset[str] | None = None, *,
+                 secret: bytes) -> None:
         """`watch`: a second client of the pool's store, for the thread that watches for the next generation (a
         store client is not shared between threads). `connect`: opens a new client of the pool's store, one per
         generation for its process group (without it the group uses `control`). `keep`: the sockets an abort never
-        shuts down (the two clients above; None: those open when each generation starts)."""
+        shuts down (the two clients above; None: those open when each generation starts). `secret`: the pool's key
+        (wire/warm_seal.py)."""
         self.control, self.worker, self.watch, self.connect, self.keep = control, worker, watch, connect, keep
+        self.sealed = SealedStore(control, secret)
+        self.watching = SealedStore(watch, secret) if watch is not None else None
         self.stop_requested = False
 
     def serve(self, run: Run, from_generation: int | None = None) -> int:
         """Take plans (from generation `from_generation`, or the newest one written) until one says stop, this
         worker's job finished, or it is told to stop between two generations (SIGTERM); returns the exit code."""
-        self.control.set(key("hello", self.worker), str(os.getpid()))
+        self.sealed.set(key("hello", self.worker), str(os.getpid()))
         if from_generation is not None:
             generation = from_generation
         else:
-            generation = int(self.control.get(key("gen"))) if self.control.check([key("gen")]) else 0
+            newest = self.sealed.get(key("gen"))
+            generation = int(newest) if newest is not None else 0
         while True:
-            while not self.control.check([key("plan", generation)]):
+            plan = read_plan(self.sealed, generation)
+            while plan is None:
                 if self.stop_requested:
                     return 0
                 time.sleep(PLAN_POLL_S)
-            plan = Plan.from_json(self.control.get(key("plan", generation)))
+                plan = read_plan(self.sealed, generation)
             if plan.stop:
                 return 0
-            if self.control.check([key("plan", generation + 1)]):
+            if self.sealed.has(key("plan", generation + 1)):
                 # NOTE: planned over already (a rollback while a replacement formed): its peers abort it as they
                 # read the next plan, so joining it would only wait for them.
-                self.control.set(key("end", generation, self.worker), "skipped: a later generation is planned")
+                self.sealed.set(key("end", generation, self.worker), "skipped: a later generation is planned")
                 generation += 1
                 continue
             if self.worker in plan.assign:
                 outcome = self._generation(plan, run)
-                self.control.set(key("end", generation, self.worker), outcome)
+                self.sealed.set(key("end", generation, self.worker), outcome)
                 if outcome == "ok":
                     return 0
             generation += 1
@@ -102,8 +110,8 @@ class GenerationLoop:
             watcher.start()
 
         def ready(source: str) -> None:
-            self.control.set(key("ready", plan.generation, self.worker),
-                             f"{source} in {time.monotonic() - started:.3f} s")
+            self.sealed.set(key("ready", plan.generation, self.worker),
+                            f"{source} in {time.monotonic() - started:.3f} s")
 
         try:
             dist.init_process_group(plan.backend, store=store, rank=rank, world_size=world,
@@ -124,11 +132,12 @@ class GenerationLoop:
     def _abort_when_replaced(self, plan: Plan, sockets: GenerationSockets, over: threading.Event) -> None:
         """The pool planned the next generation while this one runs here (a peer died): abort this one, so that a
         collective waiting on a live peer that already left does not wait for its timeout."""
-        assert self.watch is not None
+        assert self.watching is not None
         following = key("plan", plan.generation + 1)
-        # NOTE: a poll, not store.wait with a timeout: each timed-out wait logs a warning from c10d.
+        # NOTE: a poll, not store.wait with a timeout: each timed-out wait logs a warning from c10d. A plan not
+        # sealed with the pool's key aborts nothing.
         while not over.wait(WATCH_EVERY_S):
-            if self.watch.check([following]):
+            if self.watching.has(following):
                 closed = sockets.abort(plan.backend)
                 print(f"warm worker {self.worker}: generation {plan.generation + 1} planned; generation "
                       f"{plan.generation} aborted here ({closed} socket(s) shut down)", flush=True)

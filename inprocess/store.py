@@ -1,8 +1,9 @@
 """The store a warm pool's plans go through, listening only where it is told to.
 
 torch's TCPStore server binds every interface whatever host it is given (`TCPStore("127.0.0.1", 0, is_master=True)`
-listens on `*`): a pool meant for the loopback was reachable from the network, and its plans name what the workers
-load. The server here takes a socket bound to that host alone (TCPStore's `master_listen_fd`).
+listens on `*`): a pool meant for the loopback was reachable from the network. The server here takes a socket bound
+to that host alone (TCPStore's `master_listen_fd`). It still takes writes from any client that reaches it there, so
+what goes through it is sealed with the pool's key (wire/warm_seal.py).
 """
 
 from __future__ import annotations

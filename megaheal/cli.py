@@ -139,6 +139,8 @@ def agent(
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics")] = "127.0.0.1:0",
     url_file: Annotated[Optional[str], typer.Option("--url-file", help="write the orders API's URL here once it serves")] = None,
     orphan_exit_s: Annotated[float, typer.Option("--orphan-exit-s", help="exit after this long with nothing heard from the healer while no rank runs here (0: never)")] = 300.0,
+    run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="the run directory this agent serves: a start order's run dir, config and resume path must be inside it (or the checkout, for a config)")] = None,
+    tls_dir: Annotated[Optional[str], typer.Option("--tls-dir", help="this host's ca.pem, cert.pem and key.pem from the run's authority: orders and batches over mutual TLS")] = None,
 ) -> None:
     """Run this host's node agent: the sidecar, the host's rank processes, and the healer's orders."""
     import logging
@@ -159,7 +161,8 @@ def agent(
                                relay_url=relay_url, token=token,
                                work_dir=work, scratch_dir=scratch,
                                socket_path=socket_path or agent_socket_path(name, work), metrics_addr=metrics_addr,
-                               orphan_exit_s=orphan_exit_s)
+                               orphan_exit_s=orphan_exit_s, tls_dir=Path(tls_dir) if tls_dir else None,
+                               run_dir=Path(run_dir) if run_dir else None)
         node_agent = compose_node_agent(cfg)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -1,14 +1,17 @@
 """Orders a node agent takes from the healer, and what it answers: typed once, built as structs by the healer's
 coordinator and decoded by the agent (no argument list, path or value from the healer reaches a shell). An order is
-known by its id (healer/agent/order_book.py keeps them), so a retried POST returns the first one's state.
+known by its id (healer/agent/order_book.py keeps them, across the agent's restarts), so a retried POST returns the
+first one's state. Every order carries its healer's epoch (healer/incidents/epochs.py): an agent refuses an order of
+an epoch below the highest it has taken (a 409 saying STALE_EPOCH), so a healer that a newer one took the job from
+cannot act on it any more.
 
-    {"kind": "start", "id": "job-7:start:n2", "job": ..., "attempt": 7, "nnodes": 2, "node_rank": 1, ...}
-    {"kind": "stop", "id": ..., "attempt": 7, "grace_s": 0.5}
-    {"kind": "signal", "id": ..., "attempt": 7, "rank": 3, "signal": "SIGKILL"}
-    {"kind": "runbook", "id": ..., "runbook": "node-health", "timeout_s": 90}
-    {"kind": "adopt", "id": ..., "job": ..., "attempt": 7, "node_rank": 1}
-    {"kind": "evidence", "id": ..., "attempt": 7, "timeout_s": 10}
-    {"kind": "workers", "id": ...}
+    {"kind": "start", "id": "job-7:start:n2@3", "epoch": 3, "job": ..., "attempt": 7, "nnodes": 2, "node_rank": 1, ...}
+    {"kind": "stop", "id": ..., "epoch": 3, "attempt": 7, "grace_s": 0.5}
+    {"kind": "signal", "id": ..., "epoch": 3, "attempt": 7, "rank": 3, "signal": "SIGKILL"}
+    {"kind": "runbook", "id": ..., "epoch": 3, "runbook": "node-health", "timeout_s": 90}
+    {"kind": "adopt", "id": ..., "epoch": 3, "job": ..., "attempt": 7, "node_rank": 1}
+    {"kind": "evidence", "id": ..., "epoch": 3, "attempt": 7, "timeout_s": 10}
+    {"kind": "workers", "id": ..., "epoch": 3}
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ from msgspec import Meta, Struct
 
 from wire.telemetry import Count, Finite, Name
 
-OrderId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}$", description="an order id")]
+OrderId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}\Z", description="an order id")]
+Epoch = Annotated[int, Meta(ge=0, le=2**63 - 1, description="the ordering healer's epoch")]
+"""Which healer sent an order: a newer healer of the job has a higher one (healer/incidents/epochs.py)."""
+STALE_EPOCH = "stale epoch"
+"""How an agent's refusal of an order from an older healer begins ("stale epoch 3 < 4", field "epoch"), what the
+healer's client recognises it by (healer/launchers/agent_client.py: Fenced)."""
 ENV_KEYS = frozenset({
     "GLOO_SOCKET_IFNAME", "GLOO_DEVICE_TRANSPORT",
     "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_TIMEOUT", "NCCL_IB_GID_INDEX", "NCCL_P2P_DISABLE",
@@ -36,14 +44,14 @@ ENV_KEYS = frozenset({
 """The variables a start order may set for its ranks, by name. NOTE: by name, not by prefix: `GLOO_`, `NCCL_`,
 `TORCH_`, `CUDA_` also begin variables that load code (CUDA_INJECTION64_PATH, NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN),
 and whoever holds the token would run theirs in every rank."""
-EnvKey = Annotated[str, Meta(pattern=r"^[A-Z][A-Z0-9_]{0,100}$", description="a variable's name")]
+EnvKey = Annotated[str, Meta(pattern=r"^[A-Z][A-Z0-9_]{0,100}\Z", description="a variable's name")]
 """Which names a start order may set is checked after (StartOrder), to name the ones refused."""
-EnvValue = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}$", description="a value without NUL")]
-Override = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*=[^\x00]{0,4096}$", description="KEY=VALUE")]
-Endpoint = Annotated[str, Meta(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}:[0-9]{1,5}$", description="HOST:PORT")]
-RunbookName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}$", description="a shipped runbook's name")]
+EnvValue = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}\Z", description="a value without NUL")]
+Override = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*=[^\x00]{0,4096}\Z", description="KEY=VALUE")]
+Endpoint = Annotated[str, Meta(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}:[0-9]{1,5}\Z", description="HOST:PORT")]
+RunbookName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,99}\Z", description="a shipped runbook's name")]
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT")
-WorkerId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", description="a warm worker's id")]
+WorkerId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z", description="a warm worker's id")]
 
 
 class WarmStart(Struct, frozen=True, kw_only=True):
@@ -61,8 +69,8 @@ class WarmStart(Struct, frozen=True, kw_only=True):
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-AbsPath = Annotated[str, Meta(pattern=r"^/[^\x00]{0,4095}$", description="an absolute path without NUL")]
-Arg = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}$", description="an argument without NUL")]
+AbsPath = Annotated[str, Meta(pattern=r"^/[^\x00]{0,4095}\Z", description="an absolute path without NUL")]
+Arg = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}\Z", description="an argument without NUL")]
 
 
 class UserProgram(Struct, frozen=True, kw_only=True):
@@ -89,6 +97,7 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     trainer (`config`) or a user's program (`program`)."""
 
     id: OrderId
+    epoch: Epoch
     job: Name
     attempt: Count
     nnodes: Annotated[int, Meta(ge=1, le=100_000)]
@@ -125,10 +134,12 @@ class WorkersOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="wor
     restart: survivors keep their ranks, a standby takes a dead one's)."""
 
     id: OrderId
+    epoch: Epoch
 
 
 class StopOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="stop"):
     id: OrderId
+    epoch: Epoch
     attempt: Count
     """Stop this attempt, and nothing else: an order that named none stopped whatever ran, a later attempt too."""
     grace_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0
@@ -136,6 +147,7 @@ class StopOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="stop")
 
 class SignalOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="signal"):
     id: OrderId
+    epoch: Epoch
     attempt: Count
     rank: Count
     signal: Literal["SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT"]
@@ -143,6 +155,7 @@ class SignalOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="sign
 
 class RunbookOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="runbook"):
     id: OrderId
+    epoch: Epoch
     runbook: RunbookName
     timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 90.0
 
@@ -151,7 +164,8 @@ class ReportOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="repo
     """Send the batches here from now on (a healer that took the job over from one that died)."""
 
     id: OrderId
-    healer_url: Annotated[str, Meta(pattern=r"^https?://[A-Za-z0-9.:\[\]-]{1,253}(:[0-9]{1,5})?$",
+    epoch: Epoch
+    healer_url: Annotated[str, Meta(pattern=r"^https?://[A-Za-z0-9.:\[\]-]{1,253}(:[0-9]{1,5})?\Z",
                                     description="an http(s) base URL")]
 
 
@@ -160,6 +174,7 @@ class AdoptOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="adopt
     agent is found by the attempt's run id, its ranks under it, as if this agent had started them."""
 
     id: OrderId
+    epoch: Epoch
     job: Name
     attempt: Count
     node_rank: Count
@@ -170,6 +185,7 @@ class EvidenceOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="ev
     a hang is looked at before anything is stopped."""
 
     id: OrderId
+    epoch: Epoch
     attempt: Count
     timeout_s: Annotated[float, Meta(gt=0, le=120)] = 10.0
     """Per rank's stack dump."""
@@ -179,6 +195,7 @@ class ShutdownOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="sh
     """End the agent (its job is over; the ranks must already be stopped)."""
 
     id: OrderId
+    epoch: Epoch
 
 
 Order = (StartOrder | StopOrder | SignalOrder | RunbookOrder | ReportOrder | ShutdownOrder | AdoptOrder

@@ -29,6 +29,9 @@ WARM_WORKER = "MEGAHEAL_WARM_WORKER"
 """The warm worker's id in its pool."""
 WARM_FROM = "MEGAHEAL_WARM_FROM"
 """The first generation whose plan the worker reads."""
+WARM_KEY_FILE = "MEGAHEAL_WARM_KEY_FILE"
+"""The path of a private file holding the warm pool's key, which seals its plans (wire/warm_seal.py): the path, never
+the key (an environment is readable through /proc)."""
 SAFE_PATH_SET = "MEGAHEAL_SAFE_PATH"
 """Set beside PYTHONSAFEPATH=1 by the node agent: the bootstrap imports megaheal's modules without the user's
 directory on sys.path, then puts that directory where Python would have it and unsets both (the script's own

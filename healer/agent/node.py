@@ -28,7 +28,9 @@ import msgspec
 
 from ground import procfs
 from ground.names import name_path
+from ground.tls import TlsFiles
 from healer.agent import rank_evidence
+from healer.agent.confine import check_start
 from healer.agent.host import HostAttempt
 from healer.agent.order_book import OrderBook
 from healer.agent.warm_host import WarmHostAttempt, WarmWorkers
@@ -57,6 +59,7 @@ from wire.orders import (
 )
 from wire.run_ids import run_id
 from wire.telemetry import HeartbeatBatch
+from wire.warm_plan import WorkerStart
 
 FR_BUFFER_SIZE = 2000
 """Collectives the flight recorder keeps per rank (a few steps' worth: a hang needs only the last ones)."""
@@ -116,7 +119,8 @@ class NodeAgent:
         socket_path: str
         """The ranks' datagram socket (their MEGAHEAL_SIDECAR_SOCKET)."""
         work_dir: Path
-        """The agent's own directory (each attempt's logs of this host)."""
+        """The agent's own directory (each attempt's logs of this host; its order book and epoch floor, which an agent
+        started again in it takes on: healer/agent/order_book.py)."""
         scratch_dir: Path
         """The host's local disk: the ranks' TMPDIR (and what node-health tests)."""
         metrics_addr: str = "127.0.0.1:0"
@@ -128,6 +132,14 @@ class NodeAgent:
         """Where torchrun and the runbooks run (the checkout, so `-m train` imports)."""
         extra_env: dict[str, str] = field(default_factory=dict)
         """Added to the environment of every rank and runbook (an agent in the healer's process cannot use its own)."""
+        run_dir: Path | None = None
+        """The run directory this agent was started for: a start order's run directory, checkpoint to resume from and
+        config must be inside it (the config may also be under `cwd`; healer/agent/confine.py). None: not checked
+        (an agent started by hand, without --run-dir)."""
+        tls_dir: Path | None = None
+        """This host's TLS files (ground/tls.py: ca.pem, cert.pem, key.pem, issued by the run's authority): the orders
+        API then serves over TLS and takes orders only from the run's healer, and batches go to the healer over TLS
+        with this host's certificate, which is what binds them to this host. None: plain HTTP, the token alone."""
         orphan_exit_s: float = 300.0
         """An agent that has heard nothing from its healer (no batch taken, no order) for this long while no rank of
         its runs here exits, saying why: nothing is left for it to keep, and a healer that comes back starts agents
@@ -138,6 +150,13 @@ class NodeAgent:
                 raise ValueError("token must be at least 16 characters")
             if not 0 < self.poll_interval_s <= 10 or not 0 < self.heartbeat_interval_s <= 60:
                 raise ValueError("poll_interval_s must be in (0, 10] and heartbeat_interval_s in (0, 60]")
+            if self.tls_dir is not None:
+                TlsFiles(self.tls_dir).check()
+                if self.healer_url and not self.healer_url.startswith("https://"):
+                    raise ValueError("with tls_dir, healer_url must be an https:// URL")
+                if self.relay_url:
+                    # TODO(megaheal): relays over the run's TLS (a relay's certificate, node binding at the relay).
+                    raise ValueError("relay_url cannot be used with tls_dir yet: relays take the token only")
             if self.relay_url and not self.healer_url:
                 raise ValueError("relay_url needs healer_url (where the batches go while the relay is down)")
             if self.orphan_exit_s < 0:
@@ -149,7 +168,10 @@ class NodeAgent:
         self.cfg = cfg
         self.sidecar = sidecar
         self._forwarder = forwarder
-        self.orders = OrderBook(self._execute)
+        # NOTE: the book and the epoch floor live in the work directory, which a replaced agent is started with
+        # again: it answers a retried order as its predecessor did, and refuses the healers it refused.
+        cfg.work_dir.mkdir(parents=True, exist_ok=True)
+        self.orders = OrderBook(self._execute, directory=cfg.work_dir)
         self.attempt: HostAttempt | WarmHostAttempt | None = None
         self.warm: WarmWorkers | None = None
         """The job's warm workers on this host, when its attempts run warm (they outlive each attempt)."""
@@ -181,7 +203,7 @@ class NodeAgent:
         self.orders.start()
         self._server, port = serve(self, self.cfg.listen)
         host = self.cfg.advertise or self.cfg.listen.rpartition(":")[0]
-        self.url = f"http://{host}:{port}"
+        self.url = f"{'https' if self.cfg.tls_dir else 'http'}://{host}:{port}"
         self._poller.start()
         if self.heartbeat is not None:
             self.heartbeat.start()
@@ -356,6 +378,8 @@ class NodeAgent:
         return self._runbook(order)
 
     def _start(self, order: StartOrder) -> Started:
+        if self.cfg.run_dir is not None:
+            check_start(order, self.cfg.run_dir, self.cfg.cwd)
         if order.warm is not None:
             return self._start_warm(order)
         with self._lock:
@@ -423,7 +447,9 @@ class NodeAgent:
                                     python=self.cfg.python,
                                     cwd=Path(order.program.cwd) if order.program is not None else self.cfg.cwd,
                                     env=self._rank_env(order, phase_dir), log_dir=self._attempt_dir(order) / "warm",
-                                    standbys=spec.standbys, program=order.program)
+                                    standbys=spec.standbys, token=self.cfg.token, program=order.program,
+                                    trainer=WorkerStart(order.config, order.run_dir, tuple(order.overrides))
+                                    if order.config is not None else None)
         assert self.warm is not None
         attempt = WarmHostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, pool=self.warm,
                                   assign=dict(spec.assign), local_rank=dict(spec.local_rank),

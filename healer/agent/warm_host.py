@@ -13,7 +13,10 @@ whose plans the healer's coordinator writes to the pool's store (wire/warm_plan.
   pool is kept then (SIGTERM: a rank saves and leaves, a standby leaves at once; SIGKILL after the grace).
 
 Workers carry the pool's run id (TORCHELASTIC_RUN_ID, `<job>-warm<attempt that formed the pool>`) and their start
-time: every signal is checked against both (ground.kill), like a torchrun rank's.
+time: every signal is checked against both (ground.kill), like a torchrun rank's. What they run is the forming start
+order's (config, overrides, run directory: on their command line), and they take only plans sealed with the pool's
+key (wire/warm_seal.py), which the agent derives from the run's token as the healer does and leaves for them in a
+private file of the pool's log directory.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ground import kill, procfs
 from healer.agent.host import _process, _Rank, _send, _tail
@@ -35,10 +37,8 @@ from wire import phase_now, rank_env
 from wire.orders import UserProgram, Worker
 from wire.run_ids import pool_run_id, worker_id
 from wire.telemetry import AttemptReport, RankExit
-from wire.warm_plan import key
-
-if TYPE_CHECKING:  # NOTE: imported when a warm pool is formed here (WarmWorkers.__init__)
-    import torch.distributed as dist
+from wire.warm_plan import WorkerStart, key
+from wire.warm_seal import SealedStore, pool_key, write_key
 
 
 def _load_torch_distributed() -> None:
@@ -62,17 +62,24 @@ class WarmWorkers:
     """One job's warm workers on this host, formed in one attempt and kept across the generations after it."""
 
     def __init__(self, *, job: str, node: str, formed_in: int, control: str, python: str, cwd: Path, env: dict[str, str],
-                 log_dir: Path, standbys: int, program: UserProgram | None = None) -> None:
-        """`program`: a user's program whose training function megaheal.rank.restartable wraps (its workers run it
-        through megaheal/rank/bootstrap.py, told their pool by environment); None: megaheal's trainer."""
+                 log_dir: Path, standbys: int, token: str, trainer: WorkerStart | None = None,
+                 program: UserProgram | None = None) -> None:
+        """`token`: the run's (the pool's key is derived from it). `trainer`: what megaheal's trainer runs in every
+        worker (the forming start order's config, overrides and run directory); `program` instead: a user's program
+        whose training function megaheal.rank.restartable wraps (its workers run it through
+        megaheal/rank/bootstrap.py, told their pool by environment)."""
+        if (trainer is None) == (program is None):
+            raise ValueError("a warm pool runs either megaheal's trainer or a user's program")
         self.job, self.node, self.formed_in, self.control = job, node, formed_in, control
-        self.program = program
+        self.trainer, self.program = trainer, program
         self.python, self.cwd, self.log_dir, self.standbys = python, cwd, log_dir, standbys
         self.run_id = pool_run_id(job, formed_in)
+        self._secret = pool_key(token, self.run_id)
+        self.key_file = log_dir / "pool.key"
         self.env = {**env, kill.RUN_ID_ENV: self.run_id}
         self.workers: dict[str, _Worker] = {}
         self._spares_named = 0
-        self._store: dist.TCPStore | None = None
+        self._store: SealedStore | None = None
         self._lock = threading.Lock()
         # NOTE: torch is loaded now, on a thread of its own, for the store the pool's first attempt will ask: not at
         # the agent's start (~1 s of CPU every agent paid, warm job or not: on a 2-core host that start slowed the
@@ -81,27 +88,32 @@ class WarmWorkers:
         threading.Thread(target=_load_torch_distributed, name="megaheal-warm-torch", daemon=True).start()
 
     @property
-    def store(self) -> dist.TCPStore:
-        """A client of the pool's store (for `ready` keys), connected on first use."""
+    def store(self) -> SealedStore:
+        """A client of the pool's store (for `ready` keys; only values sealed with the pool's key count), connected
+        on first use."""
         if self._store is None:
             import torch.distributed as dist  # NOTE: loaded by the time a store is asked for (see __init__)
 
             host, _, port = self.control.rpartition(":")
-            self._store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+            client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+            self._store = SealedStore(client, self._secret)
         return self._store
 
     def spawn(self, worker: str, from_generation: int) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if not self.workers:
+            write_key(self.key_file, self._secret)  # NOTE: a path is all a worker is told: a file of mode 0600
         path = self.log_dir / f"{worker}.log"
         env = self.env
-        if self.program is None:
+        if self.trainer is not None:
             argv = [self.python, "-m", "train.warm.worker", "--control", self.control, "--worker", worker,
-                    "--from-generation", str(from_generation)]
+                    "--key-file", str(self.key_file), *self.trainer.argv(), "--from-generation", str(from_generation)]
         else:
+            assert self.program is not None
             p = self.program
             argv = [self.python, "-m", "megaheal.rank.bootstrap", *(["-m"] if p.module else []), p.target, *p.args]
             env = {**env, rank_env.WARM_CONTROL: self.control, rank_env.WARM_WORKER: worker,
-                   rank_env.WARM_FROM: str(from_generation)}
+                   rank_env.WARM_KEY_FILE: str(self.key_file), rank_env.WARM_FROM: str(from_generation)}
         with open(path, "ab") as out:
             proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -234,7 +246,7 @@ class WarmHostAttempt:
             self.states.clear()
         if not self.ready and self.assign and not self.exits:
             try:
-                self.ready = all(self.pool.store.check([key("ready", self.attempt, w)]) for w in self.assign)
+                self.ready = all(self.pool.store.has(key("ready", self.attempt, w)) for w in self.assign)
             except (RuntimeError, OSError) as exc:  # the pool's store gone (its healer died): nothing is refilled
                 log.warning("warm pool of %s: its store does not answer: %s", self.job, exc)
                 return

@@ -80,8 +80,8 @@ class Healer:
 
     # ---- inputs ----------------------------------------------------------------------------------------
 
-    def ingest_heartbeats(self, body: Any) -> int:
-        taken = self.table.ingest(body)
+    def ingest_heartbeats(self, body: Any, sender: str | None = None) -> int:
+        taken = self.table.ingest(body, sender)
         self.metrics.heartbeat_batches.inc()
         self.metrics.heartbeat_records.inc(taken)
         return taken

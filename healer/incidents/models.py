@@ -233,3 +233,17 @@ class GoodputInterval(Base):
     ended_at: Mapped[datetime]
     incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
     steps: Mapped[int | None]
+
+
+class HealerEpoch(Base):
+    """The epoch of the healer that drives each job: claimed anew (a conditional UPDATE, healer/incidents/epochs.py)
+    by every healer that starts driving it, a take-over's included, and carried in each of its orders; an agent
+    refuses an order of an epoch below the highest it has taken, so an older healer that still runs cannot act on
+    the job any more."""
+
+    __tablename__ = "healer_epochs"
+    job: Mapped[str] = mapped_column(Label(200), primary_key=True)
+    epoch: Mapped[int]
+    claimed_at: Mapped[datetime]
+    claimed_by: Mapped[str] = mapped_column(Label(200))
+    """Which healer claimed it (its store's owner: `megaheal-run:HOST:PID`), for people."""

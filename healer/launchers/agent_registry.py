@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from pathlib import Path
 
 from ground.secretfile import SecretError, read_secret, replace_private
-from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
-from wire.orders import ReportOrder
+from healer.launchers.agent_client import AgentClient, AgentUnreachable, Fenced, OrderFailed
+from wire.orders import ReportOrder, ShutdownOrder
 from wire.run_paths import RunPaths
 
 log = logging.getLogger(__name__)
@@ -44,23 +45,30 @@ def load(run_dir: Path) -> dict[str, str]:
         return {}
 
 
-def redirect(node: str, url: str, token: str, healer_url: str) -> bool:
+def redirect(node: str, url: str, token: str, healer_url: str, tls: ssl.SSLContext | None = None, *,
+             epoch: int) -> bool:
     """Tell the agent of `node` at `url` to send its batches to `healer_url` from now on; False when it does not
-    answer (or is not this run's: it refuses the token)."""
-    client = AgentClient(node, url, token, timeout_s=3, attempts=1)
+    answer (or is not this run's: it refuses the token). Fenced when it refuses `epoch`: a newer healer drives it."""
+    client = AgentClient(node, url, token, timeout_s=3, attempts=1, tls=tls)
     try:
-        client.run(ReportOrder(id=f"report:{node}:{time.time_ns()}", healer_url=healer_url), 10)
+        client.run(ReportOrder(id=f"report:{node}:{time.time_ns()}", epoch=epoch, healer_url=healer_url), 10)
+    except Fenced:
+        raise  # NOTE: not a gone agent to replace: the newer healer's
     except (AgentUnreachable, OrderFailed) as exc:
         log.warning("the agent of %s at %s is gone (%s): starting a new one", node, url, exc)
         return False
     return True
 
 
-def shut_down(node: str, url: str, token: str) -> bool:
-    """Ask the agent of `node` to end (its ranks must already be stopped); False when it did not take the order."""
+def shut_down(node: str, url: str, token: str, tls: ssl.SSLContext | None = None, *, epoch: int) -> bool:
+    """Ask the agent of `node` to end (its ranks must already be stopped); False when it did not take the order.
+    True too when it refuses `epoch`: a newer healer drives it, and it is that one's to end, never killed from here."""
     try:
-        AgentClient(node, url, token, timeout_s=3, attempts=1).order(
-            {"kind": "shutdown", "id": f"shutdown:{node}:{time.time_ns()}"})
+        AgentClient(node, url, token, timeout_s=3, attempts=1, tls=tls).order(
+            ShutdownOrder(id=f"shutdown:{node}:{time.time_ns()}", epoch=epoch))
+    except Fenced as exc:
+        log.warning("the agent of %s is left running: %s", node, exc)
+        return True
     except (AgentUnreachable, OrderFailed) as exc:
         log.warning("the agent of %s did not take its shutdown: %s", node, exc)
         return False

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+from healer.launchers.agent_client import AgentClient, AgentUnreachable, Fence, OrderFailed
 from healer.launchers.attempt import AgentAttempt, AgentRank
 from healer.launchers.coordinator_base import START_TIMEOUT_S, CoordinatorBase, Unauthorized, on_each
 from healer.launchers.coordinator_probe import Probes
@@ -37,9 +37,10 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
 
     def __init__(self, cfg: CoordinatorBase.Config, view: ProcessView, token: str,
                  agents: dict[str, AgentClient] | None = None,
-                 env: dict[str, str] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 env: dict[str, str] | None = None, clock: Callable[[], float] = time.time, *, epoch: int) -> None:
         """`agents`: one client per host (spares included; filled in when the launcher has started them); `env`:
-        GLOO_/NCCL_/... settings for every rank."""
+        GLOO_/NCCL_/... settings for every rank; `epoch`: this healer's, claimed before its first order
+        (healer/incidents/epochs.py)."""
         if len(token) < 16:
             raise ValueError("the coordinator needs the run's token (at least 16 characters)")
         self.cfg, self.view, self.clock = cfg, view, clock
@@ -47,6 +48,10 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
         self.agents: dict[str, AgentClient] = dict(agents or {})
         self.env = dict(env or {})
         self._token = token
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = epoch
+        self.fence = Fence()
         self.attempt: AgentAttempt | None = None
         self.history: list[AgentAttempt] = []
         self._first_number = 0
@@ -55,14 +60,15 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
         self._lock = threading.RLock()
         self._leftovers_stopping: set[tuple[str, int]] = set()
         """(host, attempt) of each older attempt found still running that is being (or was) stopped there."""
-        self.warm = (WarmControl(cfg.warm, config=cfg.config or "", run_dir=str(Path(cfg.run_dir).absolute()),
-                                 nproc_per_node=cfg.nproc_per_node) if cfg.warm is not None else None)
+        self.warm = (WarmControl(cfg.warm, token=token, job=cfg.job, nproc_per_node=cfg.nproc_per_node)
+                     if cfg.warm is not None else None)
 
     def start(self, token: str, nodes: tuple[str, ...], dp: int | None = None, resume: str | None = "auto",
               extra: tuple[str, ...] = ()) -> AgentAttempt:
         """Start the next attempt on `nodes` (the previous one must be over). RuntimeError when a host's agent
         refuses or cannot be reached (the attempt is then stopped where it did start)."""
         self._check(token)
+        self.fence.check()
         with self._lock:
             if self.closed:
                 raise RuntimeError(f"the coordinator of {self.cfg.job} is shutting down: no new attempt")
@@ -83,7 +89,7 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
 
         def launch(node_rank: int, endpoint: str | None) -> str:
             node = nodes[node_rank]
-            result = self.agents[node].run(self.start_order(number, nodes, node_rank, endpoint, resume, overrides),
+            result = self._client(node).run(self.start_order(number, nodes, node_rank, endpoint, resume, overrides),
                                            START_TIMEOUT_S)
             # Each host's torchrun and when it started: what a take-over checks before it signals that pid.
             self._journal(journal.Launched(attempt=number, at=self.clock(), agents={node: result.pid},

@@ -7,6 +7,7 @@ signalling them (coordinator_probe.py), taking a run over and re-attaching agent
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ground.names import check_name
-from healer.launchers.agent_client import AgentClient
+from healer.launchers.agent_client import AgentClient, Fence
 from healer.launchers.attempt import AgentAttempt
 from healer.launchers.warm_control import WarmControl, WarmSettings
 from healer.observe.processes import ProcessView
@@ -25,6 +26,7 @@ from wire.orders import StartOrder, UserProgram
 from wire.run_paths import RunPaths
 
 START_TIMEOUT_S = 60.0
+log = logging.getLogger(__name__)
 
 
 class Unauthorized(PermissionError):
@@ -76,6 +78,11 @@ class CoordinatorBase:
     closed: bool
     """Set on the way out (`close`): no attempt starts any more, so a restart in flight cannot outlive us."""
     warm: WarmControl | None
+    epoch: int
+    """This healer's epoch (healer/incidents/epochs.py), in every order: an agent that took a newer one refuses it."""
+    fence: Fence
+    """Tripped by the first order an agent refused for its epoch: from then on this healer orders nothing and writes
+    nothing to the run's journal (a newer healer drives the job; the loop ends, healer/runner/loop.py)."""
     _paths: RunPaths
     _token: str
     _first_number: int
@@ -87,7 +94,13 @@ class CoordinatorBase:
             raise Unauthorized("killing or restarting training needs the run's token")
 
     def _order_id(self, kind: str, attempt: int, node: str, extra: str = "") -> str:
-        return f"{self.cfg.job}-{attempt}:{kind}:{node}{extra}"
+        # NOTE: the epoch too: a later healer of the job (a plain run in the same run directory numbers its attempts
+        # from 0 again) must not find its order taken for one an agent carried out for the healer before.
+        return f"{self.cfg.job}-{attempt}:{kind}:{node}{extra}@{self.epoch}"
+
+    def _client(self, node: str) -> AgentClient:
+        """The host's client, telling this healer's fence when the agent refuses its epoch."""
+        return replace(self.agents[node], fence=self.fence)
 
     def overrides(self, dp: int | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
         """The `--set` items of an attempt: the job's name first (the ranks report under it), the run's, the dp degree
@@ -100,7 +113,7 @@ class CoordinatorBase:
         node = nodes[node_rank]
         common = dict(id=self._order_id("start", number, node), job=self.cfg.job, attempt=number, nnodes=len(nodes),
                       node_rank=node_rank, nproc_per_node=self.cfg.nproc_per_node, rdzv_endpoint=endpoint,
-                      run_dir=str(Path(self.cfg.run_dir).absolute()), env=self.env)
+                      run_dir=str(Path(self.cfg.run_dir).absolute()), env=self.env, epoch=self.epoch)
         if self.cfg.program is not None:
             # NOTE: a program resumes from its own checkpoints (its business); of a rollback it hears which batches
             # to pass over.
@@ -111,9 +124,12 @@ class CoordinatorBase:
     def _quick(self, node: str) -> AgentClient:
         """The host's client for an order that only has to be queued (the agent answers at once): a host that does
         not answer within seconds is taken as lost instead of holding up the stop of every other host."""
-        return replace(self.agents[node], timeout_s=min(self.agents[node].timeout_s, 2.0), attempts=2)
+        return replace(self._client(node), timeout_s=min(self.agents[node].timeout_s, 2.0), attempts=2)
 
     def _journal(self, event: journal.Event) -> None:
+        if self.fence.by is not None:
+            log.warning("fenced: not journalled (a newer healer keeps the journal): %s", event)
+            return
         journal.append(self._paths.journal, event)
 
     # ---- what one part asks of another (coordinator.py and coordinator_stop.py answer) -----------------------

@@ -17,19 +17,21 @@ class Probes(CoordinatorBase):
     def kill_rank(self, token: str, rank: int, sig: int) -> int:
         """Send `sig` to one rank of the current attempt, through its host's agent (fault injection); its pid."""
         self._check(token)
+        self.fence.check()
         node = self.node_of_rank(rank)
         a = self.attempt
         assert a is not None
         name = signal.Signals(sig).name
         order = SignalOrder(id=self._order_id("signal", a.number, node, f":{rank}:{name}:{time.time_ns()}"),
-                            attempt=a.number, rank=rank, signal=name)  # type: ignore[arg-type]
-        return self.agents[node].run(order, 10).pid
+                            epoch=self.epoch, attempt=a.number, rank=rank, signal=name)  # type: ignore[arg-type]
+        return self._client(node).run(order, 10).pid
 
     def run_runbook(self, node: str, runbook: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
         """`megaheal diagnose RUNBOOK --json` on `node`, through its agent, in the environment its ranks get."""
-        order = RunbookOrder(id=f"runbook:{node}:{runbook}:{time.time_ns()}", runbook=runbook, timeout_s=timeout_s)
+        order = RunbookOrder(id=f"runbook:{node}:{runbook}:{time.time_ns()}", epoch=self.epoch, runbook=runbook,
+                             timeout_s=timeout_s)
         try:
-            result = self.agents[node].run(order, timeout_s + 30)
+            result = self._client(node).run(order, timeout_s + 30)
         except (AgentUnreachable, OrderFailed) as exc:
             raise TimeoutError(str(exc)) from exc
         if result.timeout or result.returncode is None:
@@ -49,9 +51,9 @@ class Probes(CoordinatorBase):
 
         def ask(node: str) -> None:
             order = EvidenceOrder(id=self._order_id("evidence", a.number, node, f":{time.time_ns()}"),
-                                  attempt=a.number, timeout_s=timeout_s)
+                                  epoch=self.epoch, attempt=a.number, timeout_s=timeout_s)
             try:
-                answer = self.agents[node].run(order, timeout_s + 15)
+                answer = self._client(node).run(order, timeout_s + 15)
             except (AgentUnreachable, OrderFailed) as exc:
                 unreached[node] = str(exc)[:300]
                 return

@@ -31,6 +31,10 @@ class Stops(CoordinatorBase):
         Ctrl-C); returns once all reported it ended, or its agent could not be reached (a lost host: nothing of the
         attempt can run there with its peers gone)."""
         self._check(token)
+        if self.fence.by is not None:
+            # NOTE: the newer healer decides about the job now: a stop from here would only be refused, host by host.
+            log.warning("fenced: %s is not stopped from here (a newer healer drives it)", self.cfg.job)
+            return
         with self._lock:
             a = self.attempt
             if a is None:
@@ -41,8 +45,8 @@ class Stops(CoordinatorBase):
 
         def order_stop(node: str) -> None:
             try:
-                self._quick(node).order(StopOrder(id=self._order_id("stop", a.number, node), attempt=a.number,
-                                                  grace_s=grace_s))
+                self._quick(node).order(StopOrder(id=self._order_id("stop", a.number, node), epoch=self.epoch,
+                                                  attempt=a.number, grace_s=grace_s))
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("stopping attempt %d on %s: %s; the host counts as lost", a.number, node, exc)
                 with self._lock:
@@ -73,8 +77,8 @@ class Stops(CoordinatorBase):
         """A stop with no grace to every host still stopping: it cuts short the stop in progress there."""
         def order(node: str) -> None:
             try:
-                self._quick(node).order(StopOrder(id=self._order_id("stop", a.number, node, ":now"), attempt=a.number,
-                                                  grace_s=0))
+                self._quick(node).order(StopOrder(id=self._order_id("stop", a.number, node, ":now"), epoch=self.epoch,
+                                                  attempt=a.number, grace_s=0))
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("hurrying the stop of attempt %d on %s: %s", a.number, node, exc)
 
@@ -83,9 +87,9 @@ class Stops(CoordinatorBase):
     def _stop_leftover(self, node: str, attempt: int) -> None:
         """An older attempt still runs on `node` (its agent was cut off when the healer stopped that attempt, and is
         back): stop it there, off the caller's thread."""
-        client = self.agents.get(node)
-        if client is None:
+        if node not in self.agents or self.fence.by is not None:
             return
+        client = self._client(node)
         with self._lock:
             # NOTE: the agent goes on reporting the attempt until the stop is done: one stop (and one journal line) per
             # leftover, not one per report (two came 0.16 s apart on a loaded machine).
@@ -95,8 +99,8 @@ class Stops(CoordinatorBase):
 
         def stop() -> None:
             try:
-                client.run(StopOrder(id=self._order_id("stop", attempt, node, ":leftover"), attempt=attempt, grace_s=0),
-                           60)
+                client.run(StopOrder(id=self._order_id("stop", attempt, node, ":leftover"), epoch=self.epoch,
+                                     attempt=attempt, grace_s=0), 60)
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("attempt %d still runs on %s and could not be stopped: %s", attempt, node, exc)
                 with self._lock:

@@ -51,7 +51,7 @@ class WarmGenerations(CoordinatorBase):
             order = msgspec.structs.replace(self.start_order(number, nodes, node_rank, None, resume, overrides),
                                             warm=parts[node])
             try:
-                self.agents[node].run(order, START_TIMEOUT_S)
+                self._client(node).run(order, START_TIMEOUT_S)
             except (AgentUnreachable, OrderFailed) as exc:
                 failures.append(exc)
 
@@ -66,6 +66,7 @@ class WarmGenerations(CoordinatorBase):
         (at or before `at_most_step`: a rollback). WarmUnavailable, with nothing changed, when it cannot be made
         (no warm pool, no standby for a lost rank, a host that does not answer, another host set)."""
         self._check(token)
+        self.fence.check()
         if self.warm is None:
             raise WarmUnavailable("the job does not run warm")
         with self._lock:
@@ -79,7 +80,8 @@ class WarmGenerations(CoordinatorBase):
 
         def ask(node: str) -> None:
             try:
-                answer = self._quick(node).run(WorkersOrder(id=self._order_id("workers", number, node)), 5)
+                answer = self._quick(node).run(WorkersOrder(id=self._order_id("workers", number, node),
+                                                            epoch=self.epoch), 5)
                 workers[node] = answer.workers
             except (AgentUnreachable, OrderFailed) as exc:
                 log.warning("warm restart: the workers of %s: %s", node, exc)

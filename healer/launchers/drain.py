@@ -3,6 +3,11 @@ Slurm): a host that failed its diagnosis, a host lost (silent while its peers st
 as the reason (`sinfo -R`: "megaheal: incident 7: crash (failed node-health: disk: ...)"). A host left out for
 any other reason (a rule that excludes the suspects of a fault on sight) is not drained: nothing proved it bad.
 
+A host proven bad by its silence alone (host lost) is drained only once that is confirmed by two other witnesses:
+its agent does not answer the healer's own call either, and the scheduler cannot run work there (Slurm: a step does
+not start on it). Silence that several hosts share at once is never enough: the healer's own link is then the
+likelier fault. Each refusal says why in the incident's `drain` evidence.
+
 The reason is built here from the incident's kind and the verdict of megaheal's own runbook, then cut to a safe
 alphabet; it is an argument of scontrol, never a shell's. What happened goes into the incident's evidence
 (`drain`: per host, the reason given, whether it was drained, and why not), an event of its timeline.
@@ -11,7 +16,8 @@ alphabet; it is an argument of scontrol, never a shell's. What happened goes int
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ground.slurm import SlurmError, safe_reason
@@ -23,6 +29,10 @@ from wire.verdict import Status
 
 log = logging.getLogger(__name__)
 WHY_MAX = 100
+SILENT = "host lost"
+"""How proven_bad begins the reason of a host proven bad by its silence alone."""
+SHARED_WITHIN_S = 60.0
+"""Hosts lost within this long of each other share their silence (one cause is likelier than several)."""
 
 
 def drain_reason(incident_id: int, kind: str, why: str) -> str:
@@ -43,7 +53,7 @@ def proven_bad(timeline: IncidentTimeline, node: str) -> str | None:
         # Silent while its peers stopped: dead, cut off or its agent unable to run; nothing should land on it until
         # someone has looked (Slurm marks a host DOWN only when its slurmd is gone too, not when a link is).
         silent = timeline.evidence.get("silent_s")
-        return f"host lost: silent {silent:.0f} s" if isinstance(silent, (int, float)) else "host lost"
+        return f"{SILENT}: silent {silent:.0f} s" if isinstance(silent, (int, float)) else SILENT
     lemons = ((timeline.plan or {}).get("decision_basis") or {}).get("lemons") or {}
     if node in lemons:
         return f"lemon: named in {lemons[node]} incidents"
@@ -55,22 +65,45 @@ class Drainer:
     records in the incident what the scheduler says of every host it left out (`slurm`: state and reason), drained
     or not."""
 
-    def __init__(self, fleet: AgentFleet, store: IncidentStore, job: str, drain: bool = True) -> None:
+    def __init__(self, fleet: AgentFleet, store: IncidentStore, job: str, drain: bool = True,
+                 agent_answers: Callable[[str], bool] | None = None) -> None:
+        """`agent_answers(node)`: whether the host's agent answers the healer's call now (None: not asked)."""
         self.fleet, self.store, self.job, self.drain = fleet, store, job, drain
+        self.agent_answers = agent_answers
+        self._witnesses = ThreadPoolExecutor(1, thread_name_prefix="megaheal-witness")
 
-    def left_out(self, incident_id: int, nodes: Iterable[str]) -> dict[str, dict[str, Any]]:
+    def witness(self, incident_id: int) -> Future[dict[str, str | None]]:
+        """Ask the witnesses about every host incident `incident_id` names by its silence, now, on a thread (the
+        restart goes on meanwhile): by host, why its loss is not confirmed, or None. NOTE: asked when the healer acts,
+        not after the restart: a link that comes back by then must not make a host cut off at the time look fine."""
+        def ask() -> dict[str, str | None]:
+            timeline = self._timeline(incident_id)
+            if timeline is None or not fault(timeline.kind).drains_suspects:
+                return {}
+            return {n: self._doubt(timeline, n) for n in timeline.suspect_nodes}
+        return self._witnesses.submit(ask)
+
+    def left_out(self, incident_id: int, nodes: Iterable[str],
+                 doubts: Future[dict[str, str | None]] | None = None) -> dict[str, dict[str, Any]]:
         """Drain those of `nodes` that incident `incident_id` proved bad; what was done, by host (also recorded in
-        the incident's evidence)."""
+        the incident's evidence). `doubts`: what `witness` found when the healer acted (else they are asked now)."""
         nodes = sorted(nodes)
-        timeline = next((t for t in job_timelines(self.store.engine, self.job) if t.id == incident_id), None) \
-            if nodes else None
+        timeline = self._timeline(incident_id) if nodes else None
         if timeline is None:
             return {}
+        found = doubts.result(timeout=120) if doubts is not None else {}
         done: dict[str, dict[str, Any]] = {}
         for node in nodes if self.drain else ():
             why = proven_bad(timeline, node)
-            if why is not None:
-                done[node] = self._drain(node, drain_reason(incident_id, timeline.kind, why))
+            if why is None:
+                continue
+            reason = drain_reason(incident_id, timeline.kind, why)
+            doubt = (found[node] if node in found else self._doubt(timeline, node)) if why.startswith(SILENT) else None
+            if doubt is not None:
+                log.warning("not draining %s: %s", node, doubt)
+                done[node] = {"reason": reason, "drained": False, "error": f"not confirmed: {doubt}"}
+            else:
+                done[node] = self._drain(node, reason)
         evidence: dict[str, Any] = {}
         if done:
             evidence["drain"] = {**(self.store.row(incident_id).evidence.get("drain") or {}), **done}
@@ -81,6 +114,24 @@ class Drainer:
         if evidence:
             self.store.update_evidence(incident_id, evidence)
         return done
+
+    def _timeline(self, incident_id: int) -> IncidentTimeline | None:
+        return next((t for t in job_timelines(self.store.engine, self.job) if t.id == incident_id), None)
+
+    def _doubt(self, timeline: IncidentTimeline, node: str) -> str | None:
+        """Why the silence of `node` is not confirmed as its loss; None when it is (or no witness can be asked)."""
+        shared = sorted({n for t in job_timelines(self.store.engine, self.job)
+                         if t.kind == timeline.kind and t.id != timeline.id
+                         and abs(t.detected_at - timeline.detected_at) <= SHARED_WITHIN_S
+                         for n in t.suspect_nodes if n != node})
+        if shared:
+            return (f"{', '.join(shared)} fell silent within {SHARED_WITHIN_S:.0f} s of it: the healer's own link or "
+                    "endpoint is the likelier fault")
+        if self.agent_answers is not None and self.agent_answers(node):
+            return "its agent answers the healer's call: only its reports were lost"
+        if self.fleet.scheduler_reaches(node):
+            return "the scheduler still runs work there (a step started on it)"
+        return None
 
     def _drain(self, node: str, reason: str) -> dict[str, Any]:
         try:

@@ -12,17 +12,23 @@ a new launcher is a module with an AgentFleet, its Config and `for_run`, and one
 
 from __future__ import annotations
 
+import ssl
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from ground.names import name_path
+from healer.launchers.run_authority import RunAuthority
+from wire.run_paths import RunPaths
 
 
 class AgentFleet(Protocol):
     healer_url: str
     """Where the agents post their batches (the runner's report endpoint); set before `start` or `adopt`."""
+    epoch: int
+    """The healer's epoch (healer/incidents/epochs.py), in the orders the launcher sends itself (report, shutdown);
+    set before `start` or `adopt`."""
 
     @property
     def hosts_are_local(self) -> bool:
@@ -58,8 +64,18 @@ class AgentFleet(Protocol):
         answer (the evidence then holds none: this is never worth failing an incident's handling for)."""
         ...
 
+    def scheduler_reaches(self, node: str) -> bool | None:
+        """Whether the scheduler can still run work on `node` now (Slurm: a step starts there); None where the
+        launcher has no scheduler to ask. The second witness, beside the host's agent, before a silent host is
+        drained (healer/launchers/drain.py)."""
+        ...
+
     def stop(self) -> None:
         """End every agent (the job's ranks must already be stopped); twice is once."""
+        ...
+
+    def healer_tls(self) -> ssl.SSLContext:
+        """The healer's client context toward the agents: every order goes over mutual TLS (ground/tls.py)."""
         ...
 
 
@@ -83,6 +99,8 @@ class AgentSettings:
     run_dir: Path
     """The run directory, on a filesystem every host shares: each agent's directory and URL file are under it."""
     healer_url: str
+    epoch: int = 0
+    """The healer's epoch, in the orders the launcher sends (AgentFleet.epoch)."""
     token_file: Path
     """The run's token, as a file: it never goes into an agent's command line or environment."""
     python: str = field(default_factory=lambda: sys.executable)
@@ -90,6 +108,14 @@ class AgentSettings:
     cwd: Path = field(default_factory=Path.cwd)
     extra_env: dict[str, str] = field(default_factory=dict)
     """Added to the environment of every agent (and so of its ranks)."""
+
+    def host_tls(self, node: str) -> Path:
+        """A new certificate for the agent of `node` from the run's authority: the directory it gets as --tls-dir."""
+        return RunAuthority.of_run(RunPaths(self.run_dir).launcher).host(node).directory
+
+    def healer_tls(self) -> ssl.SSLContext:
+        """The healer's client context toward its agents (ground/tls.py)."""
+        return RunAuthority.of_run(RunPaths(self.run_dir).launcher).healer().client()
 
     def work_dir(self, node: str) -> Path:
         """The agent's own directory: its log, its URL file, each attempt's logs of its host."""

@@ -124,6 +124,9 @@ class LocalAgents(AgentSettings):
         """No scheduler here: nothing to say of a host beyond what the healer itself knows."""
         return {}
 
+    def scheduler_reaches(self, node: str) -> bool | None:
+        return None
+
     def _registered(self) -> dict[str, str]:
         return agent_registry.save(self.run_dir, {n: a.url for n, a in self.agents.items()})
 
@@ -134,7 +137,7 @@ class LocalAgents(AgentSettings):
         work = self.work_dir(node)
         cfg = NodeAgent.Config(node=node, token=read_token(self.token_file), work_dir=work,
                                scratch_dir=self.scratch_dir(self.run_dir, node), healer_url=self.healer_url,
-                               socket_path=agent_socket_path(node, work),
+                               socket_path=agent_socket_path(node, work), tls_dir=self.host_tls(node), run_dir=self.run_dir,
                                python=self.python, cwd=self.cwd, extra_env=self.extra_env)
         agent = node_agent(cfg, nvml=self.nvml.get(node))
         return LocalAgent(node, agent.start(), in_process=agent)
@@ -147,8 +150,8 @@ class LocalAgents(AgentSettings):
         log_path = work / "agent.log"
         agent_log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the agent
         argv = [self.python, "-m", "megaheal", "agent", "--node", node, "--token-file", str(self.token_file),
-                "--work-dir", str(work), "--scratch-dir", str(self.scratch_dir(self.run_dir, node)),
-                "--healer-url", self.healer_url, "--url-file", str(url_file)]
+                "--work-dir", str(work), "--run-dir", str(self.run_dir.absolute()), "--scratch-dir", str(self.scratch_dir(self.run_dir, node)),
+                "--healer-url", self.healer_url, "--url-file", str(url_file), "--tls-dir", str(self.host_tls(node))]
         env = dict(os.environ) | self.extra_env
         env.setdefault("OMP_NUM_THREADS", "1")
         proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=agent_log,
@@ -164,7 +167,8 @@ class LocalAgents(AgentSettings):
         token = read_token(self.token_file)
         for node in nodes:
             url = known.get(node)
-            if url is not None and agent_registry.redirect(node, url, token, self.healer_url):
+            if url is not None and agent_registry.redirect(node, url, token, self.healer_url, self.healer_tls(),
+                                                           epoch=self.epoch):
                 self.agents[node] = LocalAgent(node, url)
             else:
                 # An agent too slow to answer in time may still be alive: two agents must never serve one host.
@@ -208,7 +212,8 @@ class LocalAgents(AgentSettings):
         return agent_registry.path(self.run_dir)
 
     def clients(self, token: str) -> dict[str, AgentClient]:
-        return {n: AgentClient(n, a.url, token) for n, a in self.agents.items()}
+        tls = self.healer_tls()
+        return {n: AgentClient(n, a.url, token, tls=tls) for n, a in self.agents.items()}
 
     def stop(self) -> None:
         """End the agents (the job's ranks must already be stopped: an agent leaves them as they are); twice is once."""
@@ -221,7 +226,7 @@ class LocalAgents(AgentSettings):
                 agent.process.send_signal(signal.SIGTERM)
             elif agent.process is None:  # adopted from a healer that died: not our child, but it takes orders
                 pid = self._pid_of_run(agent.node)
-                if not agent_registry.shut_down(agent.node, agent.url, token):
+                if not agent_registry.shut_down(agent.node, agent.url, token, self.healer_tls(), epoch=self.epoch):
                     self._end_stale(agent.node)
                 elif pid is not None:
                     adopted.append(pid)

@@ -324,6 +324,8 @@ class AgentRemediator:
         return any(e.failed and e.job == self.job and e.attempt == attempt for e in self.sup.view.exits())
 
     def _restart_cold(self, order: RestartOrder, why: str) -> Started:
+        # The witnesses of a silent host's loss are asked now, while the old attempt stops (healer/launchers/drain.py).
+        doubts = self.drainer.witness(order.incident_id) if self.drainer is not None else None
         self.sup.stop(self.token, self.cfg.fault_grace)
         run_dir = self.sup.cfg.run_dir
         from_step: int | None
@@ -349,7 +351,7 @@ class AgentRemediator:
             if left_out and self.drainer is not None:
                 # NOTE: after the start, so the scheduler's answer never adds to the time to recover; whether the
                 # start worked or not, the host stays proven bad.
-                self.drainer.left_out(order.incident_id, left_out)
+                self.drainer.left_out(order.incident_id, left_out, doubts)
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC), from_step=from_step,
                        resume=resume, nodes=self.nodes, dp=self.dp, mode="cold", mode_why=why)
 

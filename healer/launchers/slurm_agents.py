@@ -96,8 +96,10 @@ class SlurmAgents(AgentSettings):
                 "--export=ALL", "--input=none",
                 self.python, "-m", "megaheal", "agent", "--node", node, "--listen", listen,
                 "--token-file", str(self.token_file.absolute()), "--work-dir", str(work),
+                "--run-dir", str(self.run_dir.absolute()),
                 "--scratch-dir", f"{self.scratch_root}/megaheal-{self.allocation.job_id}/{node}",
-                "--healer-url", self.healer_url, "--url-file", str(work / "url")]
+                "--healer-url", self.healer_url, "--url-file", str(work / "url"),
+                "--tls-dir", str(self.host_tls(node).absolute())]
 
     # ---- start -------------------------------------------------------------------------------------------
 
@@ -152,7 +154,8 @@ class SlurmAgents(AgentSettings):
         missing = []
         for node in nodes:
             url = known.get(node)
-            if url is not None and agent_registry.redirect(node, url, token, self.healer_url):
+            if url is not None and agent_registry.redirect(node, url, token, self.healer_url, self.healer_tls(),
+                                                           epoch=self.epoch):
                 self.agents[node] = AgentStep(node, url)
             else:
                 missing.append(node)
@@ -196,6 +199,10 @@ class SlurmAgents(AgentSettings):
                     log.warning("the Slurm state of %s is unknown: %s", node, exc)
         return {n: {"state": i.state, "reason": i.reason} for n, i in found.items()}
 
+    def scheduler_reaches(self, node: str) -> bool | None:
+        """Whether a step of the allocation still starts on `node` (ground/slurm.py `step_runs_on`)."""
+        return slurm.step_runs_on(self.allocation.job_id, node)
+
     # ---- stop --------------------------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -206,7 +213,7 @@ class SlurmAgents(AgentSettings):
         token = read_token(self.token_file) if self.token_file.exists() else ""
         for agent in self.agents.values():
             if agent.url:
-                agent_registry.shut_down(agent.node, agent.url, token)
+                agent_registry.shut_down(agent.node, agent.url, token, self.healer_tls(), epoch=self.epoch)
         deadline = time.monotonic() + self.stop_timeout_s
         while time.monotonic() < deadline and self._running():
             time.sleep(0.2)

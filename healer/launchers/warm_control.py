@@ -13,8 +13,10 @@ the pool's store and decides who holds which rank:
   lost rank, or a host of the generation gone, no warm restart is possible: WarmUnavailable says why, and the
   restart is made cold.
 
-NOTE: torch's TCPStore listens on every interface whatever address it is given (measured: `*:PORT`), as the store of
-torchrun's rendezvous does; the workers are told `advertise` (loopback by default).
+The store listens on `advertise` only (inprocess/store.py), and takes writes from any client that reaches it: every
+value in it is sealed with the pool's key (wire/warm_seal.py), which the healer and each host's agent derive from
+the run's token and the pool's run id, so only they and the pool's workers can plan a generation. What the workers
+run (config, overrides, run directory) is in each host's start order, not in a plan.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import torch.distributed as dist
 
 from inprocess.store import BoundStore
 from wire.orders import WarmStart, Worker
-from wire.run_ids import worker_id
-from wire.warm_plan import Plan, key
+from wire.run_ids import pool_run_id, worker_id
+from wire.warm_plan import Plan, checkpoint_name, key, write_plan
+from wire.warm_seal import SealedStore, pool_key
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +74,17 @@ class Generation:
 
 
 class WarmControl:
-    def __init__(self, settings: WarmSettings, *, config: str, run_dir: str, nproc_per_node: int) -> None:
-        self.settings, self.config, self.run_dir, self.nproc = settings, config, run_dir, nproc_per_node
+    def __init__(self, settings: WarmSettings, *, token: str, job: str, nproc_per_node: int) -> None:
+        """`token`: the run's (each pool's key is derived from it, as every agent derives it)."""
+        self.settings, self.job, self.nproc = settings, job, nproc_per_node
+        self._token = token
         self._store: BoundStore | None = None
+        self._sealed: SealedStore | None = None
         self.formed_in: int | None = None
         """The attempt that formed the running pool (None: no pool runs)."""
         self.current: Generation | None = None
+        self._pinned: tuple[str, ...] = ()
+        """The overrides the pool's workers were started with (its formation's), but the batches to skip."""
 
     @property
     def store(self) -> dist.TCPStore:
@@ -89,6 +97,16 @@ class WarmControl:
     def endpoint(self) -> str:
         return f"{self.settings.advertise}:{self.store.port}"
 
+    @property
+    def sealed(self) -> SealedStore:
+        """The store, its values sealed with the running pool's key (WarmUnavailable when none runs)."""
+        formed_in, sealed = self.formed_in, self._sealed
+        if formed_in is None:
+            raise WarmUnavailable("no warm pool runs")
+        if sealed is None:
+            sealed = self._sealed = SealedStore(self.store, pool_key(self._token, pool_run_id(self.job, formed_in)))
+        return sealed
+
     # ---- what each host is told -----------------------------------------------------------------------
 
     def form(self, number: int, nodes: tuple[str, ...], why: str) -> Generation:
@@ -98,7 +116,7 @@ class WarmControl:
             for local in range(self.nproc):
                 w = worker_id(node, number, f"r{local}")
                 assign[w], node_of[w] = node_rank * self.nproc + local, node
-        self.formed_in = number
+        self.formed_in, self._sealed = number, None
         return Generation(number, assign, node_of, "formation", why)
 
     def replace(self, number: int, nodes: tuple[str, ...], workers: dict[str, list[Worker]], why: str) -> Generation:
@@ -132,7 +150,7 @@ class WarmControl:
 
     def _up(self, worker: str) -> bool:
         """The worker said hello: its imports are done and it reads plans."""
-        return bool(self.store.check([key("hello", worker)]))
+        return self.sealed.has(key("hello", worker))
 
     def start_orders(self, gen: Generation, nodes: tuple[str, ...]) -> dict[str, WarmStart]:
         """Each host's `warm` part of its start order."""
@@ -160,33 +178,52 @@ class WarmControl:
     def publish(self, gen: Generation, *, overrides: tuple[str, ...], disk_resume: str | None,
                 at_most_step: int | None = None) -> None:
         """Generation `gen.number`'s plan: its ranks start (a warm one also ends the generation before it in every
-        survivor, which watches for it)."""
-        world = len(gen.assign)
-        plan = Plan(generation=gen.number, world=world, assign=gen.assign,
-                    local_rank={w: r % self.nproc for w, r in gen.assign.items()}, config=self.config,
-                    run_dir=self.run_dir, overrides=list(overrides), per_host=self.nproc,
-                    resume="memory" if gen.kind == "warm" else "disk", disk_resume=disk_resume,
-                    at_most_step=at_most_step, timeout_s=self.settings.collective_timeout_s)
-        self.store.set(key("plan", gen.number), plan.to_json())
-        self.store.set(key("gen"), str(gen.number))
+        survivor, which watches for it). `overrides` are the attempt's: the workers run with their formation's (its
+        start orders), and a plan changes only the batches to skip; a warm generation whose other overrides differ
+        is WarmUnavailable. `disk_resume`: auto, None or a checkpoint (its name goes in the plan)."""
+        pinned, skip = _split(overrides)
+        if gen.kind == "warm" and pinned != self._pinned:
+            changed = ", ".join(sorted(set(pinned) ^ set(self._pinned)))
+            raise WarmUnavailable(f"the attempt's settings changed ({changed}): the workers run with their formation's")
+        resume = disk_resume if disk_resume in (None, "auto") else checkpoint_name(disk_resume)
+        plan = Plan(generation=gen.number, world=len(gen.assign), assign=gen.assign,
+                    local_rank={w: r % self.nproc for w, r in gen.assign.items()}, per_host=self.nproc,
+                    resume="memory" if gen.kind == "warm" else "disk", disk_resume=resume, at_most_step=at_most_step,
+                    skip_steps=skip, timeout_s=self.settings.collective_timeout_s)
+        write_plan(self.sealed, plan)
+        if gen.kind != "warm":
+            self._pinned = pinned
         self.current = gen
 
     def resumed_from(self, gen: Generation) -> dict[str, str]:
         """worker -> where it resumed from, for those that are ready (train/warm/worker.py writes it)."""
-        out = {}
+        out: dict[str, str] = {}
+        if self.formed_in is None:  # the pool was stopped meanwhile
+            return out
         for w in gen.assign:
-            if self.store.check([key("ready", gen.number, w)]):
-                out[w] = self.store.get(key("ready", gen.number, w)).decode()
+            if (said := self.sealed.get(key("ready", gen.number, w))) is not None:
+                out[w] = said
         return out
 
     def forget(self) -> None:
         """The pool was stopped on every host (a cold restart follows, with a new one)."""
-        self.formed_in, self.current = None, None
+        self.formed_in, self.current, self._sealed = None, None, None
 
     def end(self, after: int) -> None:
         """No generation follows `after`: every worker still waiting (the standbys) leaves."""
-        if self._store is None:
+        if self._store is None or self.formed_in is None:
             return
-        self.store.set(key("plan", after + 1), Plan(generation=after + 1, world=0, assign={}, local_rank={},
-                                                    config=self.config, run_dir=self.run_dir, stop=True).to_json())
+        write_plan(self.sealed, Plan(generation=after + 1, world=0, assign={}, local_rank={}, stop=True), newest=False)
         self.forget()
+
+
+def _split(overrides: tuple[str, ...]) -> tuple[tuple[str, ...], list[int]]:
+    """An attempt's overrides but `skip_steps=[a,b]` (healer/launchers/placement.py writes it), and its steps."""
+    rest, skip = [], []
+    for item in overrides:
+        name, _, value = item.partition("=")
+        if name == "skip_steps":
+            skip = sorted({int(s) for s in value.strip("[] ").split(",") if s.strip()})
+        else:
+            rest.append(item)
+    return tuple(rest), skip

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from msgspec import Struct
 
-from healer.errors import BadRequest
+from healer.errors import BadRequest, WrongSender
 from healer.observe.nodes import NodeTable
 from healer.observe.processes import ProcessView
 from healer.observe.rank_columns import JobView, RankColumns
@@ -146,9 +146,13 @@ class HeartbeatTable:
         # sees one input; it is empty when no launcher runs in this healer.
         self.processes = ProcessView()
 
-    def ingest(self, body: bytes | HeartbeatBatch | Any) -> int:
-        """Decode (see parse_batch) and store one batch; returns the number of rank entries taken. Raises BadRequest."""
+    def ingest(self, body: bytes | HeartbeatBatch | Any, sender: str | None = None) -> int:
+        """Decode (see parse_batch) and store one batch; returns the number of rank entries taken. Raises BadRequest.
+        `sender`: the host whose certificate the batch came with (ground/tls.py): a batch naming another node is
+        refused whole (WrongSender), so one host cannot speak for another's GPUs or ranks."""
         batch = parse_batch(body)
+        if sender is not None and batch.node != sender:
+            raise WrongSender(f"a batch for node {batch.node!r} came with the certificate of host {sender!r}")
         now = self._clock()
         with self._lock:
             taken = self._store(batch, now, None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from healer.ledger.goodput import Interval
 
 PARTS = ("detection", "diagnosis", "restart", "lost", "startup")
-_SAME_START_S = 0.01
+SAME_START_S = 0.01
 """A startup interval begins at its attempt's start; the database keeps microseconds."""
 
 
@@ -49,6 +49,6 @@ def incident_costs(spans: Iterable[Interval], restarts: Iterable[tuple[int, floa
         if incident not in seconds:
             continue
         for span in startups:
-            if abs(span.start - started) < _SAME_START_S:
+            if abs(span.start - started) < SAME_START_S:
                 seconds[incident]["startup"] += span.seconds
     return {i: Cost({k: round(v, 3) for k, v in parts.items()}, ranks[i]) for i, parts in seconds.items()}

@@ -4,33 +4,38 @@ files the run left there. Nothing here writes, and nothing here renders.
 Where the run directory is known (the single-file report; the service with `run_roots`), the goodput ledger is
 computed from it (healer.ledger.goodput, exactly as `megaheal report` does) and the heat map and the loss plot are
 drawn from the ranks' step records. Without it the ledger is the one `megaheal run` wrote into the database
-(goodput_intervals), and the pages say what they cannot show.
+(goodput_intervals), and the pages say what they cannot show. A listing's rows (the incidents page, a job's page) take
+their costs from the database's ledger first, where it holds their job's: read for those rows alone, since a page of
+100 rows must not compute the whole ledger of every job it names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from healer.decide.states import IncidentState
 from healer.incidents.jobstore import JobStore
-from healer.incidents.models import Incident, Remediation
+from healer.incidents.models import GoodputInterval, Incident, Remediation, Restart
 from healer.incidents.store import IncidentStore
 from healer.incidents.timeline import job_timelines, suspects
 from healer.ledger.goodput import CATEGORIES, KINDS, Interval, compute, intervals
 from healer.pages import heatmap, lossplot, waterfall
-from healer.pages.cost import Cost, incident_costs
+from healer.pages.cost import SAME_START_S, Cost, incident_costs
 from healer.pages.hosts import host_table
 from healer.pages.rundir import RunDir, find_run_dir
 
 STATES = tuple(s.value for s in IncidentState)
 PAGE_SIZE = 100
+"""Incidents on one served page (the list, a job's); older ones are a link away (`offset`)."""
+REPORT_SIZE = 1000
+"""Incidents in the single-file report of one run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,21 +81,27 @@ class JobLedger:
     steps_done: int | None = None
     lost_steps: int | None = None
     costs: dict[int, Cost] = field(default_factory=dict)
+    whole: bool = True
+    """Whether `timelines` and `costs` hold every incident of the job; False: a served job page's ledger from the
+    database, which reads only what it draws (the costs of the incidents it lists come from `row_costs`)."""
+    marks: list[tuple[int, str, float]] = field(default_factory=list)
+    """(id, kind, detected_at) of each incident of the job, for the time line."""
 
 
-def job_ledger(src: Sources, job: str) -> JobLedger:
-    timelines = [t.to_payload() for t in job_timelines(src.engine, job)]
+def job_ledger(src: Sources, job: str, whole: bool = True) -> JobLedger:
+    """The job's goodput ledger: computed from its run directory where known (that needs every incident's timeline),
+    else the one in the database. `whole=False` (a served page): from the database, no incident's timeline is read."""
     run = src.run_for(job)
-    out = JobLedger(job=job, source=None, run=run, timelines=timelines)
+    whole = whole or (run is not None and bool(run.attempts()))
+    timelines = [t.to_payload() for t in job_timelines(src.engine, job)] if whole else []
+    out = JobLedger(job=job, source=None, run=run, timelines=timelines, whole=whole)
     if run is not None and run.attempts():
         ledger = compute(run.path, timelines)
         out.source, out.timelines, out.spans = "run directory", ledger.incidents, intervals(run.path, timelines)
         out.seconds, out.wall_s, out.ettr = ledger.seconds, ledger.wall_s, ledger.ettr
         out.steps_done, out.lost_steps = ledger.steps_done, ledger.lost_steps
     else:
-        rows = JobStore(src.engine).intervals(job)
-        out.spans = [Interval(r.kind, r.started_at.timestamp(), r.ended_at.timestamp(), r.incident_id, r.steps)
-                     for r in rows]
+        out.spans = [_interval(r) for r in JobStore(src.engine).intervals(job)]
         if out.spans:
             out.source = "database"
             out.seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -98,12 +109,23 @@ def job_ledger(src: Sources, job: str) -> JobLedger:
                 out.seconds[CATEGORIES[KINDS.index(s.kind)] if s.kind in KINDS else "other"] += s.seconds
             out.wall_s = out.spans[-1].end - out.spans[0].start
             out.ettr = out.seconds["productive"] / out.wall_s if out.wall_s > 0 else None
+    if not whole:
+        with Session(src.engine) as session:
+            out.marks = [(i, kind, at.timestamp()) for i, kind, at in session.execute(
+                select(Incident.id, Incident.kind, Incident.opened_at).where(Incident.job == job)
+                .order_by(Incident.id))]
+        return out
+    out.marks = [(t["id"], t["kind"], t["detected_at"]) for t in out.timelines]
     restarts = [(r.incident_id, r.started_at.timestamp()) for r in JobStore(src.engine).restarts(job)
                 if r.incident_id is not None and r.started_at is not None]
     # No ledger, no cost: a page says "-" rather than a zero it does not know.
     out.costs = incident_costs(out.spans, restarts, {t["id"]: _ranks(run, t) for t in out.timelines}) \
         if out.spans else {}
     return out
+
+
+def _interval(r: GoodputInterval) -> Interval:
+    return Interval(r.kind, r.started_at.timestamp(), r.ended_at.timestamp(), r.incident_id, r.steps)
 
 
 def _ranks(run: RunDir | None, t: dict[str, Any]) -> int | None:
@@ -143,11 +165,15 @@ class IncidentList:
     more: bool
     choices: dict[str, list[str]]
     """Known values of each filter (for the form)."""
+    limit: int = PAGE_SIZE
+    """Rows on a page: the older and newer links step by it."""
 
 
 def incident_list(src: Sources, filters: Filters, offset: int = 0, limit: int = PAGE_SIZE,
                   ledgers: dict[str, JobLedger] | None = None) -> IncidentList:
-    """Newest first; `ledgers`: jobs' ledgers the caller has already (each incident's cost comes from its job's)."""
+    """Newest first, `limit` from `offset`: the page's rows (and one more, to know whether there are older ones) are
+    all it reads, in a fixed number of statements however many incidents there are. `ledgers`: jobs' whole ledgers
+    the caller has already (an incident's cost is its job's); the other rows' costs come from `row_costs`."""
     query = select(Incident).order_by(Incident.id.desc())
     for column, value in ((Incident.job, filters.job), (Incident.state, filters.state),
                           (Incident.kind, filters.kind), (Incident.node, filters.node)):
@@ -158,15 +184,71 @@ def incident_list(src: Sources, filters: Filters, offset: int = 0, limit: int = 
         choices = {name: sorted(str(v) for v in session.execute(select(column).distinct().limit(500)).scalars() if v)
                    for name, column in (("job", Incident.job), ("kind", Incident.kind), ("node", Incident.node))}
     choices["state"] = list(STATES)
-    ledgers = dict(ledgers or {})
-    for job in {i.job for i in found[:limit] if i.job} - ledgers.keys():
-        ledgers[job] = job_ledger(src, job)
+    shown = found[:limit]
+    known = {job: ledger for job, ledger in (ledgers or {}).items() if ledger.whole}
+    costs = row_costs(src, [i for i in shown if i.job not in known])
     rows = []
-    for i in found[:limit]:
+    for i in shown:
         ranks, nodes = suspects(i.id, i.suspects, i.node)
-        cost = ledgers[i.job].costs.get(i.id) if i.job else None
+        cost = known[i.job].costs.get(i.id) if i.job in known else costs.get(i.id)
         rows.append(Row(i.id, i.kind, i.state, i.severity, i.job, i.node, i.summary, i.opened_at, ranks, nodes, cost))
-    return IncidentList(rows, filters, offset, len(found) > limit, choices)
+    return IncidentList(rows, filters, offset, len(found) > limit, choices, limit)
+
+
+def row_costs(src: Sources, incidents: list[Incident]) -> dict[int, Cost]:
+    """The cost of each of `incidents` (a page's rows) that has one. From the database's ledger where it holds the
+    job's (`megaheal run` writes it: healer/ledger/store.py), reading only these incidents' intervals and the
+    startups of their restarts; else, where the job's run directory is known, from the job's whole ledger computed
+    from it (job_ledger). NOTE: not a whole ledger per job from the database: a page of 100 jobs read every incident
+    of each, with its events, in 5 statements a job."""
+    with_job = [i for i in incidents if i.job]
+    out = _database_costs(src, with_job) if with_job else {}
+    for job in sorted({i.job for i in with_job if i.id not in out and i.job}):
+        run = src.run_for(job)
+        if run is not None and run.attempts():
+            ledger = job_ledger(src, job)
+            out.update({i.id: ledger.costs[i.id] for i in with_job if i.job == job and i.id in ledger.costs})
+    return out
+
+
+def _database_costs(src: Sources, incidents: list[Incident]) -> dict[int, Cost]:
+    """Costs from the database's ledger, of the incidents whose jobs have one there; 4 statements at most."""
+    job_of = {i.id: i.job for i in incidents}
+    with Session(src.engine) as session:
+        ledgered = set(session.execute(select(GoodputInterval.job).distinct()
+                                       .where(GoodputInterval.job.in_(set(job_of.values())))).scalars())
+        mine = [i for i in incidents if i.job in ledgered]
+        if not mine:
+            return {}
+        ids = [i.id for i in mine]
+        spans = {r.id: r for r in session.execute(select(GoodputInterval).where(GoodputInterval.incident_id.in_(ids)))
+                 .scalars() if r.incident_id is not None and r.job == job_of[r.incident_id]}
+        restarts = [(job, i, at) for job, i, at in session.execute(
+            select(Restart.job, Restart.incident_id, Restart.started_at).where(
+                Restart.incident_id.in_(ids), Restart.started_at.is_not(None)))
+                    if i is not None and at is not None and job == job_of[i]]
+        if restarts:
+            spans |= {r.id: r for r in session.execute(select(GoodputInterval).where(
+                GoodputInterval.kind == "startup", or_(*(_starting(job, at) for job, _, at in restarts)))).scalars()}
+    out: dict[int, Cost] = {}
+    for job in {r.job for r in mine if r.job}:
+        run = src.run_for(job)
+        out |= incident_costs([_interval(r) for r in spans.values() if r.job == job],
+                              [(i, at.timestamp()) for j, i, at in restarts if j == job],
+                              {i.id: _ranks(run, {"attempt": i.attempt, "evidence": i.evidence})
+                               for i in mine if i.job == job})
+    return out
+
+
+def _starting(job: str, at: datetime) -> Any:
+    """The job's intervals that start when `at` does (as incident_costs matches a startup to its restart)."""
+    same = timedelta(seconds=SAME_START_S)
+    return and_(GoodputInterval.job == job, GoodputInterval.started_at.between(at - same, at + same))
+
+
+def incident_count(src: Sources, job: str) -> int:
+    with Session(src.engine) as session:
+        return int(session.execute(select(func.count()).select_from(Incident).where(Incident.job == job)).scalar_one())
 
 
 # ---- one incident ----------------------------------------------------------------------------------------------
@@ -257,21 +339,25 @@ class JobView:
     attempts: list[Any]
     """rundir.Attempt where the run directory is known, else the database's restarts (dicts)."""
     incidents: IncidentList
+    """The newest of the job's incidents (a page; the report: up to REPORT_SIZE)."""
+    incident_count: int = 0
+    """All of the job's incidents."""
     hosts: list[dict[str, Any]] = field(default_factory=list)
     """healer.pages.hosts rows where the run directory is known."""
 
 
-def job_view(src: Sources, job: str, ledger: JobLedger | None = None) -> JobView:
-    ledger = ledger or job_ledger(src, job)
-    marks = [(t["id"], t["kind"], t["detected_at"]) for t in ledger.timelines]
+def job_view(src: Sources, job: str, ledger: JobLedger | None = None, limit: int = REPORT_SIZE) -> JobView:
+    """`limit`: the newest incidents listed (a served page: PAGE_SIZE, with a link to the older ones)."""
+    ledger = ledger or job_ledger(src, job, whole=False)
     fall = waterfall.waterfall(ledger.seconds, ledger.wall_s) if ledger.seconds else None
     run = ledger.run
     attempts: list[Any] = run.attempts() if run is not None else [
         {"attempt": r.attempt, "started_at": r.started_at, "nodes": r.nodes, "excluded": r.excluded, "dp": r.dp,
          "resume": r.resume, "outcome": r.outcome, "incident": r.incident_id} for r in JobStore(src.engine).restarts(job)]
-    return JobView(job, ledger, fall, waterfall.strip(ledger.spans, marks),
-                   lossplot.build(run, marks) if run is not None else None, attempts,
-                   incident_list(src, Filters(job=job), limit=1000, ledgers={job: ledger}),
+    listed = incident_list(src, Filters(job=job), limit=limit, ledgers={job: ledger})
+    return JobView(job, ledger, fall, waterfall.strip(ledger.spans, ledger.marks),
+                   lossplot.build(run, ledger.marks) if run is not None else None, attempts, listed,
+                   incident_count(src, job),
                    host_table(run.path, ledger.timelines) if run is not None else [])
 
 

@@ -5,6 +5,7 @@ Slurm allocation) and the coordinator that orders them, the endpoint their batch
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ from healer.compose import compose
 from healer.decide.rules import DEFAULT_RULES, DetectorCondition, RuleSet, load_rule_set
 from healer.detect.nonfinite import PROGRAM_SETTLE, NonFinite
 from healer.detect.registry import default_registry
+from healer.incidents import epochs
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.store import IncidentStore
 from healer.launchers.coordinator import Coordinator
@@ -25,6 +27,7 @@ from healer.launchers.job_diagnosis import JobDiagnosis
 from healer.launchers.launchers import LauncherConfig, launch
 from healer.launchers.local_agents import LocalAgents
 from healer.launchers.remediator import AgentRemediator
+from healer.launchers.run_authority import RunAuthority
 from healer.launchers.run_token import read_token, write_token
 from healer.launchers.warm_control import WarmSettings
 from healer.ledger.store import LedgerWriter
@@ -133,6 +136,22 @@ def _settled_nonfinite(rules: RuleSet) -> RuleSet:
     return RuleSet(out, rules.limits)
 
 
+def shared_config(config: str | None, run_dir: Path) -> str | None:
+    """The trainer's config as the agents are told it: as given when it is under the run directory or this checkout
+    (the agents' directory of work: configs/), else a copy of it in the run directory, which every host shares. NOTE:
+    an agent takes a config from nowhere else (healer/agent/confine.py); the copy is made at each start of a healer,
+    so its restarts all run the config it started with."""
+    if config is None:
+        return None
+    real = Path(os.path.realpath(config))
+    if real.is_relative_to(os.path.realpath(run_dir)) or real.is_relative_to(os.path.realpath(Path.cwd())):
+        return config
+    copy = RunPaths(run_dir).launcher / "config.yaml"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(real, copy)
+    return str(copy.absolute())
+
+
 DB_TIMEOUT = timedelta(seconds=10)
 """The longest a statement or a lock wait of the run's healer may take on PostgreSQL (the service's default too)."""
 
@@ -159,6 +178,12 @@ def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...]]:
     return world // len(spec.nodes), cfg.parallel.dp, valid_dp(cfg)
 
 
+def _answers(coordinator: Coordinator, node: str) -> bool:
+    """Whether the agent of `node` answers the healer's own call (a drain's first witness, healer/launchers/drain.py)."""
+    client = coordinator.agents.get(node)
+    return client is not None and client.answers(timeout_s=3.0, attempts=2)
+
+
 def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     """Everything `megaheal run` runs, wired; nothing started (the agents, and the endpoint their batches come to,
     start with the job). Raises ConfigError, DatabaseError, ValueError."""
@@ -181,22 +206,30 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     if token is None and token_file.exists():
         token = read_token(token_file)
     token = write_token(token_file, token)
-    store = IncidentStore(engine, f"megaheal-run:{socket.gethostname()}:{os.getpid()}", handler=f"run:{spec.job}")
+    owner = f"megaheal-run:{socket.gethostname()}:{os.getpid()}"
+    store = IncidentStore(engine, owner, handler=f"run:{spec.job}")
+    # NOTE: before any order (the launcher's own to its agents included): from its first order on, an older healer
+    # of the job that still runs is refused by every agent this one reaches.
+    epoch = epochs.claim(engine, spec.job, owner)
     resend = timedelta(seconds=30)
     sinks: list[Sink] = [AlertmanagerSink(spec.alertmanager_url, spec.public_url, resend)] if spec.alertmanager_url else []
     launched = launch(spec.launcher, spec.run_dir, token_file)
     agents = launched.fleet
+    agents.epoch = epoch
 
     def hands(store: IncidentStore, table: HeartbeatTable) -> AgentRemediator:
-        coordinator = Coordinator(Coordinator.Config(job=spec.job, config=spec.config, run_dir=spec.run_dir,
+        coordinator = Coordinator(Coordinator.Config(job=spec.job, config=shared_config(spec.config, spec.run_dir),
+                                                     run_dir=spec.run_dir,
                                                      nproc_per_node=nproc, overrides=spec.overrides,
                                                      grace=spec.grace, hosts_are_local=agents.hosts_are_local,
                                                      warm=spec.warm, program=spec.program),
-                                  table.processes, token, env=launched.rank_env)
+                                  table.processes, token, env=launched.rank_env, epoch=epoch)
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
         return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
                                                       valid_dp=accepted), coordinator, token,
-                               drainer=Drainer(agents, store, spec.job, drain=spec.drain), across=across,
+                               drainer=Drainer(agents, store, spec.job, drain=spec.drain,
+                                               agent_answers=lambda node: _answers(coordinator, node)),
+                               across=across,
                                saved=table)
 
     core = compose(db=engine, store=store, rules=rules, token=token, sinks=Sinks(sinks), hands=hands, resend=resend,
@@ -205,6 +238,9 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     remediator = core.healer.remediator
     assert isinstance(remediator, AgentRemediator)
     # The healer's one HTTP API, on the launcher's address: the agents' batches, and the incidents for who asks.
-    reports = ReportServer(core.app, listen=launched.listen)
+    # NOTE: CERT_OPTIONAL: a host must show its certificate to report (api.py), a person with the token and the
+    # run's ca.pem may read the incidents without one.
+    tls = RunAuthority.of_run(RunPaths(spec.run_dir).launcher).healer().server(require_peer=False)
+    reports = ReportServer(core.app, listen=launched.listen, tls=tls)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)
     return SelfHealingJob(core.healer, remediator, agents, reports, core.table, spec.loop, background=[ledger.write])

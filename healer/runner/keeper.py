@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from healer.launchers.agent_client import AgentClient, AgentUnreachable, OrderFailed
+from healer.launchers.agent_client import AgentClient
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
 from healer.observe.heartbeats import HeartbeatTable
@@ -99,13 +99,7 @@ class AgentKeeper:
 
     def _answers(self, node: str) -> bool:
         client = self.coordinator.agents.get(node)
-        if client is None:
-            return False
-        try:
-            AgentClient(node, client.url, self.token, timeout_s=2.0, attempts=1).state()
-        except (AgentUnreachable, OrderFailed):
-            return False
-        return True
+        return client is not None and client.answers(timeout_s=2.0)
 
     def _replace(self, node: str, now: float) -> None:
         log.warning("the agent of %s is silent and does not answer: starting a new one", node)
@@ -116,7 +110,9 @@ class AgentKeeper:
             log.warning("a new agent on %s could not be started (%s); next try in %.0f s", node, exc,
                         self.cfg.retry.total_seconds())
             return
-        adopted = self.coordinator.reattach(node, AgentClient(node, url, self.token))
+        old = self.coordinator.agents.get(node)
+        tls = old.tls if old is not None else self.fleet.healer_tls()  # the healer's own certificate, as before
+        adopted = self.coordinator.reattach(node, AgentClient(node, url, self.token, tls=tls))
         self.restarts.append((node, now, adopted))
         journal.append(RunPaths(Path(self.coordinator.cfg.run_dir)).journal,
                        journal.AgentRestarted(node=node, at=now, url=url, adopted=adopted))

@@ -25,8 +25,9 @@ from healer.decide.policy import will_restart
 from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
 from healer.errors import DatabaseError
+from healer.incidents import epochs
 from healer.incidents.timeline import IncidentTimeline, job_timelines
-from healer.launchers.agent_client import AgentClient
+from healer.launchers.agent_client import AgentClient, Fenced
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.fleet import AgentFleet
 from healer.launchers.remediator import AgentRemediator, wait_idle
@@ -37,6 +38,8 @@ from healer.runner.reports import ReportServer
 log = logging.getLogger(__name__)
 S = IncidentState
 OPEN_STATES = frozenset({S.OPEN, S.DIAGNOSING, S.REMEDIATING})
+EPOCH_EVERY_S = 5.0
+"""How often the loop reads the job's epoch in the database (a newer healer's claim fences this one off)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,6 +67,7 @@ class SelfHealingJob:
         self._background: list[Callable[[], object]] = [healer.tick_notify, *(background or [])]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._off_loop, name="megaheal-notify", daemon=True)
+        self._epoch_read_at = -EPOCH_EVERY_S
 
     @property
     def sup(self) -> Coordinator:
@@ -78,8 +82,8 @@ class SelfHealingJob:
         """The endpoint the agents report to, then an agent on every host (spares too: they report their GPUs)."""
         self.agents.healer_url = self.reports.start()
         urls = self.agents.start([*self.remediator.cfg.nodes, *self.remediator.cfg.spares])
-        token = self.remediator.token
-        self.sup.agents.update({n: AgentClient(n, url, token) for n, url in urls.items()})
+        token, tls = self.remediator.token, self.agents.healer_tls()
+        self.sup.agents.update({n: AgentClient(n, url, token, tls=tls) for n, url in urls.items()})
 
     # ---- start ---------------------------------------------------------------------------------------
 
@@ -101,7 +105,8 @@ class SelfHealingJob:
         skip = {s for r in restarts for s in (r.skip_steps or [])}
         self.agents.healer_url = self.reports.start()
         urls = self.agents.adopt([*self.remediator.cfg.nodes, *self.remediator.cfg.spares])
-        self.sup.agents.update({n: AgentClient(n, url, self.remediator.token) for n, url in urls.items()})
+        tls = self.agents.healer_tls()
+        self.sup.agents.update({n: AgentClient(n, url, self.remediator.token, tls=tls) for n, url in urls.items()})
         self.keeper.start()
         taken = self.remediator.take_over(excluded, skip)
         in_flight = self.healer.take_over(taken.attempt if taken.adopted else None)
@@ -129,7 +134,9 @@ class SelfHealingJob:
         """Tick until the job finishes, escalates, `timeout` passes or `interrupted()` turns true; returns the outcome.
 
         However it ends (an error included), the job does not outlive it: a job still running is stopped on the way
-        out (SIGTERM, then SIGKILL after the grace or as soon as `hurry()` is true), and no attempt starts after."""
+        out (SIGTERM, then SIGKILL after the grace or as soon as `hurry()` is true), and no attempt starts after.
+        Except when an agent refused this healer's epoch (Fenced, raised): a newer healer drives the job, which is
+        left to it as it is."""
         deadline = time.monotonic() + timeout.total_seconds()
         self._thread.start()
         try:
@@ -147,20 +154,29 @@ class SelfHealingJob:
                 time.sleep(self.cfg.tick.total_seconds())
         finally:
             self.keeper.stop()  # the agents are the job's to end from here on
-            if self.outcome in ("finished", "escalated", "timeout"):
+            fenced = self.sup.fence.by is not None
+            if self.outcome in ("finished", "escalated", "timeout") and not fenced:
                 wait_idle(self.remediator, 120)  # the healer's own last orders (a stop) are carried out first
-            # NOTE: interrupted, or an exception on its way up: stop the job here, on this thread, instead of
-            # waiting behind an order the worker may be busy with (a 90 s diagnosis).
-            self.remediator.shutdown(hurry=hurry)
+            if fenced:
+                self.sup.close()  # NOTE: nothing started, nothing stopped: the job is the newer healer's
+            else:
+                # NOTE: interrupted, or an exception on its way up: stop the job here, on this thread, instead of
+                # waiting behind an order the worker may be busy with (a 90 s diagnosis).
+                self.remediator.shutdown(hurry=hurry)
             wait_idle(self.remediator, 30)
             self._stop.set()
             self._thread.join(timeout=60)
-            self._off_loop_once()
+            if not fenced:  # the newer healer notifies and keeps the ledger
+                self._off_loop_once()
         return self.outcome
 
     def tick(self) -> None:
+        # NOTE: first: an agent refused one of this healer's orders for its epoch (on whichever thread it went out):
+        # a newer healer drives the job, and this one must stop acting on it rather than fight it.
+        self.sup.fence.check()
         self.remediator.poll()
         try:
+            self._check_epoch()
             view = self.healer.tick_detect()
             self.healer.tick_respond()
             self.healer.tick_recovery(view)
@@ -176,6 +192,19 @@ class SelfHealingJob:
         if state.succeeded and not self.remediator.busy:
             self._finished()
             self.outcome = "finished"
+
+    def _check_epoch(self) -> None:
+        """Trip the fence when a newer healer claimed the job's epoch (every EPOCH_EVERY_S): its agents report to
+        that one, so this one would soon see every host silent and act on a job it no longer drives."""
+        now = time.monotonic()
+        if now - self._epoch_read_at < EPOCH_EVERY_S:
+            return
+        self._epoch_read_at = now
+        newest = epochs.current(self.healer.store.engine, self.job)
+        if newest is not None and newest > self.sup.epoch:
+            self.sup.fence.trip(Fenced(f"a newer healer claimed epoch {newest} of job {self.job} (this one's: "
+                                       f"{self.sup.epoch})"))
+            self.sup.fence.check()
 
     def _finished(self) -> None:
         """Every step is done: what still waits for its condition to clear (a straggler, say) cannot fault any more."""

@@ -6,6 +6,7 @@ exits): both go into the healer's table, where the detectors read them."""
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -14,8 +15,11 @@ from starlette.applications import Starlette
 
 
 class ReportServer:
-    def __init__(self, app: Starlette, listen: str = "127.0.0.1:0", advertise: str | None = None) -> None:
-        self.app, self.listen, self.advertise = app, listen, advertise
+    def __init__(self, app: Starlette, listen: str = "127.0.0.1:0", advertise: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the healer's server context (ground/tls.py): the agents then report over mutual TLS, each batch
+        taken on its host's certificate (healer/service/api.py)."""
+        self.app, self.listen, self.advertise, self.tls = app, listen, advertise, tls
         self._server: Any = None
         self.url = ""
 
@@ -23,14 +27,15 @@ class ReportServer:
         """Serve; the URL the agents post to."""
         import uvicorn
 
-        from ground.http_serving import guarded_h11
+        from ground.http_serving import guarded_h11, tls_config
 
         host, _, port = self.listen.rpartition(":")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
         config = uvicorn.Config(self.app, access_log=False, log_config=None, http=guarded_h11(per_peer=64),
-                                limit_concurrency=256, timeout_graceful_shutdown=2)
+                                limit_concurrency=256, timeout_graceful_shutdown=2,
+                                **(tls_config(self.tls) if self.tls is not None else {}))
         self._server = uvicorn.Server(config)
         threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="megaheal-reports",
                          daemon=True).start()
@@ -39,7 +44,7 @@ class ReportServer:
             time.sleep(0.01)
         if not self._server.started:
             raise RuntimeError(f"the healer's report endpoint did not start on {self.listen}")
-        self.url = f"http://{self.advertise or host}:{sock.getsockname()[1]}"
+        self.url = f"{'https' if self.tls else 'http'}://{self.advertise or host}:{sock.getsockname()[1]}"
         return self.url
 
     def stop(self) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ground.names import derive_name
 from healer.decide.rules import load_rule_set
+from healer.launchers.agent_client import Fenced
 from healer.launchers.allocation import Allocation
 from healer.launchers.launchers import LauncherConfig
 from healer.launchers.local_agents import LocalAgents
@@ -90,7 +91,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     from; `rules`: rule files or directories [default: configs/rules/]. `launcher`: local (hosts are agents on
     this machine) or slurm (the hosts of the allocation this runs in, the last `spares` of them kept as spares);
     `drain`: drain hosts proven bad in the scheduler [default: under slurm]. `standbys`: run warm with that many
-    standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. Raises RunDirBusy
+    standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. Returns FENCED_EXIT
+    when a newer healer took the job over (it is left running as it is). Raises RunDirBusy
     when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if resume and (run_dir is None or not RunPaths(run_dir).journal.exists()):
@@ -120,6 +122,23 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     with RunDirLock(run_dir, resume):
         return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, (*placement.overrides, *overrides),
                            resume, db_url, alertmanager_url, rules, placement, warm, db_password)
+
+
+FENCED_EXIT = 3
+"""`megaheal run`'s exit status when a newer healer took its job over (an agent refused its epoch)."""
+
+
+def _leave_fenced(job: SelfHealingJob, exc: Fenced) -> int:
+    """A newer healer drives the job (an agent refused this one's epoch): leave without touching it. Its attempt,
+    its agents and its journal are the newer healer's; only what is this process's own is closed."""
+    log.critical("megaheal run: %s", exc)
+    job.keeper.stop()
+    job.sup.close()
+    job.reports.stop()
+    job.healer.store.engine.dispose()
+    print(f"megaheal run: stopped acting on job {job.job}: a newer healer drives it (an agent refused this one's "
+          f"epoch {job.sup.epoch}: {exc}). Nothing of the job was stopped; see the newer healer's run for how it goes.")
+    return FENCED_EXIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +262,8 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
             looping = True
             # NOTE: the loop stops the job on its way out, whatever the way (Ctrl-C, SIGTERM, an error).
             outcome = job.run(timeout, on_tick=on_tick, interrupted=interrupts.requested, hurry=interrupts.hurried)
+        except Fenced as exc:
+            return _leave_fenced(job, exc)
         except BaseException:
             # NOTE: BaseException: a second Ctrl-C (KeyboardInterrupt) must stop the agents as well; then re-raised.
             log.error("megaheal run: stopping the job's node agents after an error", exc_info=True)

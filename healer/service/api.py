@@ -1,12 +1,16 @@
 """The healer's one HTTP API (Starlette, served by uvicorn), for both front doors: the service (`megaheal healer`)
 serves it on its address, and `megaheal run` serves it to its node agents (healer/runner/reports.py).
 
-    POST /v1/heartbeats                  heartbeat batches from the sidecars         (token)
-    POST /v1/heartbeats/relayed          a relay's batch of its nodes' batches       (token)
+    POST /v1/heartbeats                  heartbeat batches from the sidecars         (token, or over TLS a host's cert)
+    POST /v1/heartbeats/relayed          a relay's batch of its nodes' batches       (token, or over TLS a relay's)
     POST /v1/alertmanager                Alertmanager webhook, payload version 4     (token)
     GET  /v1/incidents[?state=&limit=&offset=]   GET /v1/incidents/{id} (with every transition)
     POST /v1/incidents/{id}/ack | /resolve   {"by": "...", "note": "..."} optional   (token)
     GET  /healthz  /readyz  /metrics
+
+Served over mutual TLS (`megaheal run`: the run's authority, ground/tls.py), a heartbeat batch is taken on the
+certificate it came with, not the token: a host's, for its own node only (403 for another's), and a relay's for
+relayed batches. The token alone cannot report there: every host holds it.
 
 Every refusal is JSON {"error": ..., "field": ...}: 401 without the bearer token, 413 over the body limit,
 400 naming the field for malformed JSON, a wrong schema or a bad path or query parameter (healer.service.requests),
@@ -31,9 +35,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ground.secretfile import bearer_matches
+from ground.tls import peer_of
 from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
-from healer.errors import BadRequest, DatabaseError, IllegalTransition, NotFound
+from healer.errors import BadRequest, DatabaseError, IllegalTransition, NotFound, WrongSender
 from healer.incidents.metrics import HealerMetrics
 from healer.observe.heartbeats import HeartbeatTable
 from healer.service.detection_first import DetectionFirst
@@ -110,7 +115,7 @@ def create_app(healer: Healer, readiness: Readiness, token: str, max_body: int =
 class Ingest(Protocol):
     """What takes heartbeats: the engine (healer/engine/engine.py), or a table alone (`TableIngest`)."""
 
-    def ingest_heartbeats(self, body: bytes) -> int: ...
+    def ingest_heartbeats(self, body: bytes, sender: str | None = None) -> int: ...
 
     def ingest_relayed(self, body: bytes) -> tuple[int, int]: ...
 
@@ -122,8 +127,8 @@ class TableIngest:
 
     table: HeartbeatTable
 
-    def ingest_heartbeats(self, body: bytes) -> int:
-        return self.table.ingest(body)
+    def ingest_heartbeats(self, body: bytes, sender: str | None = None) -> int:
+        return self.table.ingest(body, sender)
 
     def ingest_relayed(self, body: bytes) -> tuple[int, int]:
         return self.table.ingest_relayed(body)
@@ -138,18 +143,29 @@ def ingest_app(ingest: Ingest, token: str, metrics: HealerMetrics | None = None,
 
 def _ingest_routes(ingest: Ingest, authorize: Callable[[Request], None], max_body: int, max_relay_body: int,
                    detection_first: DetectionFirst | None) -> list[Route]:
+    def sender(request: Request, role: str) -> str | None:
+        """Who may report: over TLS the peer's certificate of `role` (its name), else the token (None)."""
+        if request.url.scheme != "https":
+            authorize(request)
+            return None
+        peer = peer_of(request.scope)
+        if peer is None or peer.role != role:
+            raise Refused(403, f"over TLS only a {role}'s certificate from the run's authority may send this, "
+                               f"not {peer or 'no certificate'}")
+        return peer.name
+
     async def heartbeats(request: Request) -> Response:
-        authorize(request)
+        host = sender(request, "host")
         # NOTE: the raw bytes: the heartbeat table decodes them straight into the typed batch (wire/telemetry.py).
         body = not_empty(await read_body(request, max_body))
         if detection_first is not None:
             await detection_first.wait()
         # NOTE: in memory only and cheap: run on the event loop, no thread hop per batch (1,536 batches/s at scale).
-        taken = ingest.ingest_heartbeats(body)
+        taken = ingest.ingest_heartbeats(body, host)
         return JSONResponse({"accepted": taken}, status_code=202)
 
     async def relayed(request: Request) -> Response:
-        authorize(request)
+        sender(request, "relay")
         body = not_empty(await read_body(request, max_relay_body))
         if detection_first is not None:
             await detection_first.wait()
@@ -192,6 +208,10 @@ def _handlers(metrics: HealerMetrics, authorized: Callable[[Request], bool]
     async def on_not_found(request: Request, exc: Exception) -> Response:
         return refusal(request, 404, str(exc))
 
+    async def on_wrong_sender(request: Request, exc: Exception) -> Response:
+        log.warning("refused a heartbeat batch: %s", exc)
+        return refusal(request, 403, str(exc), "node")
+
     async def on_illegal(request: Request, exc: Exception) -> Response:
         return refusal(request, 409, str(exc), "state")
 
@@ -206,6 +226,7 @@ def _handlers(metrics: HealerMetrics, authorized: Callable[[Request], bool]
         return refusal(request, exc.status_code, str(exc.detail))
 
     return {Refused: on_refused, BadRequest: on_bad_request, NotFound: on_not_found, IllegalTransition: on_illegal,
+            WrongSender: on_wrong_sender,
             SQLAlchemyError: on_database, DatabaseError: on_database, HTTPException: on_http}
 
 

@@ -1,14 +1,17 @@
 """The healer's pages over HTTP (the rendering is healer/pages/, shared with `megaheal report --html`).
 
     GET  /                              -> /incidents
-    GET  /incidents[?job=&state=&kind=&node=&offset=]   newest first, each with its lost GPU-time
+    GET  /incidents[?job=&state=&kind=&node=&offset=]   newest first, a page of them (PAGE_SIZE), each with its
+                                        lost GPU-time; `offset` (a whole number, else a 400) pages to older ones
     GET  /incidents/{id}                one incident: stages, cost, decision, diagnosis, heat map, timeline
     POST /incidents/{id}/ack | resolve  a form with the API token (303 back to the incident)
-    GET  /jobs/{job}                    goodput waterfall, loss and steps, attempts, incidents
+    GET  /jobs/{job}                    goodput waterfall, loss and steps, attempts, its newest incidents
     GET  /jobs/{job}/trace.json         the Perfetto trace of every rank (where the run directory is known)
 
 Reading needs no token (whoever reaches the healer may look; put it behind the same proxy as the API); acting
-does, as on the API. Every page carries a Content-Security-Policy that allows no script and no outside resource.
+does, as on the API; so what a page costs must not grow with the incidents stored: a listing reads its page of
+rows (SQL LIMIT) and their costs in a fixed number of statements (healer/pages/views.py incident_list). Every page
+carries a Content-Security-Policy that allows no script and no outside resource.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
 from healer.errors import DatabaseError, IllegalTransition, NotFound
 from healer.pages import render
-from healer.pages.views import STATES, Filters, Sources, incident_list, incident_view, job_view
+from healer.pages.views import PAGE_SIZE, STATES, Filters, Sources, incident_list, incident_view, job_view
 from healer.service.health import Readiness
 from healer.service.requests import Refused, check_person
 
@@ -105,7 +108,7 @@ def page_routes(healer: Healer, readiness: Readiness, token: str, sources: Sourc
 
     async def job(request: Request) -> Response:
         name = _text(request.path_params["job"], "job")
-        return await _html(lambda: render.job_page(job_view(sources, name)))
+        return await _html(lambda: render.job_page(job_view(sources, name, limit=PAGE_SIZE)))
 
     async def trace(request: Request) -> Response:
         from exporters.timeline import build_trace, read_rank_files

@@ -55,13 +55,15 @@ class _Pool:
     def __init__(self, fn: Callable[[Restart], Any]) -> None:
         from inprocess.abort import open_sockets
         from inprocess.generations import GenerationLoop, connect_to
+        from wire.warm_seal import read_key
 
         self.fn, self.kept = fn, {}
         self.result: Any = _NOT_DONE
+        secret = read_key(os.environ[rank_env.WARM_KEY_FILE])  # NOTE: plans not sealed with it are refused
         connect = connect_to(os.environ[rank_env.WARM_CONTROL])
         control, watch = connect(), connect()
         self.loop = GenerationLoop(control, os.environ[rank_env.WARM_WORKER], watch=watch, connect=connect,
-                                   keep=open_sockets())
+                                   keep=open_sockets(), secret=secret)
 
     def serve(self) -> Any:
         code = self.loop.serve(self._generation, int(os.environ.get(rank_env.WARM_FROM) or 0))

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.services
 
 def _agents(run_dir: Path) -> LocalAgents:
     # healer_url: nobody listens there; the agents keep their batches until a healer does.
-    return LocalAgents(run_dir=run_dir, healer_url="http://127.0.0.1:9", token_file=run_dir / "token", cwd=REPO)
+    return LocalAgents(run_dir=run_dir, healer_url="https://127.0.0.1:9", token_file=run_dir / "token", cwd=REPO)
 
 
 def test_a_take_over_kills_a_frozen_agent_before_it_starts_the_hosts_next_one_and_keeps_one_that_answers(
@@ -39,7 +39,7 @@ def test_a_take_over_kills_a_frozen_agent_before_it_starts_the_hosts_next_one_an
         frozen.wait(timeout=5)  # killed by the take-over (a frozen process ends only on SIGKILL)
         assert frozen.returncode == -signal.SIGKILL
         assert procfs.alive(kept.pid) and urls["n2"] == first.agents["n2"].url
-        new_n1 = AgentClient("n1", urls["n1"], token).state()
+        new_n1 = AgentClient("n1", urls["n1"], token, tls=second.healer_tls()).state()
         assert new_n1["node"] == "n1" and new_n1["pid"] not in (frozen.pid, kept.pid)
     finally:
         for proc in (frozen, kept):

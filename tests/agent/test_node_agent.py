@@ -45,7 +45,7 @@ def agent(tmp_path: Path) -> Any:
 
 
 def start_order(tmp_path: Path, order_id: str = "j-0:start:n1") -> dict[str, Any]:
-    return {"kind": "start", "id": order_id, "job": "j", "attempt": 0, "nnodes": 1, "node_rank": 0,
+    return {"kind": "start", "id": order_id, "epoch": 1, "job": "j", "attempt": 0, "nnodes": 1, "node_rank": 0,
             "nproc_per_node": 4, "config": str(CONFIGS / "tiny-dp4.yaml"), "run_dir": str(tmp_path / "run"),
             "overrides": ["steps=200", "job=j"]}
 
@@ -68,7 +68,7 @@ def test_orders_need_the_token_and_a_malformed_order_is_refused_naming_its_field
         post(node.url, hostile)  # only the settings wire/orders.py ENV_KEYS names reach a rank
     # A stop names the attempt it stops: one that named none stopped whatever ran, a later attempt too.
     with pytest.raises(RequestFailed, match="400.*attempt"):
-        post(node.url, {"kind": "stop", "id": "stop-any", "grace_s": 0})
+        post(node.url, {"kind": "stop", "id": "stop-any", "epoch": 1, "grace_s": 0})
     for key in ("CUDA_INJECTION64_PATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "TORCH_EXTENSIONS_DIR"):
         with pytest.raises(RequestFailed, match="400.*env"):
             post(node.url, {**start_order(tmp_path), "env": {key: "/tmp/evil.so"}})  # by name, not by prefix
@@ -97,14 +97,14 @@ def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_ag
                         lambda: [s for s in table.processes.states() if s.phase in PHASES and s.phase_entered], 60,
                         every_s=0.1)
     assert all(s.phase_entered <= time.time() + 1 and s.phase_step is not None for s in in_phase)
-    pid = client.run(SignalOrder(id="kill-3", attempt=0, rank=3, signal="SIGKILL"), 10).pid
+    pid = client.run(SignalOrder(id="kill-3", epoch=1, attempt=0, rank=3, signal="SIGKILL"), 10).pid
     wait_for("the crash in the batches", lambda: [e for e in table.processes.exits() if e.rank == 3], 30, every_s=0.1)
     (crashed,) = [e for e in table.processes.exits() if e.rank == 3]
     assert crashed.pid == pid and (crashed.signal == signal.SIGKILL or crashed.vanished)
     # torchrun stops the other ranks and exits by itself, its failure report saying how rank 3 died (a stop before
     # that would SIGKILL torchrun too, and a rank it reaped first would stay "vanished").
     wait_for("torchrun to end the attempt", lambda: client.state()["attempt"]["ended"], 60, every_s=0.1)
-    assert client.run(StopOrder(id="stop-0", attempt=0, grace_s=1), 60).stopped == 0
+    assert client.run(StopOrder(id="stop-0", epoch=1, attempt=0, grace_s=1), 60).stopped == 0
     state = client.state()["attempt"]
     assert state["ended"] and state["ranks"] == []
     exits = {e["rank"]: e for e in state["exits"]}
@@ -117,5 +117,5 @@ def test_an_attempt_is_started_once_watched_signalled_and_stopped_through_the_ag
 @pytest.mark.timeout(120)
 def test_a_runbook_runs_on_the_agents_host_and_says_its_verdict(agent: Any) -> None:
     _, client, _ = agent
-    result = client.run(RunbookOrder(id="rb-1", runbook="node-health", timeout_s=90), 120)
+    result = client.run(RunbookOrder(id="rb-1", epoch=1, runbook="node-health", timeout_s=90), 120)
     assert result.returncode == 0 and '"verdict": "pass"' in result.stdout

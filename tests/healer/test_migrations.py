@@ -22,7 +22,7 @@ from tests.healer.services import MEGAHEAL
 pytestmark = pytest.mark.services
 
 TABLES = {"jobs", "nodes", "node_incidents", "incidents", "incident_events", "runbook_runs", "remediations", "restarts",
-          "goodput_intervals"}
+          "goodput_intervals", "healer_epochs"}
 
 
 def _tables(engine: sa.Engine) -> set[str]:

@@ -213,21 +213,41 @@ def test_two_healers_on_one_database_act_once_per_incident(tmp_path: Path, pg_ur
 
 def test_megaheal_run_serves_the_services_own_api_to_its_agents(tmp_path: Path) -> None:
     """One HTTP API for both front doors: the endpoint `megaheal run` gives its node agents is the service's app
-    (healer/service/api.py) with the run's token, not an app of its own."""
+    (healer/service/api.py) with the run's token, not an app of its own; over the run's TLS, a host reports with its
+    certificate and a person reads with the run's CA and acts with the token."""
+    import json
+    import ssl
+
+    from ground.tls import PeerTls, https
+    from healer.launchers.run_authority import RunAuthority
     from healer.runner.build import JobSpec, build_job
     from tests.conftest import REPO
 
     job = build_job(JobSpec(job="j", config=str(REPO / "configs" / "demo.yaml"), run_dir=tmp_path / "run"))
-    token = RunPaths(tmp_path / "run").token.read_text().strip()
+    paths = RunPaths(tmp_path / "run")
+    token = paths.token.read_text().strip()
     url = job.reports.start()
+    host = PeerTls(RunAuthority.of_run(paths.launcher).host("n1").client(), "healer")
+    person_ctx = ssl.create_default_context(cafile=str(paths.launcher / "tls" / "ca.pem"))
+    person_ctx.check_hostname = False
+    person = PeerTls(person_ctx, "healer")
+
+    def call(method: str, path: str, body: Any, peer: PeerTls, bearer: str | None) -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {bearer}"} if bearer else {})}
+        status, raw = https(method, f"{url}{path}", None if body is None else json.dumps(body).encode(), headers, 10,
+                            peer, 1 << 20)
+        return status, json.loads(raw) if raw else None
+
     try:
-        assert http("POST", f"{url}/v1/heartbeats", batch("n1", [0, 1], job="j"), token=token) == (202, {"accepted": 2})
-        assert http("POST", f"{url}/v1/heartbeats", batch("n1", [0], job="j"), token="wrong")[0] == 401
-        status, body = http("POST", f"{url}/v1/heartbeats", {"schema": 1, "node": "n1"}, token=token)
+        assert url.startswith("https://")
+        assert call("POST", "/v1/heartbeats", batch("n1", [0, 1], job="j"), host, None) == (202, {"accepted": 2})
+        assert call("POST", "/v1/heartbeats", batch("n1", [0], job="j"), person, token)[0] == 403
+        assert call("POST", "/v1/heartbeats", batch("n2", [0], job="j"), host, None)[0] == 403
+        status, body = call("POST", "/v1/heartbeats", {"schema": 1, "node": "n1"}, host, None)
         assert status == 400 and body["field"], body
-        assert http("GET", f"{url}/v1/incidents", token=None) == (200, {"incidents": []})
-        assert http("GET", f"{url}/readyz", token=token)[0] == 200
-        assert http("POST", f"{url}/v1/incidents/1/ack", {"by": "me"}, token=None)[0] == 401
+        assert call("GET", "/v1/incidents", None, person, None) == (200, {"incidents": []})
+        assert call("GET", "/readyz", None, person, token)[0] == 200
+        assert call("POST", "/v1/incidents/1/ack", {"by": "me"}, person, None)[0] == 401
         assert {r.rank for r in job.table.ranks() if r.job == "j"} == {0, 1}
     finally:
         job.close()

@@ -29,8 +29,11 @@ pytestmark = pytest.mark.unit
 class SlurmSays:
     """A launcher's answer about hosts, as SlurmAgents gives it after asking scontrol."""
 
-    def __init__(self, states: dict[str, dict[str, str | None]]) -> None:
-        self.states, self.drained = states, []
+    def __init__(self, states: dict[str, dict[str, str | None]], reaches: bool = False) -> None:
+        self.states, self.drained, self.reaches = states, [], reaches
+
+    def scheduler_reaches(self, node: str) -> bool:
+        return self.reaches
 
     def drain(self, node: str, reason: str) -> bool:
         self.drained.append(node)
@@ -43,7 +46,7 @@ class SlurmSays:
 
 def lost_host_incident(store: IncidentStore, host: str) -> int:
     incident_id, _ = store.record(Signal(rule="host-lost", kind="host_lost", severity="critical", page="on-escalation",
-                                         cooldown=timedelta(minutes=5), identity=(("job", "j"),), job="j", node=host,
+                                         cooldown=timedelta(minutes=5), identity=(("job", "j"), ("node", host)), job="j", node=host,
                                          summary=f"{host} silent", evidence={"silent_s": 16.0}))
     assert store.transition(incident_id, S.OPEN, S.REMEDIATING, {"decision": {"plan": {"remedy": "exclude-node-and-restart", "exclude": [host]}}})
     return incident_id
@@ -63,6 +66,32 @@ def test_a_lost_host_left_out_is_drained_and_its_slurm_state_and_reason_go_into_
     evidence = store.row(incident).evidence
     assert evidence["drain"]["h2"]["drained"] is True
     assert evidence["slurm"] == {"h2": {"state": "MIXED+DRAIN", "reason": evidence["drain"]["h2"]["reason"]}}
+
+
+@pytest.mark.parametrize(("agent_answers", "scheduler_reaches", "doubt"), [
+    (True, False, "not confirmed: its agent answers the healer's call"),
+    (False, True, "not confirmed: the scheduler still runs work there"),
+])
+def test_a_silent_host_is_not_drained_while_its_agent_or_the_scheduler_still_reaches_it(
+        tmp_path: Path, agent_answers: bool, scheduler_reaches: bool, doubt: str) -> None:
+    store = make_store(tmp_path)
+    incident = lost_host_incident(store, "h2")
+    fleet = SlurmSays({"h2": {"state": "MIXED", "reason": None}}, reaches=scheduler_reaches)
+    Drainer(fleet, store, "j", agent_answers=lambda node: agent_answers).left_out(  # type: ignore[arg-type]
+        incident, {"h2"})
+    drain = store.row(incident).evidence["drain"]["h2"]
+    assert fleet.drained == [] and drain["drained"] is False and drain["error"].startswith(doubt), drain
+
+
+def test_silence_shared_by_several_hosts_drains_none_of_them(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    first, second = lost_host_incident(store, "h2"), lost_host_incident(store, "h3")
+    fleet = SlurmSays({}, reaches=False)
+    drainer = Drainer(fleet, store, "j", agent_answers=lambda node: False)  # type: ignore[arg-type]
+    drainer.left_out(first, {"h2"})
+    drainer.left_out(second, {"h3"})
+    assert fleet.drained == []
+    assert "h3 fell silent within 60 s" in store.row(first).evidence["drain"]["h2"]["error"]
 
 
 def test_a_host_left_out_without_draining_still_has_its_slurm_state_recorded(tmp_path: Path) -> None:
@@ -136,3 +165,17 @@ def test_the_states_at_the_end_are_kept_only_where_a_scheduler_answered(tmp_path
     assert record_states(run, SlurmSays({}), ["h1"]) == {} and not states_path(run).exists()  # type: ignore[arg-type]
     record_states(run, SlurmSays({"h1": {"state": "IDLE", "reason": None}}), ["h1", "h1"])  # type: ignore[arg-type]
     assert json.loads(states_path(run).read_text()) == {"h1": {"state": "IDLE", "reason": None}}
+
+
+def test_the_witnesses_asked_when_the_healer_acted_decide_not_a_later_answer(tmp_path: Path) -> None:
+    # A host cut off when the healer acts, whose link is back by the time the restart is done: still drained.
+    store = make_store(tmp_path)
+    incident = lost_host_incident(store, "h2")
+    answers = {"now": False}
+    fleet = SlurmSays({}, reaches=False)
+    drainer = Drainer(fleet, store, "j", agent_answers=lambda node: answers["now"])  # type: ignore[arg-type]
+    doubts = drainer.witness(incident)
+    assert doubts.result(timeout=10) == {"h2": None}
+    answers["now"] = True
+    drainer.left_out(incident, {"h2"}, doubts)
+    assert fleet.drained == ["h2"]

@@ -78,7 +78,7 @@ def test_it_refuses_a_process_whose_start_time_is_not_the_one_recorded(tmp_path:
         ]) + "\n")
         token = "t" * 16
         coordinator = Coordinator(Coordinator.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path,
-                                                     hosts_are_local=True), ProcessView(), token)
+                                                     hosts_are_local=True), ProcessView(), token, epoch=1)
         assert coordinator.take_over(token) == (False, ())  # n1 has no agent: its processes are looked for here
         assert other.poll() is None, "a process that only has a dead rank's pid was killed"
         # The process itself, as recorded, is the one a signal reaches.

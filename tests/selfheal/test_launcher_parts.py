@@ -77,13 +77,14 @@ def test_it_reads_state_cpu_rank_and_a_zombies_exit_status_from_proc() -> None:
 
 def test_killing_or_restarting_needs_the_runs_token(tmp_path: Path) -> None:
     right = "the-right-token-0123456789"
-    sup = Coordinator(Coordinator.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path), ProcessView(), right)
+    sup = Coordinator(Coordinator.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path), ProcessView(), right,
+                      epoch=1)
     for call in (lambda: sup.start("wrong", ("n1",)), lambda: sup.stop("wrong"),
                  lambda: sup.kill_rank("wrong", 0, signal.SIGKILL), lambda: sup.take_over("wrong")):
         with pytest.raises(Unauthorized):
             call()
     with pytest.raises(ValueError, match="token"):
-        Coordinator(Coordinator.Config(job="j", config="c", run_dir=tmp_path), ProcessView(), token="short")
+        Coordinator(Coordinator.Config(job="j", config="c", run_dir=tmp_path), ProcessView(), token="short", epoch=1)
 
 
 def test_the_first_bad_step_is_read_from_every_step_rank_0_recorded_not_from_sampled_heartbeats(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def hosts(tmp_path: Path) -> Iterator[tuple[LocalAgents, Coordinator]]:
     token = write_token(tmp_path / "token")
     agents = LocalAgents(run_dir=tmp_path, healer_url="", token_file=tmp_path / "token", in_process=True, cwd=REPO)
     coordinator = Coordinator(Coordinator.Config(job="j", config="configs/demo.yaml", run_dir=tmp_path),
-                              ProcessView(), token)
+                              ProcessView(), token, epoch=1)
     coordinator.agents.update(agents.clients(token) if agents.start(["n1", "n2"]) else {})
     yield agents, coordinator
     agents.stop()

@@ -80,7 +80,7 @@ def test_an_agent_refuses_a_start_order_for_a_job_whose_name_would_leave_its_dir
 
     from wire.orders import decode_order
 
-    order = {"kind": "start", "id": "x", "job": "a/../../../etc", "attempt": 0, "nnodes": 1, "node_rank": 0,
+    order = {"kind": "start", "id": "x", "epoch": 1, "job": "a/../../../etc", "attempt": 0, "nnodes": 1, "node_rank": 0,
              "nproc_per_node": 1, "run_dir": "/tmp/r", "config": "c.yaml"}
     with pytest.raises(msgspec.ValidationError, match=r"\$\.job"):
         decode_order(json.dumps(order).encode())
@@ -120,7 +120,7 @@ def test_every_rank_of_a_run_in_a_directory_named_after_a_date_loads_its_config(
     job = job_name(None, run_dir, resume=False)
     coordinator = Coordinator(Coordinator.Config(job=job, config=str(CONFIGS / "demo.yaml"), run_dir=run_dir,
                                                  overrides=("checkpoint.every_steps=5",), grace=timedelta(seconds=1)),
-                              view=None, token="t" * 16)  # type: ignore[arg-type]  # start() is not called
+                              view=None, token="t" * 16, epoch=1)  # type: ignore[arg-type]  # start() is not called
     order = decode_order(msgspec.json.encode(coordinator.start_order(0, ("n1", "n2"), 1, "127.0.0.1:29500", "auto",
                                                                      coordinator.overrides(dp=2))))
     argv = torchrun_argv(order, "127.0.0.1:29500", sys.executable, tmp_path / "logs")  # type: ignore[arg-type]

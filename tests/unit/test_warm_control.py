@@ -1,6 +1,7 @@
 """Who holds which rank in a warm pool (healer.launchers.warm_control.WarmControl): a formation numbers the ranks
 as torchrun does; a warm restart keeps every survivor's rank and gives a dead one's to a standby of its own host
-first; where that cannot be done it says why (the restart is then cold); each host's start order decodes."""
+first; where that cannot be done it says why (the restart is then cold); each host's start order decodes; its plans
+are sealed with the key every agent derives from the run's token, and name nothing of what runs."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import pytest
 
 from healer.launchers.warm_control import WarmControl, WarmSettings, WarmUnavailable
 from wire.orders import StartOrder, Worker, WorkersOrder, decode_order
+from wire.run_ids import pool_run_id
+from wire.warm_plan import key, read_plan
+from wire.warm_seal import SealedStore, pool_key
 
 pytestmark = pytest.mark.unit
 
 NODES = ("n1", "n2")
+TOKEN = "t" * 32
 
 
 @pytest.fixture
 def control() -> WarmControl:
-    c = WarmControl(WarmSettings(standbys=1), config="configs/demo.yaml", run_dir="/tmp/run", nproc_per_node=2)
+    c = WarmControl(WarmSettings(standbys=1), token=TOKEN, job="j", nproc_per_node=2)
     gen = c.form(0, NODES, "first start")
     c.publish(gen, overrides=(), disk_resume="auto")
     return c
@@ -72,15 +77,40 @@ def test_each_hosts_start_order_decodes_and_a_malformed_worker_id_is_refused(con
     gen = control.replace(1, NODES, answer(dead=("n1.r0.a0",), standbys={"n1.s1.a0": "n1"}), "crash")
     warm = control.start_orders(gen, NODES)["n1"]
     order = decode_order(json.dumps({
-        "kind": "start", "id": "o1", "job": "j", "attempt": 1, "nnodes": 2, "node_rank": 0, "nproc_per_node": 2,
+        "kind": "start", "id": "o1", "epoch": 1, "job": "j", "attempt": 1, "nnodes": 2, "node_rank": 0,
+        "nproc_per_node": 2,
         "config": "c.yaml", "run_dir": "/tmp/run", "warm": msgspec.to_builtins(warm)}).encode())
     assert isinstance(order, StartOrder) and order.warm is not None
     assert order.warm.assign == {"n1.s1.a0": 0, "n1.r1.a0": 1} and order.warm.local_rank == {"n1.s1.a0": 0,
                                                                                               "n1.r1.a0": 1}
     assert order.warm.formed_in == 0 and order.warm.control == control.endpoint
-    assert isinstance(decode_order(b'{"kind": "workers", "id": "o2"}'), WorkersOrder)
+    assert isinstance(decode_order(b'{"kind": "workers", "id": "o2", "epoch": 1}'), WorkersOrder)
     with pytest.raises(msgspec.ValidationError, match=r"warm.assign"):
         decode_order(json.dumps({
-            "kind": "start", "id": "o3", "job": "j", "attempt": 1, "nnodes": 1, "node_rank": 0, "nproc_per_node": 1,
+            "kind": "start", "id": "o3", "epoch": 1, "job": "j", "attempt": 1, "nnodes": 1, "node_rank": 0,
+            "nproc_per_node": 1,
             "config": "c", "run_dir": "r", "warm": {"control": "127.0.0.1:1", "formed_in": 0,
                                                    "assign": {"$(reboot)": 0}}}).encode())
+
+
+def test_plans_are_sealed_with_the_key_each_agent_derives_and_carry_no_config_run_dir_or_path(
+        control: WarmControl) -> None:
+    agent = SealedStore(control.store, pool_key(TOKEN, pool_run_id("j", 0)))
+    assert control.store.get(key("plan", 0)).startswith(b"v1.")
+    plan = read_plan(agent, 0)
+    assert plan is not None and control.current is not None and plan.assign == control.current.assign
+    assert not {"config", "run_dir", "overrides"} & set(json.loads(plan.to_json()))
+    assert read_plan(SealedStore(control.store, pool_key("u" * 32, pool_run_id("j", 0))), 0) is None
+    # A warm generation changes only the batches to skip; other settings would need new workers (then: cold).
+    gen = control.replace(1, NODES, answer(), "rollback")
+    with pytest.raises(WarmUnavailable, match=r"settings changed \(parallel.dp=2\)"):
+        control.publish(gen, overrides=("parallel.dp=2",), disk_resume="auto", at_most_step=3)
+    control.publish(gen, overrides=("skip_steps=[4,3]",), disk_resume="auto", at_most_step=3)
+    assert (p := read_plan(agent, 1)) is not None and p.skip_steps == [3, 4] and p.at_most_step == 3
+    # A new pool (a cold rollback): another key; the checkpoint by its name in the root the workers were started with.
+    control.forget()
+    gen = control.form(2, NODES, "rollback")
+    control.publish(gen, overrides=("job=j",), disk_resume="/runs/x/checkpoints/step-00000004")
+    assert read_plan(agent, 2) is None
+    p = read_plan(SealedStore(control.store, pool_key(TOKEN, pool_run_id("j", 2))), 2)
+    assert p is not None and p.resume == "disk" and p.disk_resume == "step-00000004"

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 def order(program: UserProgram, **kw: object) -> StartOrder:
-    return StartOrder(id="mine-2:start:n1", job="mine", attempt=2, nnodes=2, node_rank=0, nproc_per_node=4,
+    return StartOrder(id="mine-2:start:n1", epoch=1, job="mine", attempt=2, nnodes=2, node_rank=0, nproc_per_node=4,
                       program=program, run_dir="/runs/r", **kw)
 
 
@@ -44,7 +44,7 @@ def test_a_program_becomes_torchruns_command_through_the_bootstrap_and_nothing_e
     ({}, "either megaheal's trainer"),
 ])
 def test_a_start_order_with_a_bad_program_is_refused_naming_what_is_wrong(body: dict, error: str) -> None:
-    base = {"kind": "start", "id": "j-0:start:n1", "job": "j", "attempt": 0, "nnodes": 1, "node_rank": 0,
+    base = {"kind": "start", "id": "j-0:start:n1", "epoch": 1, "job": "j", "attempt": 0, "nnodes": 1, "node_rank": 0,
             "nproc_per_node": 1, "run_dir": "/r"}
     with pytest.raises(msgspec.ValidationError, match=error):
         msgspec.json.decode(msgspec.json.encode(base | body), type=StartOrder)

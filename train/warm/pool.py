@@ -8,7 +8,11 @@ cold: a rank that dies before its generation is ready (a second crash during a w
 generation start from the disk checkpoint with all-new workers.
 
 This is the pool of one host; across hosts the node agents hold one each and the healer plans the generations
-(not built yet: issue #15). It is usable alone too: `python -m train.warm.pool --config ... --nproc 4`.
+(healer/launchers/warm_control.py). It is usable alone too: `python -m train.warm.pool --config ... --nproc 4`.
+
+What the workers run (config, overrides, run directory) is on their command line; the plans only say who holds which
+rank and where to resume from, sealed with a random key of this pool that its workers read from a private file
+(wire/warm_seal.py): a client of the store without it cannot plan a generation.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import torch.distributed as dist
 
 from inprocess.store import BoundStore
 from wire.run_paths import RunPaths
-from wire.warm_plan import Plan, key
+from wire.warm_plan import Plan, WorkerStart, key, write_plan
+from wire.warm_seal import SealedStore, new_key, write_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +68,8 @@ class WarmPool:
         self.timeout_s, self.max_restarts = timeout_s, max_restarts
         self.env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
         self.store: dist.TCPStore | None = None
+        """The pool's store (values in it are sealed: read them through `sealed`)."""
+        self.sealed: SealedStore | None = None
         self._bound: BoundStore | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.generation = -1
@@ -73,14 +80,18 @@ class WarmPool:
         """Standbys to start once the running restart is ready (started earlier, their imports would take the cores
         the restart needs: the standby that took a rank was ready in 1.89 s instead of ~0.5 s, once measured)."""
         self.log_dir = RunPaths(self.run_dir).warm
+        self.key_file = self.log_dir / "pool.key"
 
     # ---- workers -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """The store, then every worker (ranks and standbys), then generation 0 once all are up."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        secret = new_key()
+        write_key(self.key_file, secret)
         self._bound = BoundStore("127.0.0.1", timedelta(seconds=30))  # NOTE: the loopback only (inprocess/store.py)
         self.store = self._bound.store
+        self.sealed = SealedStore(self.store, secret)
         workers = [self._spawn() for _ in range(self.world + self.standbys)]
         self._wait_hello(workers)
         self._plan(workers[:self.world], resume="memory")
@@ -90,17 +101,23 @@ class WarmPool:
         worker = f"w{self._next_id}"
         self._next_id += 1
         log = open(self.log_dir / f"{worker}.log", "ab")  # noqa: SIM115 (the child holds it)
+        start = WorkerStart(self.config, str(self.run_dir), tuple(self.overrides))
         self.procs[worker] = subprocess.Popen(
-            [self.python, "-m", "train.warm.worker", "--control", f"127.0.0.1:{self.store.port}", "--worker", worker],
+            [self.python, "-m", "train.warm.worker", "--control", f"127.0.0.1:{self.store.port}", "--worker", worker,
+             "--key-file", str(self.key_file), *start.argv()],
             cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return worker
 
+    def up(self, worker: str) -> bool:
+        """The worker said hello: its imports are done and it reads plans."""
+        assert self.sealed is not None
+        return self.sealed.has(key("hello", worker))
+
     def _wait_hello(self, workers: list[str], timeout_s: float = 120.0) -> None:
-        assert self.store is not None
         deadline = time.monotonic() + timeout_s
         for w in workers:
-            while not self.store.check([key("hello", w)]):
+            while not self.up(w):
                 if self.procs[w].poll() is not None:
                     raise RuntimeError(f"warm worker {w} exited with {self.procs[w].returncode} before it was up "
                                        f"(log: {self.log_dir / f'{w}.log'})")
@@ -113,23 +130,21 @@ class WarmPool:
 
     def _plan(self, ranks: list[str], resume: str, at_most_step: int | None = None) -> None:
         """Generation g+1: `ranks[i]` gets rank i."""
-        assert self.store is not None
+        assert self.sealed is not None
         self.generation += 1
         self.assign = {w: r for r, w in enumerate(ranks)}
         per_host = self.per_host or self.world
-        plan = Plan(generation=self.generation, world=self.world, assign=self.assign,
-                    local_rank={w: r % per_host for w, r in self.assign.items()}, config=self.config,
-                    run_dir=str(self.run_dir), overrides=self.overrides, per_host=self.per_host, resume=resume,
-                    at_most_step=at_most_step, timeout_s=self.timeout_s)
-        self.store.set(key("plan", self.generation), plan.to_json())
-        self.store.set(key("gen"), str(self.generation))
+        write_plan(self.sealed, Plan(generation=self.generation, world=self.world, assign=self.assign,
+                                     local_rank={w: r % per_host for w, r in self.assign.items()},
+                                     per_host=self.per_host, resume=resume, at_most_step=at_most_step,
+                                     timeout_s=self.timeout_s))
 
     # ---- watching --------------------------------------------------------------------------------------------
 
     def ready(self) -> bool:
         """Every rank of the current generation built its trainer and resumed."""
-        assert self.store is not None
-        return all(self.store.check([key("ready", self.generation, w)]) for w in self.assign)
+        assert self.sealed is not None
+        return all(self.sealed.has(key("ready", self.generation, w)) for w in self.assign)
 
     def poll(self) -> str | None:
         """One look: None while the job runs; 'finished' or 'failed: ...' when it is over."""
@@ -137,8 +152,8 @@ class WarmPool:
         last = self.restarts[-1] if self.restarts else None
         if last is not None and last.ready_at is None and self.ready():
             last.ready_at = now
-            assert self.store is not None
-            last.sources = {w: self.store.get(key("ready", self.generation, w)).decode() for w in self.assign}
+            assert self.sealed is not None
+            last.sources = {w: self.sealed.get(key("ready", self.generation, w)) or "" for w in self.assign}
             for _ in range(self._refills):
                 self._spawn()  # the pool's standbys again (not waited for: they are not needed now)
             self._refills = 0
@@ -220,10 +235,9 @@ class WarmPool:
 
     def close(self) -> None:
         """Stop every worker (standbys are told to; anything left is killed)."""
-        if self.store is not None:
-            self.store.set(key("plan", self.generation + 1), Plan(
-                generation=self.generation + 1, world=self.world, assign={}, local_rank={}, config=self.config,
-                run_dir=str(self.run_dir), stop=True).to_json())
+        if self.sealed is not None:
+            write_plan(self.sealed, Plan(generation=self.generation + 1, world=self.world, assign={}, local_rank={},
+                                         stop=True), newest=False)
         for p in self.procs.values():
             try:
                 p.wait(timeout=5)
