@@ -5,22 +5,17 @@
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
-# Where pip finds packages: PyPI, and torch's CPU build from PyTorch's own index. build-images.sh points both at
-# a local wheelhouse (a PEP 503 directory it mounts at build time).
+# Where pip finds packages: PyPI. build-images.sh points it at a local wheelhouse (a PEP 503 directory it mounts at
+# build time).
 ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 # A virtual environment, not the system's site-packages: Debian's python refuses pip there (PEP 668), and the
 # official python image does not mind either way.
 ENV VIRTUAL_ENV=/opt/megaheal PATH=/opt/megaheal/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/megaheal
 
-# NOTE: torch pinned and from the CPU index: the sidecar and the healer never run kernels, and PyPI's
-# default Linux wheel pulls several GB of CUDA libraries. The NVIDIA runtime provides libnvidia-ml.
-RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0
-
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md LICENSE alembic.ini ./
 COPY ground ground
 COPY wire wire
 COPY megaheal megaheal
@@ -33,7 +28,9 @@ COPY migrations migrations
 COPY configs configs
 COPY testbed testbed
 COPY sim sim
-RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" .
+# NOTE: the core install and the healer extra, no torch: the image runs `megaheal healer` and `megaheal sidecar`,
+# neither of which imports it (the trainer extra is for training hosts). The NVIDIA runtime provides libnvidia-ml.
+RUN pip install --no-cache-dir --index-url "$PIP_INDEX_URL" ".[healer]"
 
 # Unprivileged by default; the sidecar service in compose needs only the shared socket directory.
 RUN useradd --uid 10001 --create-home megaheal

@@ -11,9 +11,12 @@ from grafana_foundation_sdk.builders import stat, table, timeseries
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards.common import Sql, incident_annotation, prom, proms
+from dashboards.common import Sql, datasource_variable, incident_annotation, link, pages_variable, prom, proms
 
 UID = "megaheal-incidents"
+INCIDENT_PAGE = "${pages}/incidents/${__value.raw}"
+# NOTE: the training dashboard's uid, written out (it imports this module for the link back).
+TRAINING_OF_JOB = "/d/megaheal-training/megaheal-training?var-job=${__value.raw:percentencode}&${datasource:queryparam}"
 
 OPEN_SQL = """
 SELECT id AS "incident", opened_at AS "opened", state, severity, kind, rule, job, node, summary, occurrences,
@@ -80,7 +83,14 @@ FROM restarts WHERE $__timeFilter(requested_at) ORDER BY requested_at DESC LIMIT
 
 
 def _table(title: str, sql: str, description: str, span: int = 24, unit: str = "") -> table.Panel:
-    panel = table.Panel().title(title).description(description).height(8).span(span).with_target(Sql(sql))  # type: ignore[arg-type]
+    """A table of the healer's database; its `incident` column opens the incident's page, its `job` column the
+    training dashboard of that job (columns a table does not have are left alone)."""
+    panel = (table.Panel().title(title).description(description).height(8).span(span)
+             .with_target(Sql(sql))  # type: ignore[arg-type]
+             .override_by_name("incident", [model.DynamicConfigValue(id_val="links", value=[
+                 {"title": "Incident #${__value.raw}", "url": INCIDENT_PAGE, "targetBlank": True}])])
+             .override_by_name("job", [model.DynamicConfigValue(id_val="links", value=[
+                 {"title": "Training of ${__value.raw}", "url": TRAINING_OF_JOB}])]))
     return panel.unit(unit) if unit else panel
 
 
@@ -137,6 +147,11 @@ def build() -> dash.Dashboard:
         dash.Dashboard("megaheal / incidents").uid(UID).tags(["megaheal", "incidents"]).refresh("1m")
         .time("now-7d", "now").timezone("utc").tooltip(model.DashboardCursorSync.CROSSHAIR)
         .description("Open incidents, their stage times, MTTR and the healer's actions (healer database).")
+        .with_variable(datasource_variable("prometheus"))
+        .with_variable(datasource_variable("postgres"))
+        .with_variable(pages_variable())
+        .link(link("Incident pages", "${pages}/incidents", "The healer's own pages: every incident, its stages, "
+                   "diagnosis, heat map and timeline.", keep_time=False, icon="external link"))
         .annotation(incident_annotation())
     )
     _now_row(board)

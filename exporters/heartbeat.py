@@ -29,7 +29,7 @@ import msgspec
 
 from exporters.ranks import RankState
 from ground.httpclient import open_url
-from ground.tls import PeerTls, https
+from ground.tls import PeerConnection, PeerTls
 from wire.telemetry import HeartbeatBatch, RankEntry, encode_batch
 
 HEARTBEAT_PATH = "/v1/heartbeats"
@@ -103,6 +103,8 @@ class HeartbeatForwarder:
         self._relay_down_until = 0.0
         self._relay_failures = 0
         self._build, self._post, self._clock, self._tls = build, post, clock, tls
+        self._kept: dict[str, PeerConnection] = {}
+        """Over TLS, one connection kept open to the healer and one to the relay (the handshake is paid once)."""
         self._interval_s = interval_s
         self._timeout_s = min(2.0, interval_s)
         self._headers = {"Content-Type": "application/json"}
@@ -139,6 +141,9 @@ class HeartbeatForwarder:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=self._timeout_s + 1)
+        if not self._thread.is_alive():
+            for kept in self._kept.values():
+                kept.close()
 
     def nudge(self) -> None:
         """Send the next batch now, not at the end of the interval: something the healer acts on happened (a rank
@@ -189,7 +194,8 @@ class HeartbeatForwarder:
         """True: done with the batch (taken, or refused for good and dropped); None: not taken now (retry it)."""
         try:
             if self._tls is not None:
-                status = https("POST", url, body, self._headers, self._timeout_s, PeerTls(self._tls, what), 4096)[0]
+                kept = self._kept.setdefault(what, PeerConnection(PeerTls(self._tls, what)))
+                status = kept.request("POST", url, body, self._headers, self._timeout_s, 4096)[0]
             else:
                 status = self._post(url, body, self._headers, self._timeout_s)
         except (OSError, TimeoutError) as exc:

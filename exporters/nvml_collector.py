@@ -8,6 +8,11 @@ family with no sample is left out, while the rest of the scrape goes on.
 dcgm-exporter types some fields as counters whose names do not end in _total; the Prometheus
 client (and OpenMetrics) only allow counters named *_total, so those keep their names and are
 exposed untyped: PromQL's rate()/increase() work the same on them.
+
+The labels are dcgm-exporter's, names, casing and order (matched against dcgm-exporter 4.5.3-4.8.2, its latest
+release: internal/pkg/rendermetrics/render_metrics.go and etc/default-counters.csv): gpu, UUID, pci_bus_id, device,
+modelName, Hostname, then DCGM_FI_DRIVER_VERSION (a "label" field of its default counters), so that a site's
+dashboards (Grafana 12239) and queries select megaheal's series and dcgm-exporter's alike.
 """
 
 from __future__ import annotations
@@ -17,15 +22,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporters.xid import XidWatcher
+from exporters.xid import XidExposition, XidLedger
 from wire.telemetry import GpuEntry
 
 log = logging.getLogger(__name__)
 
-GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname"]
+HOST_LABEL = "Hostname"
+"""NOTE: dcgm-exporter's main branch renamed it `hostname` after 4.5.3-4.8.2 (its PR #655, unreleased when this was
+written); every release so far says `Hostname`. Follow it here, and in the dashboards, when a release carries it."""
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", HOST_LABEL, DRIVER_LABEL]
+"""dcgm-exporter's label set, in its order. Like dcgm-exporter, the driver label is left out where the driver
+version cannot be read (NvmlCollector.label_names says which set a collector uses)."""
 MIB = 2**20
 
 Reader = Callable[[Any, Any], float]
@@ -149,24 +160,37 @@ def open_nvml(module: Any = None) -> Any | None:
     return pynvml
 
 
-class NvmlCollector(Collector):
-    """dcgm-exporter-compatible GPU families, plus per-code Xid counters when an XidWatcher is given."""
+def _driver_version(nvml: Any) -> str | None:
+    try:
+        return _text(nvml.nvmlSystemGetDriverVersion())
+    except nvml.NVMLError as exc:
+        log.warning("NVML: the driver version cannot be read (%s); the %s label is left out", exc, DRIVER_LABEL)
+        return None
 
-    def __init__(self, nvml: Any, hostname: str, xid: XidWatcher | None = None,
+
+class NvmlCollector(Collector):
+    """dcgm-exporter-compatible GPU families, plus per-code Xid counters when an Xid ledger is given."""
+
+    def __init__(self, nvml: Any, hostname: str, xid: XidLedger | None = None,
                  registry: CollectorRegistry | None = None, families: tuple[Family, ...] = FAMILIES) -> None:
         self._nvml, self._families = nvml, families
         # Set after construction when the watcher needs the handles found here (see Sidecar).
         self.xid = xid
         self.handles: list[Any] = []
         self._labels: list[list[str]] = []
+        driver = _driver_version(nvml)
+        self.label_names = GPU_LABELS if driver is not None else GPU_LABELS[:-1]
         # The GPUs of a node do not change while it runs: read their identities once.
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             self.handles.append(handle)
+            # NOTE: device is nvidia<index>, as dcgm-exporter writes it (from DCGM's GPU id), not the minor number.
             self._labels.append([
                 str(index), _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-                f"nvidia{nvml.nvmlDeviceGetMinorNumber(handle)}", _text(nvml.nvmlDeviceGetName(handle)), hostname,
+                f"nvidia{index}", _text(nvml.nvmlDeviceGetName(handle)), hostname,
+                *([driver] if driver is not None else []),
             ])
+        self._xid_exposition = XidExposition()
         self._not_supported: set[tuple[str, int]] = set()
         if registry is not None:
             registry.register(self)
@@ -177,7 +201,7 @@ class NvmlCollector(Collector):
             for index, handle in enumerate(self.handles):
                 value = self._read(family, index, handle)
                 if value is not None:
-                    metric.add_sample(family.name, dict(zip(GPU_LABELS, self._labels[index])), value)
+                    metric.add_sample(family.name, dict(zip(self.label_names, self._labels[index])), value)
             if metric.samples:
                 yield metric
         if self.xid is not None:
@@ -199,15 +223,11 @@ class NvmlCollector(Collector):
         if not state:
             return
         last = Metric("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "gauge")
-        counts = CounterMetricFamily("megaheal_gpu_xid_errors", "Xid errors seen since the sidecar started, by "
-                                     "code (increase() works on this one).", labels=[*GPU_LABELS, "xid"])
-        for gpu, (last_xid, by_code) in state.items():
-            last.add_sample("DCGM_FI_DEV_XID_ERRORS", dict(zip(GPU_LABELS, self._labels[gpu])), last_xid)
-            for code, count in sorted(by_code.items()):
-                counts.add_metric([*self._labels[gpu], str(code)], count)
+        for gpu, (last_xid, _) in state.items():
+            last.add_sample("DCGM_FI_DEV_XID_ERRORS", dict(zip(self.label_names, self._labels[gpu])), last_xid)
         yield last
-        if counts.samples:
-            yield counts
+        yield from self._xid_exposition.family(
+            state, {gpu: dict(zip(self.label_names, labels)) for gpu, labels in enumerate(self._labels)})
 
     def health(self) -> list[GpuEntry]:
         """Per GPU, the fields the healer acts on (Xid, ECC, remapping, recovery action); failed reads are None."""

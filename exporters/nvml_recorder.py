@@ -80,6 +80,13 @@ def record_gpu(nvml: Any, index: int) -> dict[str, Any]:
     }
 
 
+def record_node(nvml: Any) -> dict[str, Any]:
+    """The node's answers: its driver version (the DCGM_FI_DRIVER_VERSION label) and every GPU's (record_gpu)."""
+    driver = _answer(nvml, lambda: nvml.nvmlSystemGetDriverVersion())
+    return {"driver_version": driver.decode() if isinstance(driver, bytes) else driver,
+            "gpus": [record_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())]}
+
+
 def lint(exposition: str) -> list[str] | None:
     """promtool's problems with the exposition, minus those inherited from dcgm-exporter's naming; None where
     promtool is not installed (a GPU machine's image may have none: lint the .prom file elsewhere)."""
@@ -99,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     nvml = open_nvml()
     if nvml is None:
         return 2
-    recording = {"about": f"Recorded from a real GPU on {socket.gethostname()} by exporters.nvml_recorder; "
-                          f"driver {nvml.nvmlSystemGetDriverVersion()}.",
-                 "gpus": [record_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())]}
+    recording = {"about": f"Recorded from a real GPU on {socket.gethostname()} by exporters.nvml_recorder.",
+                 **record_node(nvml)}
     registry = CollectorRegistry()
     NvmlCollector(nvml, socket.gethostname(), registry=registry)
     exposition = generate_latest(registry).decode()

@@ -1,9 +1,10 @@
 """Prometheus collectors of the sidecar: training metrics per rank, and the sidecar's own health.
 
-Series per rank (labels job, node, rank; budget 20, so 12,288 ranks stay under 250k series):
+Series per rank (labels job, node, rank; budget 22, so 12,288 ranks stay under 275k series):
 
     megaheal_step                                  1
     megaheal_step_seconds{phase}                   7  (phase="total" is the whole step; 6 phases at most)
+    megaheal_rank_compute_seconds_sum, _count      2  (every step's forward/backward + optimizer)
     megaheal_loss, megaheal_grad_norm              2
     megaheal_tokens_per_second, megaheal_mfu       2
     megaheal_rank_last_seen_seconds                1
@@ -13,7 +14,22 @@ Series per rank (labels job, node, rank; budget 20, so 12,288 ranks stay under 2
     megaheal_rank_info{local_rank,pid,pp,dp,tp}    1
     megaheal_rank_events_total{kind}               3  (checkpoint_saved, checkpoint_failed, exception)
                                                   --
-                                                  20
+                                                  22
+
+Series per job on the node (labels job, node), over every step of every rank there: megaheal_step_duration_seconds,
+a histogram (18 series: 16 buckets, sum and count), and megaheal_step_phase_seconds_total{phase} (8 phases at most):
+26 series a node, 40k for 1,536 nodes.
+
+Last value and running totals. megaheal_step_seconds is each rank's last step: a scrape every 15 s sees one step in
+many, so averaging it over time is a sample, not a mean. It stays for what a last value is good for: what a rank
+did just now, and the phase breakdown of the step it is stuck after. Exact means come from the totals, which count
+every step record the sidecar receives: rate(X_sum[5m]) / rate(X_count[5m]) is the mean over those 5 minutes.
+- The step duration is a per-node histogram, not a per-rank one: in a synchronous job every rank's step takes the
+  same time (the fast ones wait in the collectives), so per-rank buckets would repeat one distribution 8 times a
+  node for 18 series a rank. The histogram gives the job's quantiles (histogram_quantile over sum by (job, le)).
+- What differs between ranks is their own work: the compute phases (COMPUTE_PHASES), summed per rank
+  (megaheal_rank_compute_seconds, a summary without quantiles). Its mean names the straggler.
+- Phases are summed per node (cheap), enough for an exact breakdown of where the job's step time goes.
 
 The rank's peak RSS and its last event's details travel in heartbeats only (wire/telemetry.py, RankEntry).
 
@@ -24,13 +40,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporters.ranks import COUNTED_EVENTS, RankState, RankTable
+from exporters.ranks import COUNTED_EVENTS, RankState, RankTable, StepHistogram
 from wire.telemetry import ordered_phases
 
-SERIES_PER_RANK_BUDGET = 20
+SERIES_PER_RANK_BUDGET = 22
 MAX_PHASES = 6
 LABELS = ["job", "node", "rank"]
 
@@ -52,6 +74,7 @@ class RankCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         ranks = self._table.snapshot()
         yield from self._step_families(ranks)
+        yield from self._total_families(ranks, self._table.step_histograms())
         yield from self._liveness_families(ranks)
 
     def _labels(self, s: RankState) -> list[str]:
@@ -92,6 +115,27 @@ class RankCollector(Collector):
             if s.reduce_lag_seconds is not None:
                 lag.add_metric(labels, s.reduce_lag_seconds)
         yield from (step, seconds, *scalars.values(), lag)
+
+    def _total_families(self, ranks: list[RankState], histograms: dict[str, StepHistogram]) -> Iterator[Metric]:
+        duration = HistogramMetricFamily(
+            "megaheal_step_duration_seconds", "Duration of every step of every rank of the job on this node (all "
+            "step records received, not only the last).", labels=["job", "node"], unit="seconds")
+        phases = CounterMetricFamily(
+            "megaheal_step_phase_seconds", "Seconds spent in each phase over every step of every rank of the job on "
+            "this node: divided by megaheal_step_duration_seconds_count, the mean per step.",
+            labels=["job", "node", "phase"], unit="seconds")
+        for job, histogram in histograms.items():
+            duration.add_metric([job, self._node], histogram.cumulative(), histogram.sum)
+            for phase in ordered_phases(histogram.phase_seconds):
+                phases.add_metric([job, self._node, phase], histogram.phase_seconds[phase])
+        compute = SummaryMetricFamily(
+            "megaheal_rank_compute_seconds", "The rank's compute (forward/backward and optimizer phases) of every "
+            "step it reported with phases: rate(_sum) / rate(_count) is its mean per step.", labels=LABELS,
+            unit="seconds")
+        for s in ranks:
+            if s.totals.compute_steps:
+                compute.add_metric(self._labels(s), s.totals.compute_steps, s.totals.compute_seconds)
+        yield from (duration, phases, compute)
 
     def _liveness_families(self, ranks: list[RankState]) -> Iterator[Metric]:
         seen = GaugeMetricFamily("megaheal_rank_last_seen_seconds", "Seconds since the sidecar last heard from "
@@ -147,9 +191,9 @@ class SidecarCollector(Collector):
         gauges = {
             "ranks": "Ranks the sidecar currently tracks.",
             "heartbeats_buffered": "Heartbeat batches waiting to be sent to the healer.",
-            "nvml_up": "1 when the NVML collector is serving GPU metrics, 0 when NVML is absent or failed to start.",
+            "nvml_up": "GPU readings present (NVML or dcgm-exporter).",
         }
         for key, doc in gauges.items():
-            family = GaugeMetricFamily(f"megaheal_sidecar_{key}", doc, labels=["node"])
-            family.add_metric([self._node], stats.get(key, 0))
-            yield family
+            gauge = GaugeMetricFamily(f"megaheal_sidecar_{key}", doc, labels=["node"])
+            gauge.add_metric([self._node], stats.get(key, 0))
+            yield gauge

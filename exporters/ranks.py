@@ -1,4 +1,5 @@
-"""The sidecar's view of the ranks on its node: last record, liveness, drops and events of each.
+"""The sidecar's view of the ranks on its node: last record, liveness, drops and events of each, and the running
+totals of every step record received (a scrape every 15 s sees one step in many; the totals see them all).
 
 The receiver thread writes into a RankTable; scrapes and heartbeats read consistent snapshots of
 it. The clock and the process probe (the kernel's state of a pid) are injected so that tests can move time and
@@ -7,6 +8,8 @@ kill or stop processes without sleeping or forking.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import threading
 import time
@@ -15,11 +18,64 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ground import procfs
-from wire.telemetry import Event, EventBody, Hello, Message, StepBody, StepRecord
+from wire.telemetry import PHASE_ORDER, Event, EventBody, Hello, Message, StepBody, StepRecord
 
 # Events counted per rank in the metrics; any other kind is kept for the heartbeat only, so that
 # a rank cannot grow its series count by inventing event names.
 COUNTED_EVENTS = ("checkpoint_saved", "checkpoint_failed", "exception")
+# The phases that are a rank's own work, not waiting for others: what tells a straggler apart in a synchronous job,
+# whose total step time is the same on every rank. NOTE: the healer's definition
+# (healer/observe/rank_columns.py COMPUTE_PHASES), written out here because exporters/ stands below healer/; a test
+# checks they agree.
+COMPUTE_PHASES = ("forward_backward", "optimizer")
+# Upper bounds of the step-duration histogram's buckets, in seconds: from a 10 ms step (a tiny model) to a 10-minute
+# one (a huge batch, or a step that includes a blocking save), about 2.5x apart.
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0)
+
+
+@dataclass(slots=True)
+class StepTotals:
+    """Running totals of one rank's compute over its step records since its process started (counters: they only
+    grow, and start at 0 again with a new process, which Prometheus' rate() reads as a counter reset). The whole
+    step's duration is counted per node (StepHistogram): in a synchronous job it is the same on every rank."""
+
+    compute_steps: int = 0
+    """Records that carried a compute phase (a trainer that reports no phases has none)."""
+    compute_seconds: float = 0.0
+
+    def add(self, step: StepBody) -> None:
+        # NOTE: a negative duration (the wire only asks for a finite number) counts as 0: a sum that went down
+        # would read to rate() as a counter reset.
+        if any(p in step.phases for p in COMPUTE_PHASES):
+            self.compute_steps += 1
+            self.compute_seconds += sum(max(step.phases.get(p, 0.0), 0.0) for p in COMPUTE_PHASES)
+
+
+@dataclass(slots=True)
+class StepHistogram:
+    """Every step of every rank of one job on this node, by duration: cumulative counts per STEP_BUCKETS bound (and
+    +Inf), their sum and count. It outlives the ranks (a restart does not reset it), so it only grows."""
+
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
+    sum: float = 0.0
+    count: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds of each of the trainer's phases (PHASE_ORDER) over the same steps; other names are left out, as the
+    receiver leaves them out (wire/telemetry.py, known_phases_only), so the series stay bounded."""
+
+    def observe(self, step: StepBody) -> None:
+        seconds = max(step.step_seconds, 0.0)  # as in StepTotals.add
+        self.buckets[bisect.bisect_left(STEP_BUCKETS, seconds)] += 1
+        self.sum += seconds
+        self.count += 1
+        for phase, value in step.phases.items():
+            if phase in PHASE_ORDER:
+                self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + max(value, 0.0)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, count of steps <= le) for each bound and +Inf, as a Prometheus histogram exposes them."""
+        bounds = [*(f"{b:g}" for b in STEP_BUCKETS), "+Inf"]
+        return list(zip(bounds, itertools.accumulate(self.buckets)))
 
 
 @dataclass(slots=True)
@@ -44,6 +100,7 @@ class RankState:
     batches carry each rank's newest step (one in five at 0.2 s a step), and the healer rolls back to the checkpoint
     before the step it sees first (a later one seen first can put a poisoned checkpoint before it)."""
     dropped: int = 0
+    totals: StepTotals = field(default_factory=StepTotals)
     events: Counter[str] = field(default_factory=Counter)
     last_event: EventBody | None = None
     # Filled in by snapshots only:
@@ -82,6 +139,7 @@ class RankTable:
         self._clock, self._process_state, self._start_time = clock, process_state, start_time
         self._forget_after_s, self._max_ranks = forget_after_s, max_ranks
         self._ranks: dict[tuple[str, int], RankState] = {}
+        self._histograms: dict[str, StepHistogram] = {}  # job -> its steps on this node
         self._lock = threading.Lock()
         self.rejected = 0  # records refused because the table already holds max_ranks ranks
         self.forgotten = 0  # ranks dropped after forget_after_s of silence
@@ -112,6 +170,8 @@ class RankTable:
                         and state.first_nonfinite is None:
                     state.first_nonfinite = message.body
                 state.last_step = message.body
+                state.totals.add(message.body)
+                self._histograms.setdefault(message.job, StepHistogram()).observe(message.body)
                 _adopt_identity(state, message.body)
             elif isinstance(message, Event):
                 state.events[message.body.name] += 1
@@ -132,7 +192,8 @@ class RankTable:
         now = self._clock()
         with self._lock:
             self._forget_silent(now)
-            states = [replace(s, events=Counter(s.events), mesh=dict(s.mesh)) for s in self._ranks.values()]
+            states = [replace(s, events=Counter(s.events), mesh=dict(s.mesh), totals=replace(s.totals))
+                      for s in self._ranks.values()]
         for state in states:
             state.age_seconds = now - state.last_seen
             same = state.started is not None and self._start_time(state.pid) == state.started
@@ -141,12 +202,21 @@ class RankTable:
         _fill_reduce_lag(states)
         return sorted(states, key=lambda s: (s.job, s.rank))
 
+    def step_histograms(self) -> dict[str, StepHistogram]:
+        """Copies of each job's step-duration histogram on this node (jobs with a rank still tracked)."""
+        with self._lock:
+            return {job: replace(h, buckets=list(h.buckets), phase_seconds=dict(h.phase_seconds))
+                    for job, h in sorted(self._histograms.items())}
+
     def _forget_silent(self, now: float) -> None:
-        """Drop ranks not heard from for forget_after_s (caller holds the lock)."""
+        """Drop ranks not heard from for forget_after_s (caller holds the lock), and the histograms of jobs left
+        with none: a finished job's series go, as its ranks' do."""
         for key, state in list(self._ranks.items()):
             if now - state.last_seen > self._forget_after_s:
                 del self._ranks[key]
                 self.forgotten += 1
+        for job in set(self._histograms) - {job for job, _ in self._ranks}:
+            del self._histograms[job]
 
     def __len__(self) -> int:
         with self._lock:

@@ -10,6 +10,10 @@ agreement). The batch carries the group's rank entries by column (wire/relay.py'
 relay decodes each node's batch anyway, and the healer takes columns ~9x cheaper than one JSON object per rank.
 Nothing else changes: orders still go from the healer to each node agent directly.
 
+Under a run's mutual TLS (`tls`: the relay's files from the run's authority, ground/tls.py) a node's batch is taken
+only with that node's host certificate (one for another node is refused, as the healer refuses it), and the relay
+posts to the healer with its own certificate, which the healer requires for relayed batches.
+
 What may be lost: nothing a batch carries, since every batch holds its node's whole current state (the rank
 entries, the attempt report with its exits). A relay that is down costs its nodes two intervals: their
 forwarders then post to the healer directly (exporters/heartbeat.py) until it answers again.
@@ -18,6 +22,7 @@ forwarders then post to the healer directly (exporters/heartbeat.py) until it an
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -28,12 +33,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from exporters.heartbeat import urllib_post
 from ground.names import check_name
 from ground.secretfile import bearer_matches
+from ground.tls import PeerTls, https
 from wire.relay import MAX_NODES_PER_RELAY, NodeColumns, columns_of, encode_relay
 from wire.telemetry import SchemaError, decode_batch
 
 log = logging.getLogger(__name__)
 
 RELAYED_PATH = "/v1/heartbeats/relayed"
+
+
+class WrongNode(ValueError):
+    """A node's batch sent with another host's certificate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +59,9 @@ class HeartbeatRelay:
     def __init__(self, name: str, healer_url: str, token: str, interval_s: float = 1.0, forget_after_s: float = 300.0,
                  max_nodes: int = MAX_NODES_PER_RELAY,
                  post: Callable[[str, bytes, dict[str, str], float], int] = urllib_post,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the relay's client context (ground/tls.py): posts then go to a peer whose certificate names the
+        run's healer, and the relay shows its own."""
         check_name(name, "relay name")
         if not 0 < interval_s <= 60:
             raise ValueError(f"interval_s must be in (0, 60], got {interval_s}")
@@ -62,7 +74,7 @@ class HeartbeatRelay:
         self.name, self.token = name, token
         self.url = healer_url.rstrip("/") + RELAYED_PATH
         self.interval_s, self.forget_after_s, self.max_nodes = interval_s, forget_after_s, max_nodes
-        self._post = post
+        self._post, self.tls = post, tls
         self._headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
@@ -88,15 +100,19 @@ class HeartbeatRelay:
 
     # ---- in -------------------------------------------------------------------------------------------------
 
-    def take(self, body: bytes) -> int:
+    def take(self, body: bytes, sender: str | None = None) -> int:
         """Check one node's batch and keep it as the node's latest; returns its rank entries. Raises SchemaError
-        (the field named) for a batch the healer would refuse, and OverflowError past max_nodes nodes."""
+        (the field named) for a batch the healer would refuse, OverflowError past max_nodes nodes, and WrongNode
+        when `sender` (the host whose certificate it came with) is not the batch's node."""
         try:
             batch = decode_batch(body)
             node = NodeColumns(batch)  # NOTE: now, so that a value no column holds is refused to this node alone
         except SchemaError:
             self.refused.labels("schema").inc()
             raise
+        if sender is not None and batch.node != sender:
+            self.refused.labels("sender").inc()
+            raise WrongNode(f"a batch for node {batch.node!r} came with the certificate of host {sender!r}")
         with self._lock:
             if batch.node not in self._held and len(self._held) >= self.max_nodes:
                 self.refused.labels("full").inc()
@@ -127,8 +143,12 @@ class HeartbeatRelay:
         if body is None:
             return True
         started = time.perf_counter()
+        timeout_s = min(5.0, 2 * self.interval_s)
         try:
-            status = self._post(self.url, body, self._headers, min(5.0, 2 * self.interval_s))
+            if self.tls is not None:
+                status = https("POST", self.url, body, self._headers, timeout_s, PeerTls(self.tls, "healer"), 4096)[0]
+            else:
+                status = self._post(self.url, body, self._headers, timeout_s)
         except (OSError, TimeoutError) as exc:
             return self._failed(f"cannot reach the healer at {self.url}: {exc}")
         finally:

@@ -1,11 +1,11 @@
 """The node sidecar: receives rank records, serves /metrics, forwards heartbeats and traces.
 
-    megaheal sidecar --node NAME [--socket PATH] [--metrics-addr 127.0.0.1:9400] [--healer-url URL]
-                     [--healer-token-file FILE] [--otlp-endpoint URL]
+    megaheal sidecar --node NAME [--socket PATH] [--metrics-addr 127.0.0.1:9471] [--healer-url URL]
+                     [--token-file FILE] [--otlp-endpoint URL] [--dcgm-url URL]
 
-One per node, beside torchrun; ranks find it through MEGAHEAL_SIDECAR_SOCKET. Each part runs on
-its own thread (receiver, HTTP server, heartbeat, Xid watcher, span batching) so that none can hold
-up another, and none of them can hold up training: ranks only ever write to a datagram socket.
+One per node, beside torchrun; ranks find it through MEGAHEAL_SIDECAR_SOCKET. Each part runs on its own thread
+(receiver, HTTP server, heartbeat, Xid watcher or dcgm-exporter scrape, span batching) so that none can hold up
+another, and none of them can hold up training: ranks only ever write to a datagram socket.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
+from exporters.dcgm_scrape import DcgmScrape
 from exporters.heartbeat import HeartbeatForwarder, rank_summary
 from exporters.nvml_collector import NvmlCollector, open_nvml
 from exporters.rank_collector import RankCollector, SidecarCollector
@@ -33,12 +34,16 @@ from exporters.traces import StepTracer, otlp_exporter
 from exporters.xid import XidWatcher
 from ground.names import check_name
 from ground.secretfile import check_token, read_secret
-from wire.telemetry import HEARTBEAT_SCHEMA, HeartbeatBatch, Message, StepRecord, known_phases_only
+from wire.telemetry import HEARTBEAT_SCHEMA, GpuEntry, HeartbeatBatch, Message, StepRecord, known_phases_only
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
 TOKEN_ENV = "MEGAHEAL_TOKEN"
+METRICS_PORT = 9471
+"""NOTE: not 9400, dcgm-exporter's default: most GPU sites run it on every node, and a sidecar on its port fails to
+start there (or, started first, keeps dcgm-exporter out). Not 9100 (node_exporter) either; 9472 is `megaheal run`'s
+goodput metrics and 9410 the relay's listener, so the sidecar takes the port beside them."""
 
 
 def default_socket_path() -> str:
@@ -58,8 +63,11 @@ class Sidecar:
         """Name of this node in every series and heartbeat (what operators call the machine)."""
         socket_path: str
         """AF_UNIX datagram socket the ranks send to (their MEGAHEAL_SIDECAR_SOCKET)."""
-        metrics_addr: str = "127.0.0.1:9400"
+        metrics_addr: str = f"127.0.0.1:{METRICS_PORT}"
         """HOST:PORT of /metrics; loopback unless told otherwise. Port 0 picks a free one."""
+        dcgm: DcgmScrape.Config | None = None
+        """Read the GPUs from this node's dcgm-exporter (its /metrics) instead of NVML: for sites that run it
+        already, and for the DCGM_FI_PROF_* readings NVML lacks. Unset: NVML."""
         healer_url: str | None = None
         """Base URL of the healer; heartbeat batches go to its /v1/heartbeats. Unset: no heartbeats."""
         relay_url: str | None = None
@@ -103,14 +111,18 @@ class Sidecar:
 
     def __init__(self, cfg: Config, nvml: Any = AUTO, span_exporter: SpanExporter | None = None,
                  registry: CollectorRegistry | None = None) -> None:
-        """`nvml`: AUTO opens the real NVML (absent: logged once), None disables it, or a handle to use."""
+        """`nvml`: AUTO opens the real NVML (absent: logged once), None disables it, or a handle to use; not
+        used when cfg.dcgm names a dcgm-exporter to read instead."""
         self.cfg = cfg
         self.registry = registry if registry is not None else CollectorRegistry()
         self.table = RankTable(forget_after_s=cfg.forget_after_s, max_ranks=cfg.max_ranks)
         RankCollector(self.table, cfg.node, registry=self.registry)
         SidecarCollector(self._stats, cfg.node, registry=self.registry)
         ProcessCollector(registry=self.registry)
-        self.nvml_collector, self.xid = self._start_nvml(open_nvml() if nvml == AUTO else nvml)
+        self.dcgm = DcgmScrape(cfg.dcgm, cfg.node, registry=self.registry) if cfg.dcgm is not None else None
+        # NOTE: with dcgm-exporter as the source NVML is never opened: the two would report the same GPUs twice.
+        self.nvml_collector, self.xid = (None, None) if self.dcgm is not None else self._start_nvml(
+            open_nvml() if nvml == AUTO else nvml)
         if span_exporter is None and cfg.otlp_endpoint:
             span_exporter = otlp_exporter(cfg.otlp_endpoint)
         self.span_exporter = span_exporter
@@ -140,12 +152,13 @@ class Sidecar:
             # NOTE: fail closed: a driver that answers nvmlInit but not device queries must not stop the sidecar.
             log.warning("NVML: cannot enumerate the GPUs; GPU metrics are off", exc_info=True)
             return None, None
+        watcher = None
         try:
-            collector.xid = XidWatcher(nvml, collector.handles)
+            watcher = collector.xid = XidWatcher(nvml, collector.handles)
         except nvml.NVMLError:
             log.warning("NVML: no event sets on this driver; Xid metrics are off", exc_info=True)
         self.registry.register(collector)
-        return collector, collector.xid
+        return collector, watcher
 
     # ------------------------------------------------------------ lifecycle
 
@@ -159,12 +172,15 @@ class Sidecar:
         self.receiver.start()
         if self.xid is not None:
             self.xid.start()
+        if self.dcgm is not None:
+            self.dcgm.start()
         if self.heartbeat is not None:
             self.heartbeat.start()
         log.info("megaheal sidecar on node %s: ranks -> %s; metrics %s; healer %s; traces %s; GPUs %s",
                  self.cfg.node, self.cfg.socket_path, self.metrics_url, self.cfg.healer_url or "off",
                  self.cfg.otlp_endpoint or ("in-process" if self.tracer else "off"),
-                 len(self.nvml_collector.handles) if self.nvml_collector else "none")
+                 f"from dcgm-exporter at {self.dcgm.cfg.url}" if self.dcgm is not None
+                 else len(self.nvml_collector.handles) if self.nvml_collector else "none")
 
     @property
     def metrics_url(self) -> str:
@@ -182,6 +198,8 @@ class Sidecar:
             self.heartbeat.stop()
         if self.xid is not None:
             self.xid.stop()
+        if self.dcgm is not None:
+            self.dcgm.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -213,12 +231,25 @@ class Sidecar:
             self.tracer.record(message)
 
     def heartbeat_batch(self, seq: int, sent_at: float) -> HeartbeatBatch:
+        nvml, gpus = self._gpu_health()
         return HeartbeatBatch(
-            schema=HEARTBEAT_SCHEMA, node=self.cfg.node, seq=seq, sent_at=sent_at,
-            nvml="ok" if self.nvml_collector is not None else "absent",
-            ranks=[rank_summary(s) for s in self.table.heartbeat_snapshot()],
-            gpus=self.nvml_collector.health() if self.nvml_collector is not None else [],
+            schema=HEARTBEAT_SCHEMA, node=self.cfg.node, seq=seq, sent_at=sent_at, nvml=nvml,
+            ranks=[rank_summary(s) for s in self.table.heartbeat_snapshot()], gpus=gpus,
         )
+
+    def _gpus_up(self) -> bool:
+        """Whether GPU readings are there: NVML started, or dcgm-exporter's latest scrape answered."""
+        return self.dcgm.up if self.dcgm is not None else self.nvml_collector is not None
+
+    def _gpu_health(self) -> tuple[str, list[GpuEntry]]:
+        """The heartbeat's GPU source state and entries, read together (a scrape may land between two reads)."""
+        if self.dcgm is not None:
+            # A failed scrape keeps no readings: "absent", as on a node without a driver, never stale numbers.
+            gpus = self.dcgm.health()
+            return ("ok" if gpus else "absent"), gpus
+        if self.nvml_collector is None:
+            return "absent", []
+        return "ok", self.nvml_collector.health()
 
     def _stats(self) -> dict[str, float]:
         hb = self.heartbeat
@@ -228,6 +259,6 @@ class Sidecar:
             "rejected_ranks": self.table.rejected, "forgotten_ranks": self.table.forgotten, "ranks": len(self.table),
             "heartbeats_sent": hb.sent if hb else 0, "heartbeat_failures": hb.failures if hb else 0,
             "heartbeats_dropped": hb.dropped if hb else 0, "heartbeats_buffered": hb.buffered if hb else 0,
-            "nvml_up": 1 if self.nvml_collector is not None else 0,
+            "nvml_up": 1 if self._gpus_up() else 0,
             "trace_batches_failed": getattr(self.span_exporter, "failed_batches", 0),
         }

@@ -1,5 +1,11 @@
 """OpenTelemetry traces of training steps: one span per step per rank, a child span per phase.
 
+Names follow OTel's guidance that a span name identifies a class of operation, not an instance: every step span is
+`train.step` and every phase span is named by its phase (`forward_backward`, `dp_reduce`, ...); which step, job and
+rank it was are attributes (`megaheal.step`, `megaheal.job`, `megaheal.rank`, `megaheal.attempt`, ...). NOTE: OTel's
+semantic conventions have no training-step attributes (their gen_ai.* ones are about inference requests), hence
+megaheal's own namespace.
+
 Spans are made from step records after the fact, with the record's own times: the step ends at the
 record's `time` and lasted `step_seconds`; phases are laid end to end in the order the trainer runs
 them (durations exact; positions approximate where phases overlap, e.g. the dp reduce on CUDA).
@@ -12,13 +18,14 @@ dependency view, where the rank that holds everyone up stands out.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import logging
 import threading
 from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import HOST_NAME, SERVICE_NAME, SERVICE_VERSION, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -26,6 +33,9 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from wire.telemetry import StepRecord, ordered_phases
 
 TRACER_NAME = "megaheal.exporters"
+STEP_SPAN = "train.step"
+"""The name of every step span (its children are named by their phase)."""
+DEFAULT_SERVICE_NAME = "megaheal-sidecar"
 log = logging.getLogger(__name__)
 
 
@@ -94,15 +104,27 @@ class ReportingExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
+def sidecar_resource(node: str) -> Resource:
+    """The sidecar's resource: megaheal's defaults (service.name megaheal-sidecar, service.version, host.name the
+    sidecar's --node) under whatever OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES say.
+
+    NOTE: `Resource.create(attributes)` lets the attributes given in code win over the environment (the spec's
+    order for an application's own settings); ours are defaults, so the SDK's environment detector is merged once
+    more on top."""
+    defaults: dict[str, str] = {SERVICE_NAME: DEFAULT_SERVICE_NAME, HOST_NAME: node}
+    try:
+        defaults[SERVICE_VERSION] = importlib.metadata.version("megaheal")
+    except importlib.metadata.PackageNotFoundError:
+        pass  # run from a source tree that was never installed: no version to claim
+    return Resource.create(defaults).merge(OTELResourceDetector().detect())
+
+
 class StepTracer:
     """Turns step records into spans on its own TracerProvider (never the global one)."""
 
     def __init__(self, node: str, exporter: SpanExporter, batch: bool = True) -> None:
         self._ids = _StepIdGenerator()
-        self.provider = TracerProvider(
-            resource=Resource.create({"service.name": "megaheal-sidecar", "host.name": node}),
-            id_generator=self._ids,
-        )
+        self.provider = TracerProvider(resource=sidecar_resource(node), id_generator=self._ids)
         # NOTE: the batch processor drops spans when its queue is full instead of blocking the receiver.
         processor = (BatchSpanProcessor(exporter, max_queue_size=8192, schedule_delay_millis=1000)
                      if batch else SimpleSpanProcessor(exporter))
@@ -121,16 +143,20 @@ class StepTracer:
         attributes.update({f"megaheal.{k}": v for k, v in (("loss", rec.loss), ("mfu", rec.mfu),
                                                             ("tokens_per_second", rec.tokens_per_second))
                            if v is not None})
+        if rec.attempt is not None:
+            attributes["megaheal.attempt"] = rec.attempt
         attributes.update({f"megaheal.mesh.{k}": v for k, v in (rec.mesh or {}).items()})
         self._ids.set_next_trace_id(step_trace_id(message.job, rec.step))
-        span = self._tracer.start_span(f"step {rec.step}", context=Context(), start_time=start_ns,
-                                       attributes=attributes)
+        span = self._tracer.start_span(STEP_SPAN, context=Context(), start_time=start_ns, attributes=attributes)
         parent = trace.set_span_in_context(span)
+        # NOTE: a phase span repeats the step's identity: a trace query (TraceQL `{name="dp_reduce"}`) filters by
+        # the span's own attributes, and a phase span alone must say which rank and step it timed.
+        ident = {k: attributes[k] for k in ("megaheal.job", "megaheal.rank", "megaheal.step")}
         t = start_ns
         for phase in ordered_phases(rec.phases):
             duration = int(rec.phases[phase] * 1e9)
             child = self._tracer.start_span(phase, context=parent, start_time=t,
-                                            attributes={"megaheal.phase": phase, "megaheal.rank": message.rank})
+                                            attributes={"megaheal.phase": phase, **ident})
             child.end(end_time=t + duration)
             t += duration
         span.end(end_time=end_ns)

@@ -18,6 +18,7 @@ in front of every node agent is more than a cluster operator should have to run.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import Counter
 from typing import Any
 
@@ -87,3 +88,20 @@ def _with_peer(app: Any, peer: Identity | None) -> Any:
 def tls_config(context: Any) -> dict[str, Any]:
     """uvicorn.Config arguments that serve over `context` (an ssl.SSLContext made by ground/tls.py)."""
     return {"ssl_context_factory": lambda config, default: context}
+
+
+def listening_socket(listen: str) -> socket.socket:
+    """A socket bound to HOST:PORT (`[v6]:PORT` too; port 0: any) for uvicorn's `sockets=`, with TCP_NODELAY.
+    NOTE: asyncio sets TCP_NODELAY on the sockets it accepts for plain transports but not under its SSL transport,
+    where uvicorn writes a response's head and body as two records: Nagle then held the body back until the client's
+    delayed ACK, 40 ms on every request over TLS (bench/control_tls.py). Linux gives accepted sockets the listening
+    socket's option."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"listen must be HOST:PORT, got {listen!r}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, int(port)))
+    return sock

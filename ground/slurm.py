@@ -105,11 +105,12 @@ def steps(job_id: str) -> dict[str, list[str]]:
     return found
 
 
-def step_runs_on(job_id: str, node: str, timeout: timedelta = timedelta(seconds=20)) -> bool:
+def step_runs_on(job_id: str, node: str, timeout: timedelta = timedelta(seconds=6)) -> bool:
     """Whether Slurm can still run a step of `job_id` on `node` (`srun ... true`, bounded): what the scheduler says
     of a host the healer stopped hearing from. NOTE: slurmctld marks a dead host DOWN only after SlurmdTimeout, and
     never a host whose link to the job's other hosts alone is cut; a step that cannot start there is the scheduler's
-    own confirmation, at once."""
+    own confirmation, at once. Bounded to a few seconds: a host that starts no step that soon, while its agent does
+    not answer either, is taken as lost."""
     check_name(node, "node")
     argv = ["srun", f"--jobid={job_id}", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--overlap",
             "--mem=0", "--job-name=megaheal-reach", f"--time={max(1, int(timeout.total_seconds() // 60) + 1)}",

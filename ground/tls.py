@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROLES = ("healer", "host", "relay")
 URN = "urn:megaheal:"
@@ -132,25 +132,84 @@ class PeerTls:
 
 def https(method: str, url: str, body: bytes | None, headers: dict[str, str], timeout_s: float, peer: PeerTls,
           max_response: int) -> tuple[int, bytes]:
-    """One request over TLS to `peer` (checked before anything is sent): (status, body). OSError (PeerRefused and
-    ssl errors included) when there is no answer from the right peer. NOTE: http.client rather than urllib: the
-    peer's identity must be checked on the socket between the handshake and the request, and redirects are never
-    followed either way."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "https" or not parts.hostname:
-        raise ValueError(f"{url}: a TLS peer needs an https:// URL")
-    conn = http.client.HTTPSConnection(parts.hostname, parts.port or 443, timeout=timeout_s, context=peer.context)
+    """One request over a new TLS connection to `peer` (checked before anything is sent): (status, body). OSError
+    (PeerRefused and ssl errors included) when there is no answer from the right peer."""
+    connection = PeerConnection(peer)
     try:
-        conn.connect()
-        assert isinstance(conn.sock, ssl.SSLSocket)
-        peer.check(conn.sock)
-        target = parts.path or "/"
-        if parts.query:
-            target += "?" + parts.query
-        conn.request(method, target, body=body, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read(max_response)
-    except http.client.HTTPException as exc:
-        raise ConnectionError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        return connection.request(method, url, body, headers, timeout_s, max_response)
     finally:
-        conn.close()
+        connection.close()
+
+
+class PeerConnection:
+    """A TLS connection to one peer kept open between requests, for a client that asks it again and again (a host's
+    heartbeat batches): the handshake, about 2.5 ms of CPU at the two ends together (bench/control_tls.py), is paid
+    once, not per request. The peer's identity is checked on every new connection. One thread at a time.
+
+    NOTE: http.client rather than urllib: the peer's identity must be checked on the socket between the handshake
+    and the request, and redirects are never followed either way."""
+
+    def __init__(self, peer: PeerTls) -> None:
+        self.peer = peer
+        self._conn: http.client.HTTPSConnection | None = None
+        self._where: tuple[str, int] | None = None
+
+    def request(self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout_s: float,
+                max_response: int) -> tuple[int, bytes]:
+        """(status, body). A kept connection the peer closed meanwhile (its keep-alive ran out) is opened again and
+        the request sent once more: only then, when nothing came back on it. OSError when there is no answer."""
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ValueError(f"{url}: a TLS peer needs an https:// URL")
+        where = (parts.hostname, parts.port or 443)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        reused = self._conn is not None and self._where == where
+        if not reused:
+            self._open(where, timeout_s)
+        try:
+            return self._send(method, target, body, headers, timeout_s, max_response)
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            if not reused or isinstance(exc, (TimeoutError, ssl.SSLCertVerificationError, PeerRefused)):
+                _fail(method, url, exc)
+        self._open(where, timeout_s)
+        try:
+            return self._send(method, target, body, headers, timeout_s, max_response)
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            _fail(method, url, exc)
+
+    def _open(self, where: tuple[str, int], timeout_s: float) -> None:
+        self.close()
+        conn = http.client.HTTPSConnection(where[0], where[1], timeout=timeout_s, context=self.peer.context)
+        try:
+            conn.connect()
+            assert isinstance(conn.sock, ssl.SSLSocket)
+            self.peer.check(conn.sock)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn, self._where = conn, where
+
+    def _send(self, method: str, target: str, body: bytes | None, headers: dict[str, str], timeout_s: float,
+              max_response: int) -> tuple[int, bytes]:
+        assert self._conn is not None and self._conn.sock is not None
+        self._conn.sock.settimeout(timeout_s)
+        self._conn.request(method, target, body=body, headers=headers)
+        response = self._conn.getresponse()
+        data = response.read(max_response)
+        if response.will_close or not response.isclosed():
+            self.close()  # the peer ends it, or the answer was longer than taken: never reuse a half-read stream
+        return response.status, data
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn, self._where = None, None
+
+
+def _fail(method: str, url: str, exc: BaseException) -> NoReturn:
+    """Raise `exc` as an OSError: itself, or a ConnectionError saying what http.client found wrong."""
+    if isinstance(exc, OSError):
+        raise exc
+    raise ConnectionError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc

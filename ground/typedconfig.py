@@ -227,13 +227,30 @@ def read_yaml(path: str | Path) -> Any:
     try:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from exc
     # NOTE: ValueError: a date YAML recognises that the calendar has not (2024-02-30); RecursionError: PyYAML
     # recurses once per nesting level.
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid YAML value: {exc}") from exc
     except RecursionError as exc:
         raise ConfigError(f"{path}: invalid YAML: nested too deeply") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, where in the file first: `invalid YAML at line 3, column 9: expected ',' or '}', but
+    got ':' (in a flow mapping that starts at line 2, column 9)`. Its own text names "<unicode string>" instead of
+    the file and runs over several lines, with the offending line quoted."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return f"invalid YAML: {' '.join(str(exc).split())}"
+    mark = exc.problem_mark
+    text = f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {exc.problem or 'cannot parse'}"
+    verb, _, context = (exc.context or "").removeprefix("while ").partition(" ")
+    if verb in ("parsing", "scanning") and not context.startswith("for "):  # "scanning for the next token": no place
+        context = f"in {context}"
+        where = exc.context_mark
+        text += f" ({context}" + (f" that starts at line {where.line + 1}, column {where.column + 1})"
+                                  if where is not None and where.line != mark.line else ")")
+    return text
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from exporters.dcgm_scrape import DcgmScrape
 from exporters.heartbeat import HeartbeatForwarder
 from exporters.sidecar import AUTO, Sidecar
 from ground.tls import TlsFiles
@@ -18,9 +19,11 @@ AGENT_BUFFER_BATCHES = 2
 newest says all, and a healer that comes back is sent that, not minutes of backlog."""
 
 
-def node_agent(cfg: NodeAgent.Config, nvml: Any = AUTO) -> NodeAgent:
-    """An agent for `cfg`, not started. `nvml`: the sidecar's GPU source (AUTO: NVML where it loads; None: none)."""
-    sidecar = Sidecar(Sidecar.Config(node=cfg.node, socket_path=cfg.socket_path, metrics_addr=cfg.metrics_addr),
+def node_agent(cfg: NodeAgent.Config, nvml: Any = AUTO, dcgm: DcgmScrape.Config | None = None) -> NodeAgent:
+    """An agent for `cfg`, not started. `nvml`: the sidecar's GPU source (AUTO: NVML where it loads; None: none);
+    `dcgm`: read the GPUs from this dcgm-exporter instead (NVML is then not opened)."""
+    sidecar = Sidecar(Sidecar.Config(node=cfg.node, socket_path=cfg.socket_path, metrics_addr=cfg.metrics_addr,
+                                     dcgm=dcgm),
                       nvml=nvml)
 
     tls = TlsFiles(cfg.tls_dir).client() if cfg.tls_dir is not None else None

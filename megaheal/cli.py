@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional, TypeVar
 
 import typer
 
@@ -11,7 +11,37 @@ from ground.typedconfig import ConfigError
 if TYPE_CHECKING:  # NOTE: the CLI imports what each command needs when it runs
     from healer.runner.run import ProgramLaunch
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Keep large distributed training jobs healthy.")
+# NOTE: rich_markup_mode=None: with rich markup, Typer read the help's "[default: hostname]" notes as markup tags and
+# dropped them; plain help also keeps every default on the option's own line, where grep finds it.
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="Keep large distributed training jobs healthy.")
+
+T = TypeVar("T")
+LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning, error or critical")]
+LogFormat = Annotated[str, typer.Option("--log-format", help="text, or json: one JSON object a line (time, level, "
+                                        "logger, message, exception)")]
+
+
+def _logging(level: str, fmt: str) -> None:
+    """Set up the process's logging (ground/logsetup.py); a bad --log-level or --log-format exits 2."""
+    from ground.logsetup import configure
+
+    try:
+        configure(level, fmt)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _renamed(old: str, new: str, old_value: T, new_value: T) -> T:
+    """The value of an option given under its old name (a warning says the new one); exits 2 when both are given."""
+    if old_value is None or old_value is False:
+        return new_value
+    if new_value is not None and new_value is not False:
+        typer.echo(f"error: {old} is the old name of {new}: give {new} only", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"warning: {old} is deprecated and goes in a later release: use {new}", err=True)
+    return old_value
 
 
 def _register_subapps() -> None:
@@ -27,13 +57,30 @@ def _register_subapps() -> None:
     from testbed.cli import app as testbed_app  # typer and the stdlib only: cheap to import
 
     app.add_typer(testbed_app, name="testbed")
+    from healer.service.incidents_cli import app as incidents_app  # typer and the stdlib only at import
+
+    app.add_typer(incidents_app, name="incidents")
 
 
 _register_subapps()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"megaheal {version('megaheal')}")
+        except PackageNotFoundError as exc:  # imported from a source tree that was never installed
+            typer.echo("error: megaheal is not installed here (pip install megaheal, or -e . in a checkout)", err=True)
+            raise typer.Exit(2) from exc
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print megaheal's version and exit")] = False,
+) -> None:
     """Keep large distributed training jobs healthy."""
 
 
@@ -64,28 +111,34 @@ def train(
 def sidecar(
     node: Annotated[Optional[str], typer.Option("--node", help="node name in metrics and heartbeats [default: hostname]")] = None,
     socket_path: Annotated[Optional[str], typer.Option("--socket", help="rank socket; ranks get it as MEGAHEAL_SIDECAR_SOCKET [default: $TMPDIR/megaheal-UID/sidecar.sock]")] = None,
-    metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics (loopback unless told otherwise)")] = "127.0.0.1:9400",
+    metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics (loopback unless told otherwise)")] = "127.0.0.1:9471",
     healer_url: Annotated[Optional[str], typer.Option("--healer-url", help="healer base URL for heartbeat batches")] = None,
     relay_url: Annotated[Optional[str], typer.Option("--relay-url", help="this node group's relay (megaheal relay); the healer while it is down")] = None,
-    healer_token_file: Annotated[Optional[str], typer.Option("--healer-token-file", help="file with the healer's bearer token [default: MEGAHEAL_TOKEN]")] = None,
-    otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="OTLP/HTTP collector URL for step traces")] = None,
+    token_file: Annotated[Optional[str], typer.Option("--token-file", help="file with the healer's bearer token [default: MEGAHEAL_TOKEN]")] = None,
+    otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="OTLP/HTTP collector URL for step traces [default: none: no traces]")] = None,
+    dcgm_url: Annotated[Optional[str], typer.Option("--dcgm-url", help="read GPUs from this dcgm-exporter /metrics instead of NVML [default: none: NVML]")] = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
+    old_token_file: Annotated[Optional[str], typer.Option("--healer-token-file", hidden=True, help="the old name of --token-file")] = None,
 ) -> None:
     """Run this node's telemetry sidecar: rank records in, /metrics, heartbeats and traces out."""
-    import logging
     import socket
 
+    from exporters.dcgm_scrape import DcgmScrape
     from exporters.receiver import SocketInUseError
     from exporters.sidecar import Sidecar, default_socket_path  # prometheus/otel: imported only here
     from ground.secretfile import forbid_inspection
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _logging(log_level, log_format)
+    token_file = _renamed("--healer-token-file", "--token-file", old_token_file, token_file)
     # NOTE: the ranks run under the sidecar's uid: keep them out of its memory and mounts (the token) in /proc.
     forbid_inspection()
     try:
         cfg = Sidecar.Config(node=node or socket.gethostname(), socket_path=socket_path or default_socket_path(),
                              metrics_addr=metrics_addr, healer_url=healer_url, relay_url=relay_url,
-                             healer_token_file=healer_token_file,
-                             otlp_endpoint=otlp_endpoint)
+                             healer_token_file=token_file,
+                             otlp_endpoint=otlp_endpoint,
+                             dcgm=DcgmScrape.Config(url=dcgm_url) if dcgm_url else None)
         service = Sidecar(cfg)
     except (ValueError, SocketInUseError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -105,21 +158,48 @@ def relay(
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT the nodes post to (loopback unless told otherwise)")] = "127.0.0.1:9410",
     interval: Annotated[float, typer.Option("--interval", help="seconds between two posts to the healer")] = 1.0,
     max_nodes: Annotated[int, typer.Option("--max-nodes", help="nodes held at most")] = 1024,
+    tls_dir: Annotated[Optional[str], typer.Option("--tls-dir", help="the relay's ca.pem, cert.pem and key.pem from the run's authority (megaheal run's RUN_DIR/launcher/tls/relays/NAME): hosts' batches in and the relayed batch out over mutual TLS [default: none: plain HTTP]")] = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Pass a node group's heartbeat batches on to the healer, one request per interval (jobs of thousands of nodes)."""
-    import logging
     import socket
+    from pathlib import Path
 
     from exporters.relay import HeartbeatRelay
     from exporters.relay_service import serve
     from ground.secretfile import forbid_inspection, read_secret
+    from ground.tls import TlsFiles
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _logging(log_level, log_format)
     forbid_inspection()
     try:
+        files = TlsFiles(Path(tls_dir)).check() if tls_dir else None
         relay_ = HeartbeatRelay(name or socket.gethostname(), healer_url, read_secret(token_file, "healer token"),
-                                interval_s=interval, max_nodes=max_nodes)
-        serve(relay_, listen)
+                                interval_s=interval, max_nodes=max_nodes, tls=files.client() if files else None)
+        serve(relay_, listen, files.server(require_peer=True) if files else None)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command("relay-cert")
+def relay_cert(
+    run_dir: Annotated[str, typer.Option("--run-dir", help="the run of `megaheal run` whose authority issues it")],
+    name: Annotated[str, typer.Option("--name", help="the relay's name (its --name)")],
+) -> None:
+    """Issue a relay a certificate from a run's authority; prints the directory to give `megaheal relay --tls-dir`."""
+    from pathlib import Path
+
+    from healer.launchers.run_authority import RunAuthority
+    from wire.run_paths import RunPaths
+
+    launcher = RunPaths(Path(run_dir)).launcher
+    if not (launcher / "tls" / "ca.key").is_file():
+        typer.echo(f"error: {launcher / 'tls'} holds no authority: is {run_dir} a run of `megaheal run`?", err=True)
+        raise typer.Exit(2)
+    try:
+        typer.echo(str(RunAuthority.of_run(launcher).relay(name).directory))
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -137,21 +217,24 @@ def agent(
     socket_path: Annotated[Optional[str], typer.Option("--socket", help="the ranks' datagram socket [default: one per node and work directory under $TMPDIR, the same for an agent started again]")] = None,
     scratch_dir: Annotated[Optional[str], typer.Option("--scratch-dir", help="the host's local disk: the ranks' TMPDIR [default: WORK_DIR/tmp]")] = None,
     metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="HOST:PORT of /metrics")] = "127.0.0.1:0",
+    dcgm_url: Annotated[Optional[str], typer.Option("--dcgm-url", help="read GPUs from this dcgm-exporter /metrics instead of NVML [default: none: NVML]")] = None,
     url_file: Annotated[Optional[str], typer.Option("--url-file", help="write the orders API's URL here once it serves")] = None,
     orphan_exit_s: Annotated[float, typer.Option("--orphan-exit-s", help="exit after this long with nothing heard from the healer while no rank runs here (0: never)")] = 300.0,
     run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="the run directory this agent serves: a start order's run dir, config and resume path must be inside it (or the checkout, for a config)")] = None,
-    tls_dir: Annotated[Optional[str], typer.Option("--tls-dir", help="this host's ca.pem, cert.pem and key.pem from the run's authority: orders and batches over mutual TLS")] = None,
+    tls_dir: Annotated[Optional[str], typer.Option("--tls-dir", help="this host's ca.pem, cert.pem and key.pem from the run's authority: orders and batches over mutual TLS [default: none: plain HTTP]")] = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run this host's node agent: the sidecar, the host's rank processes, and the healer's orders."""
-    import logging
     import socket
     from pathlib import Path
 
+    from exporters.dcgm_scrape import DcgmScrape
     from ground.secretfile import check_token, read_secret, replace_private
     from healer.agent.node import NodeAgent, agent_socket_path
     from healer.compose_agent import node_agent as compose_node_agent
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _logging(log_level, log_format)
     try:
         token = check_token(read_secret(token_file, "job token"), token_file)
         work = Path(work_dir)
@@ -163,7 +246,7 @@ def agent(
                                socket_path=socket_path or agent_socket_path(name, work), metrics_addr=metrics_addr,
                                orphan_exit_s=orphan_exit_s, tls_dir=Path(tls_dir) if tls_dir else None,
                                run_dir=Path(run_dir) if run_dir else None)
-        node_agent = compose_node_agent(cfg)
+        node_agent = compose_node_agent(cfg, dcgm=DcgmScrape.Config(url=dcgm_url) if dcgm_url else None)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -203,7 +286,7 @@ def timeline(
 
 @app.command()
 def diagnose(
-    runbook: Annotated[Optional[str], typer.Argument(help="a shipped runbook (collectives-quick, network-triage, gpu-triage, hang-triage, straggler-triage, node-health) or a runbook .yaml")] = None,
+    runbook: Annotated[Optional[str], typer.Argument(help="a shipped runbook (collectives-quick, network-triage, gpu-triage, hang-triage, straggler-triage, node-health, node-health-live) or a runbook .yaml")] = None,
     nodes: Annotated[Optional[list[str]], typer.Option("--nodes", help="nodes under test, comma-separated or repeated; inside a Slurm allocation the ranks run on them through srun, elsewhere each is simulated by local ranks")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")] = False,
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="override a step parameter, e.g. host.checkpoint_dir=/ckpt (repeatable)")] = None,
@@ -223,13 +306,13 @@ def run(
     module: Annotated[bool, typer.Option("-m", "--module", help="the program is a module (python -m), as torchrun's -m")] = False,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="a program's ranks per host [default: local 1; slurm: the allocation's tasks per node]")] = None,
     nnodes: Annotated[Optional[str], typer.Option("--nnodes", help="a program's hosts: N, or MIN:MAX to come back on as few as MIN when no spare is left [default: local 1; slurm: the allocation's less the spares]")] = None,
-    config: Annotated[Optional[str], typer.Option("--config", help="megaheal's own trainer: its training config YAML [default: configs/demo.yaml]")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="megaheal's own trainer: its training config YAML [default: the shipped configs/demo.yaml]")] = None,
     run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="run directory [default: runs/run-<time>]")] = None,
     chaos: Annotated[Optional[str], typer.Option("--chaos", help="fault schedule YAML (configs/chaos-*.yaml)")] = None,
-    timeout_min: Annotated[float, typer.Option("--timeout-min", help="stop the job after this many minutes")] = 30.0,
+    timeout_min: Annotated[Optional[float], typer.Option("--timeout-min", help="stop the job after this many minutes [default: none: it runs until it finishes, escalates or is stopped]")] = None,
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="serve the goodput ledger as Prometheus metrics on 127.0.0.1:PORT (0: any free port, -1: off)")] = 9472,
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="training config override KEY=VALUE (repeatable), e.g. steps=20")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="take over --run-dir from a healer that died: stop what it left running and finish its incidents")] = False,
+    take_over: Annotated[bool, typer.Option("--take-over", help="take over --run-dir from a `megaheal run` that died: stop what it left running and finish its incidents (a checkpoint to resume from: --set checkpoint.resume=auto|PATH)")] = False,
     db: Annotated[Optional[str], typer.Option("--db", help="the healer's database (incidents, host history, restarts, goodput): sqlite:///PATH or postgresql+psycopg://... [default: RUN_DIR/healer.db]")] = None,
     db_password_file: Annotated[Optional[str], typer.Option("--db-password-file", help="file holding the database's password (kept out of the URL, the environment and every command line)")] = None,
     alertmanager: Annotated[Optional[str], typer.Option("--alertmanager", help="Alertmanager URL; an escalated incident pages from there [default: none]")] = None,
@@ -237,26 +320,34 @@ def run(
     launcher: Annotated[str, typer.Option("--launcher", help="local: the hosts are agents on this machine; slurm: the hosts of the Slurm allocation this runs in (sbatch, salloc), an agent per host via srun")] = "local",
     spares: Annotated[int, typer.Option("--spares", help="slurm: keep the allocation's last N hosts as spares")] = 1,
     drain: Annotated[Optional[bool], typer.Option("--drain/--no-drain", help="drain in the scheduler a host left out because it failed diagnosis or is a lemon [default: on under slurm]")] = None,
-    warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, so a crashed rank or a rollback restarts from memory in seconds (a hang, a GPU fault or a host change still restarts cold); cold: every restart starts new processes from the newest checkpoint; warm runs with the local launcher only, and a take-over (--resume) of a warm run restarts it cold")] = False,
+    warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, so a crashed rank or a rollback restarts from memory in seconds (a hang, a GPU fault or a host change still restarts cold); cold: every restart starts new processes from the newest checkpoint; warm runs with the local launcher only, and a take-over (--take-over) of a warm run restarts it cold")] = False,
     standbys: Annotated[int, typer.Option("--standbys", help="warm: idle workers each host keeps ready to take a crashed rank's place")] = 1,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error or critical (the live view holds the terminal: warning and up by default)")] = "warning",
+    log_format: LogFormat = "text",
+    old_resume: Annotated[bool, typer.Option("--resume", hidden=True, help="the old name of --take-over")] = False,
 ) -> None:
     """Run a self-healing training job: node agents, launcher, detectors, remediation, live view, report."""
     from datetime import timedelta
     from pathlib import Path
 
+    from ground.shipped import shipped_config
     from ground.slurm import SlurmError
     from healer.errors import DatabaseError
     from healer.runner.run import run_job  # torch, rich: imported only here
     from healer.runner.shutdown import RunDirBusy
     from healer.service.config import read_db_password
 
+    _logging(log_level, log_format)
+    take_over = _renamed("--resume", "--take-over", old_resume, take_over)
     try:
+        if timeout_min is not None and not timeout_min > 0:
+            raise ValueError(f"--timeout-min must be > 0, got {timeout_min}")
         launch = _program_launch(program or [], module, nproc_per_node, nnodes, config)
         password = read_db_password(db_password_file)
-        code = run_job(config or "configs/demo.yaml", Path(run_dir) if run_dir else None, chaos,
-                       timedelta(minutes=timeout_min),
+        code = run_job(config or str(shipped_config("demo.yaml")), Path(run_dir) if run_dir else None, chaos,
+                       timedelta(minutes=timeout_min) if timeout_min is not None else None,
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
-                       resume=resume, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
+                       resume=take_over, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
                        launcher=launcher, spares=spares, drain=drain,
                        standbys=standbys if warm else None, program=launch, db_password=password)
     except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError) as exc:
@@ -320,7 +411,7 @@ def report(
 
 @app.command()
 def simulate(
-    config: Annotated[str, typer.Option("--config", help="simulation config YAML (configs/sim/)")] = "configs/sim/llama3-16k.yaml",
+    config: Annotated[Optional[str], typer.Option("--config", help="simulation config YAML (configs/sim/) [default: the shipped configs/sim/llama3-16k.yaml]")] = None,
     overrides: Annotated[Optional[list[str]], typer.Option("--set", help="override a config key, e.g. job.spares=64 or restart=cold (repeatable)")] = None,
     sweeps: Annotated[bool, typer.Option("--sweeps", help="also the sweeps (checkpoint interval, failure rate, job size, restart time), the analytic check and the plots")] = False,
     out: Annotated[str, typer.Option("--out", help="where simulation.json (and the plots) go")] = "runs/sim",
@@ -328,10 +419,12 @@ def simulate(
     """Simulate a long job on a large cluster, its failures healed by megaheal's own policy: ETTR, lost GPU-hours, pages."""
     from pathlib import Path
 
+    from ground.shipped import shipped_config
     from sim.report import simulate as run_simulation
     from sim.report import summary
 
     try:
+        config = config or str(shipped_config("sim/llama3-16k.yaml"))
         result = run_simulation(config, list(overrides or []), Path(out), sweeps)
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -348,9 +441,12 @@ def healer(
     config: Annotated[Optional[str], typer.Option("--config", help="healer config YAML [default: built-in defaults, rules from configs/rules/]")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST:PORT of the API [default: 127.0.0.1:8470]")] = None,
     db: Annotated[Optional[str], typer.Option("--db", help="database URL: sqlite:///PATH or postgresql+psycopg://... [default: MEGAHEAL_DB, else SQLite in the state dir]")] = None,
-    token_file: Annotated[Optional[str], typer.Option("--token-file", help="file with the API bearer token (MEGAHEAL_TOKEN wins)")] = None,
+    token_file: Annotated[Optional[str], typer.Option("--token-file", help="file with the API bearer token; it wins over the config's token_file, which wins over MEGAHEAL_TOKEN [default: the config's token_file, else MEGAHEAL_TOKEN, else one generated into $XDG_STATE_HOME/megaheal/token]")] = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the healer: heartbeats and Alertmanager in, incidents out (API on 127.0.0.1:8470)."""
     from healer.service.cli import healer as run_healer  # SQLAlchemy, Starlette, APScheduler: imported only here
 
+    _logging(log_level, log_format)
     run_healer(config, listen, db, token_file)

@@ -28,7 +28,9 @@ from runbooks.registry import CheckContext, CheckRegistry, default_registry
 from runbooks.spec import Runbook, Step
 from wire.verdict import CheckResult, RunbookResult, Status, StepResult, worst
 
-REPO = Path(__file__).resolve().parents[1]
+# NOTE: the folder megaheal's packages are imported from (the checkout, or site-packages for a wheel): a worker
+# started from anywhere imports the same runbooks and checks as the runner that starts it.
+IMPORT_ROOT = Path(__file__).resolve().parents[1]
 STOP_GRACE_S = 2.0
 
 # on_event(kind, step, payload): kind "start" (payload: the Step) or "finish" (payload: StepResult).
@@ -108,7 +110,7 @@ def _run_step(step: Step, registry: CheckRegistry, ctx: CheckContext, on_event: 
 
 def _worker_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     # The checks' ranks share this machine's cores and talk over loopback.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -69,10 +69,12 @@ python_args=(--build-arg PYTHON_IMAGE=localhost/megaheal/python:3.11-bookworm)
 if [ "$engine_name" = podman ]; then
   # Every wheel the image needs, from the host's own pip (its index, its cache, its local wheels), laid out as a
   # PEP 503 index that the build reads through a mount: the build itself needs no network. Docker's build has no
-  # mounts of this kind: with docker the image's pip reaches PyPI and PyTorch's index itself.
+  # mounts of this kind: with docker the image's pip reaches PyPI itself. The image installs '.[healer]' (no torch).
   wheels=$out/wheelhouse
   rm -rf "$wheels" && mkdir -p "$wheels/files" "$wheels/simple"
-  "$pip" wheel --quiet --wheel-dir "$wheels/files" . 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  # NOTE: setuptools too: pip builds megaheal in the image in an isolated environment that needs it (pyproject's
+  # build-system), and no dependency brings it since torch left the image.
+  "$pip" wheel --quiet --wheel-dir "$wheels/files" '.[healer]' 'setuptools>=77' 2>&1 | grep -v "^WARNING: Location" >&2 || true
   for whl in "$wheels"/files/*.whl; do
     file=$(basename "$whl")
     name=$(printf '%s' "$file" | cut -d- -f1 | tr 'A-Z_.' 'a-z--')
@@ -82,7 +84,7 @@ if [ "$engine_name" = podman ]; then
     printf '<a href="%s">%s</a>\n' "$file" "$file" >>"$wheels/simple/$name/index.html"
   done
   python_args+=(--volume "$here/$wheels:/wheelhouse:ro"
-                --build-arg PIP_INDEX_URL=file:///wheelhouse/simple --build-arg TORCH_INDEX_URL=file:///wheelhouse/simple)
+                --build-arg PIP_INDEX_URL=file:///wheelhouse/simple)
 fi
 build "megaheal:$version" Dockerfile "${python_args[@]}" .
 

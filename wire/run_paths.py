@@ -8,6 +8,8 @@ healer, the pages, the benches) takes them from here.
     <run_dir>/launcher/agents.json        each host's node agent URL (healer/launchers/agent_registry.py)
     <run_dir>/launcher/hosts.json         each host's scheduler state at the end of the run
     <run_dir>/launcher/token              the run's token, private to its user
+    <run_dir>/launcher/healer.url         where the healer driving the run serves (https; `megaheal incidents`)
+    <run_dir>/launcher/tls/               the run's certificate authority and certificates (run_authority.py)
     <run_dir>/launcher/runner.lock        held by the `megaheal run` that drives the run
     <run_dir>/healer.db                   the embedded healer's database (SQLite)
     <run_dir>/report.html                 the run's report
@@ -65,6 +67,10 @@ class RunPaths:
     @property
     def token(self) -> Path:
         return self.launcher / "token"
+
+    @property
+    def healer_url(self) -> Path:
+        return self.launcher / "healer.url"
 
     @property
     def runner_lock(self) -> Path:

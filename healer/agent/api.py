@@ -6,7 +6,8 @@
     GET  /healthz
 
 Every order needs the job's token (constant-time comparison); an order whose id is known returns the first one's
-state (a retried POST never starts a second attempt), and an id reused for another order is a 409. Bodies are
+state (a retried POST never starts a second attempt), and an id reused for another order is a 409, as is an order
+of a healer epoch below the highest this agent has taken ("stale epoch N < M", field "epoch"). Bodies are
 bounded; a malformed one is a 400 naming the field. An agent with TLS files (`NodeAgent.Config.tls_dir`) serves over
 mutual TLS and takes orders only from a peer whose certificate names the run's healer: a host's own certificate,
 which every host holds to report, cannot order (a 403).
@@ -14,7 +15,6 @@ which every host holds to report, cannot order (a 403).
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -119,13 +119,9 @@ def serve(agent: NodeAgent, listen: str) -> tuple[Any, int]:
     """uvicorn on a daemon thread; (server, bound port)."""
     import uvicorn
 
-    from ground.http_serving import guarded_h11, tls_config
+    from ground.http_serving import guarded_h11, listening_socket, tls_config
 
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(port)))
+    sock = listening_socket(listen)
     tls = {} if agent.cfg.tls_dir is None else tls_config(TlsFiles(agent.cfg.tls_dir).server(require_peer=True))
     config = uvicorn.Config(create_app(agent), access_log=False, log_config=None, limit_concurrency=64,
                             http=guarded_h11(per_peer=16), timeout_graceful_shutdown=2, **tls)

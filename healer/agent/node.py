@@ -152,11 +152,9 @@ class NodeAgent:
                 raise ValueError("poll_interval_s must be in (0, 10] and heartbeat_interval_s in (0, 60]")
             if self.tls_dir is not None:
                 TlsFiles(self.tls_dir).check()
-                if self.healer_url and not self.healer_url.startswith("https://"):
-                    raise ValueError("with tls_dir, healer_url must be an https:// URL")
-                if self.relay_url:
-                    # TODO(megaheal): relays over the run's TLS (a relay's certificate, node binding at the relay).
-                    raise ValueError("relay_url cannot be used with tls_dir yet: relays take the token only")
+                if any(u and not u.startswith("https://") for u in (self.healer_url, self.relay_url)):
+                    raise ValueError("with tls_dir, healer_url and relay_url must be https:// URLs (a relay started "
+                                     "with --tls-dir)")
             if self.relay_url and not self.healer_url:
                 raise ValueError("relay_url needs healer_url (where the batches go while the relay is down)")
             if self.orphan_exit_s < 0:

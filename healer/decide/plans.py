@@ -144,6 +144,8 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
                     if job.node_incidents.get(n, 0) >= limits.lemon_incidents)
     if lemons:
         basis["lemons"] = {n: job.node_incidents[n] for n in lemons}
+        basis["lemon_incidents"] = limits.lemon_incidents
+        basis["lemon_window_s"] = limits.lemon_window.total_seconds()
     proven = set(verdict.bad_nodes if verdict and verdict.status in (Status.FAIL, Status.DEGRADED) else ()) | set(lemons)
     chosen = remedy
     if chosen is None:

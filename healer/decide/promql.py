@@ -98,4 +98,6 @@ def _signal(rule: Rule, labels: dict[str, str], value: float, cond: PromqlCondit
     evidence: dict[str, Any] = {"promql": cond.promql, "for_s": cond.for_.total_seconds(), "value": value,
                                 "labels": labels}
     return from_rule(rule, identity, summary, evidence, job=identity.get("job"),
-                     node=identity.get("node") or identity.get("hostname") or identity.get("instance"))
+                     # NOTE: "Hostname": dcgm-exporter's node label (4.x, and megaheal's GPU series).
+                     node=(identity.get("node") or identity.get("Hostname") or identity.get("hostname")
+                           or identity.get("instance")))

@@ -27,13 +27,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ground.shipped import CONFIGS
 from ground.typedconfig import ConfigError, LineDict, from_mapping, line_of, parse_duration, read_yaml
 from healer.decide.catalogue import Remedy, fault
 from healer.decide.plans import Limits, RestartBudget
 from healer.detect.registry import DetectorRegistry, default_registry
 
-DEFAULT_RULES = Path(__file__).resolve().parents[2] / "configs" / "rules"
-"""The shipped rules (every file of the folder), what both front doors and the simulator load when given none."""
+DEFAULT_RULES = (CONFIGS / "rules").resolve()
+"""The shipped rules (every file of configs/rules/, package data in a wheel: ground/shipped.py), what both front doors
+and the simulator load when given none."""
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
 SEVERITIES = ("info", "warning", "critical")

@@ -37,6 +37,10 @@ from healer.ports import Diagnoser, JobState, Remediator
 
 log = logging.getLogger(__name__)
 S = IncidentState
+AFTER_BLIND_S = 15.0
+"""How long after a job's blindness ends its silence still counts for nothing: the first batches heard again may be
+ones an agent buffered while cut off (their steps as old as the cut), and a hang's or a lost host's clock must not
+run on those. One host_lost `after` (15 s shipped), ample for each host's fresh batch to arrive."""
 
 
 class Healer:
@@ -65,6 +69,8 @@ class Healer:
         """(rule, detector key) -> the fingerprint it fired with (the key's attempt is part of it)."""
         self._dirty = True
         self._next_sync = 0.0
+        self._blind_until: dict[str, float] = {}
+        """job -> until when its silence counts for nothing (blind now, or just heard again: AFTER_BLIND_S)."""
 
     @property
     def remediator(self) -> Remediator | None:
@@ -149,7 +155,11 @@ class Healer:
         evaluated = [(rule, detector, detector.evaluate(view, now)) for rule, detector in self.detectors]
         # NOTE: a job most of whose hosts the healer stopped hearing at once is the healer's blindness, not the hosts'
         # fault (healer/detect/blind.py): nothing is done on its silence.
-        blind = {f.job for _, detector, result in evaluated if detector.blinds for f in result.firing}
+        for job in {f.job for _, detector, result in evaluated if detector.blinds for f in result.firing}:
+            if job is not None:
+                self._blind_until[job] = now + AFTER_BLIND_S
+        self._blind_until = {job: until for job, until in self._blind_until.items() if until > now}
+        blind = set(self._blind_until)
         results = []
         for rule, detector, result in evaluated:
             kept = tuple(f for f in result.firing if f.node not in left_out)
@@ -315,7 +325,9 @@ def _matches(rule: Rule, alert: WebhookAlert) -> bool:
 def _alert_signal(rule: Rule, alert: WebhookAlert) -> Signal:
     summary = alert.annotations.get("summary") or alert.annotations.get("description") or \
         f"{alert.name} " + ", ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k != "alertname")
-    node = alert.labels.get("node") or alert.labels.get("hostname") or alert.labels.get("instance")
+    # NOTE: "Hostname" is dcgm-exporter's node label (4.x, and megaheal's GPU series); "hostname" its next spelling.
+    node = (alert.labels.get("node") or alert.labels.get("Hostname") or alert.labels.get("hostname")
+            or alert.labels.get("instance"))
     return from_rule(rule, dict(alert.labels), summary, {"alert": {"labels": alert.labels,
                                                                      "annotations": alert.annotations,
                                                                      "startsAt": alert.starts_at,

@@ -10,6 +10,8 @@ condition cleared, or a person resolved it).
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -72,19 +74,26 @@ class IncidentTimeline:
         return asdict(self)
 
 
-def job_timelines(engine: Any, job: str) -> list[IncidentTimeline]:
-    """Every incident of `job`, oldest first."""
+def job_timelines(engine: Any, job: str, ids: Collection[int] | None = None) -> list[IncidentTimeline]:
+    """Every incident of `job`, oldest first; `ids`: only those of them (a page of one incident reads its own)."""
+    query = select(Incident).options(selectinload(Incident.events)).where(Incident.job == job)
+    if ids is not None:
+        query = query.where(Incident.id.in_(list(ids)))
     with Session(engine) as session:
-        incidents = session.execute(select(Incident).options(selectinload(Incident.events))
-                                    .where(Incident.job == job).order_by(Incident.id)).scalars().all()
-        ids = [i.id for i in incidents]
-        runs = session.execute(select(RunbookRun).where(RunbookRun.incident_id.in_(ids),
-                                                        RunbookRun.finished_at.is_not(None))
-                               .order_by(RunbookRun.id)).scalars().all() if ids else []
-        restarts = session.execute(select(Restart).where(Restart.incident_id.in_(ids))
-                                   .order_by(Restart.id)).scalars().all() if ids else []
-        return [_timeline(i, [r for r in runs if r.incident_id == i.id], [r for r in restarts if r.incident_id == i.id])
-                for i in incidents]
+        incidents = session.execute(query.order_by(Incident.id)).scalars().all()
+        found = [i.id for i in incidents]
+        # NOTE: grouped once: a comprehension per incident over all of them was incidents x runs.
+        runs: defaultdict[int | None, list[RunbookRun]] = defaultdict(list)
+        restarts: defaultdict[int | None, list[Restart]] = defaultdict(list)
+        if found:
+            for run in session.execute(select(RunbookRun).where(RunbookRun.incident_id.in_(found),
+                                                                RunbookRun.finished_at.is_not(None))
+                                       .order_by(RunbookRun.id)).scalars():
+                runs[run.incident_id].append(run)
+            for restart in session.execute(select(Restart).where(Restart.incident_id.in_(found))
+                                           .order_by(Restart.id)).scalars():
+                restarts[restart.incident_id].append(restart)
+        return [_timeline(i, runs[i.id], restarts[i.id]) for i in incidents]
 
 
 def _ts(value: datetime | None) -> float | None:

@@ -5,7 +5,7 @@ any other reason (a rule that excludes the suspects of a fault on sight) is not 
 
 A host proven bad by its silence alone (host lost) is drained only once that is confirmed by two other witnesses:
 its agent does not answer the healer's own call either, and the scheduler cannot run work there (Slurm: a step does
-not start on it). Silence that several hosts share at once is never enough: the healer's own link is then the
+not start on it). Silence that several hosts fell into together is never enough: the healer's own link is then the
 likelier fault. Each refusal says why in the incident's `drain` evidence.
 
 The reason is built here from the incident's kind and the verdict of megaheal's own runbook, then cut to a safe
@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 WHY_MAX = 100
 SILENT = "host lost"
 """How proven_bad begins the reason of a host proven bad by its silence alone."""
-SHARED_WITHIN_S = 60.0
-"""Hosts lost within this long of each other share their silence (one cause is likelier than several)."""
+SHARED_WITHIN_S = 10.0
+"""Hosts found lost within this long of each other fell silent together (one cause, the healer's side, is likelier
+than several). NOTE: not longer: a host lost after another was already left out (a death, then a cut a minute later)
+is a fault of its own, and is drained as one."""
 
 
 def drain_reason(incident_id: int, kind: str, why: str) -> str:
@@ -127,10 +129,15 @@ class Drainer:
         if shared:
             return (f"{', '.join(shared)} fell silent within {SHARED_WITHIN_S:.0f} s of it: the healer's own link or "
                     "endpoint is the likelier fault")
-        if self.agent_answers is not None and self.agent_answers(node):
-            return "its agent answers the healer's call: only its reports were lost"
-        if self.fleet.scheduler_reaches(node):
-            return "the scheduler still runs work there (a step started on it)"
+        # NOTE: both witnesses at once, each bounded (a few seconds): they answer while the old attempt stops, before
+        # a link that comes back later could make a host cut off when the healer acted look fine.
+        with ThreadPoolExecutor(2, thread_name_prefix="megaheal-witness") as ask:
+            agent = ask.submit(self.agent_answers, node) if self.agent_answers is not None else None
+            scheduler = ask.submit(self.fleet.scheduler_reaches, node)
+            if agent is not None and agent.result():
+                return "its agent answers the healer's call: only its reports were lost"
+            if scheduler.result():
+                return "the scheduler still runs work there (a step started on it)"
         return None
 
     def _drain(self, node: str, reason: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@ its own scratch directory as its local disk, reporting to the healer over loopba
 reports as on a cluster (healer/launchers/slurm_agents.py starts them with srun), so one code path is tested here.
 
 The agents run in sessions of their own: a healer that dies leaves them (and the job) running, and the next one
-(`megaheal run --resume`) finds them again through the journal.
+(`megaheal run --take-over`) finds them again through the journal.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,6 +50,8 @@ class Across(Protocol):
 
 
 WARM_READY_WAIT_S = 60.0
+WITNESS_WAIT_S = 20.0
+"""The longest a restart waits for the witnesses of a silent host's loss (each is bounded to a few seconds)."""
 """How long a warm restart waits for every rank to say where it resumed from (a restart that fails meanwhile ends
 the wait: a rank of it failed, or its attempt is done, and the crash that follows restarts cold)."""
 
@@ -324,9 +327,14 @@ class AgentRemediator:
         return any(e.failed and e.job == self.job and e.attempt == attempt for e in self.sup.view.exits())
 
     def _restart_cold(self, order: RestartOrder, why: str) -> Started:
-        # The witnesses of a silent host's loss are asked now, while the old attempt stops (healer/launchers/drain.py).
+        # The witnesses of a silent host's loss are asked now, while the old attempt stops (healer/launchers/drain.py),
+        # and heard before the next attempt starts: what they say is of the host as the healer found it, not as it may
+        # be once the job runs again without it (a cut link restored). NOTE: a few seconds at most, and the stop of an
+        # attempt on a host that does not answer takes about as long.
         doubts = self.drainer.witness(order.incident_id) if self.drainer is not None else None
         self.sup.stop(self.token, self.cfg.fault_grace)
+        if doubts is not None:
+            futures.wait([doubts], timeout=WITNESS_WAIT_S)
         run_dir = self.sup.cfg.run_dir
         from_step: int | None
         if self.sup.cfg.program is not None:

@@ -16,7 +16,7 @@ agent per host of the allocation, each started as a job step of its own:
   a healer that took the run over and never started it.
 
 The srun clients run in sessions of their own, like the local agents: a healer that dies leaves the agents (and
-the job) running for the next one (`megaheal run --launcher slurm --resume`).
+the job) running for the next one (`megaheal run --launcher slurm --take-over`).
 """
 
 from __future__ import annotations

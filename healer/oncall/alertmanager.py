@@ -4,6 +4,8 @@ In: the webhook receiver's payload, version 4. Only what the healer reads is che
 ignored (newer Alertmanagers add some). Out: incidents posted to `/api/v2/alerts` as alerts named
 `MegahealIncident`; an active incident is re-posted while it lasts with an `endsAt` a few intervals ahead
 (so an incident whose healer died resolves on its own), a resolved one once with `endsAt` = its resolution.
+Each carries a `runbook_url` into docs/operations.md, made the way the Prometheus alerts make theirs
+(deploy/prometheus/rules/alerts.yml): under the configured docs base, else the file's path in the repository.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlparse
 
 from ground.httpclient import request_json
 from healer.decide.policy import page_now
@@ -20,6 +23,26 @@ from healer.incidents.models import Incident
 
 INCIDENT_ALERTNAME = "MegahealIncident"
 MAX_ALERTS = 10000
+INCIDENT_RUNBOOK_ANCHOR = "the-incident-page"
+"""docs/operations.md's section on reading an incident's page: the runbook of every MegahealIncident."""
+
+
+def runbook_url(base: str | None, anchor: str) -> str:
+    """The link to docs/operations.md#`anchor`: under `base` (the URL of megaheal's docs/ folder as people reach
+    it), else the file's path in the repository, a pointer for a reader with a checkout rather than a link
+    (the same rule as the Prometheus alerts' `runbook_base` external label)."""
+    return f"{base.rstrip('/')}/operations.md#{anchor}" if base else f"docs/operations.md#{anchor}"
+
+
+def check_runbook_base(base: str, name: str = "runbook_base") -> None:
+    """ValueError unless `base` is an absolute URL: http(s) with a host, or file:// with an absolute path. A relative
+    link is what pagers and Grafana cannot open."""
+    parsed = urlparse(base)
+    absolute = (parsed.scheme in ("http", "https") and bool(parsed.netloc)) or \
+        (parsed.scheme == "file" and parsed.netloc in ("", "localhost") and parsed.path.startswith("/"))
+    if not absolute or parsed.query or parsed.fragment:
+        raise ValueError(f"{name} must be the absolute URL of megaheal's docs/ folder (https://HOST/PATH or "
+                         f"file:///PATH, no query or fragment), got {base!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +102,10 @@ def _strings(value: Any, where: str) -> dict[str, str]:
     return value
 
 
-def incident_alert(incident: Incident, now: datetime, hold: timedelta, base_url: str) -> dict[str, Any]:
-    """The Alertmanager alert (API v2) of one incident; `hold` is how far ahead an active one's endsAt lies."""
+def incident_alert(incident: Incident, now: datetime, hold: timedelta, base_url: str,
+                   runbook_base: str | None = None) -> dict[str, Any]:
+    """The Alertmanager alert (API v2) of one incident; `hold` is how far ahead an active one's endsAt lies;
+    `runbook_base` as in `runbook_url`."""
     state = IncidentState(incident.state)
     labels = {"alertname": INCIDENT_ALERTNAME, "incident": str(incident.id), "kind": incident.kind,
               "severity": incident.severity, "job": incident.job or "", "node": incident.node or "",
@@ -89,7 +114,8 @@ def incident_alert(incident: Incident, now: datetime, hold: timedelta, base_url:
     return {
         "labels": {k: v for k, v in labels.items() if v},
         "annotations": {"summary": incident.summary, "state": incident.state, "rule": incident.rule,
-                        "occurrences": str(incident.occurrences)},
+                        "occurrences": str(incident.occurrences),
+                        "runbook_url": runbook_url(runbook_base, INCIDENT_RUNBOOK_ANCHOR)},
         "startsAt": incident.opened_at.isoformat(),
         "endsAt": ends.isoformat(),
         # The incident's page on the healer (healer/service/pages.py): what on-call opens from the page.

@@ -51,25 +51,28 @@ class Sink:
 class AlertmanagerSink(Sink):
     name = "alertmanager"
 
-    def __init__(self, url: str, base_url: str, resend: timedelta) -> None:
+    def __init__(self, url: str, base_url: str, resend: timedelta, runbook_base: str | None = None) -> None:
         self.client = AlertmanagerClient(url)
         self.base_url = base_url
+        self.runbook_base = runbook_base
         # NOTE: like Prometheus, endsAt lies a few resend intervals ahead: if this healer dies, Alertmanager
         # resolves its alerts by itself instead of paging forever; while it lives, each resend extends them.
         self.hold = resend * 4
 
     def sync(self, active: list[Incident], resolved: list[Incident], now: datetime) -> None:
-        self.client.post_alerts(alertmanager_alerts(active + resolved, now, self.hold, self.base_url))
+        self.client.post_alerts(alertmanager_alerts(active + resolved, now, self.hold, self.base_url,
+                                                    self.runbook_base))
 
 
-def alertmanager_alerts(incidents: list[Incident], now: datetime, hold: timedelta, base_url: str) -> list[dict[str, Any]]:
+def alertmanager_alerts(incidents: list[Incident], now: datetime, hold: timedelta, base_url: str,
+                        runbook_base: str | None = None) -> list[dict[str, Any]]:
     """Every incident's alert. NOTE: `page` is a label (Alertmanager routes on labels), so an incident whose page
     flag changes (on-escalation: escalated, then acknowledged or resolved; always: resolved) is a different alert
     each time; the variant it no longer has is sent as resolved (endsAt now), or it would keep paging until its hold
     ran out. A resolved incident ends both."""
     out = []
     for incident in incidents:
-        alert = incident_alert(incident, now, hold, base_url)
+        alert = incident_alert(incident, now, hold, base_url, runbook_base)
         out.append(alert)
         if incident.page == "on-escalation" or (incident.page == "always" and incident.state == "resolved"):
             twin = {**alert, "labels": {**alert["labels"]}}

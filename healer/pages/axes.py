@@ -54,3 +54,33 @@ def duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+CHAR_W = 6.4
+"""Width of a character of the charts' 11 px sans-serif, a little over its average (digits and lower case), so that an
+estimate errs towards a gap."""
+
+
+LABEL_ROW_H = 14
+"""Between two rows of labels: Chromium boxes an 11 px line of text 13 px high, so rows 12 apart overlapped."""
+
+
+def label_width(text: str) -> float:
+    return round(len(text) * CHAR_W + 4, 1)
+
+
+def place_labels(labels: list[tuple[float, str]], rows: int, gap: float = 4.0) -> list[int | None]:
+    """For each (x, text) label drawn from x to the right: the row (0 .. rows-1) it goes in so that no two labels of
+    a row overlap, or None where every row is taken there (the caller draws its mark without the text, which its
+    <title> still gives). Greedy in order of x: the first row that is free by then."""
+    if rows < 1:
+        raise ValueError(f"place_labels: rows must be >= 1, got {rows}")
+    ends = [float("-inf")] * rows
+    out: list[int | None] = [None] * len(labels)
+    for i in sorted(range(len(labels)), key=lambda i: labels[i][0]):
+        x, text = labels[i]
+        row = next((r for r in range(rows) if ends[r] + gap <= x), None)
+        if row is not None:
+            ends[row] = x + label_width(text)
+            out[i] = row
+    return out

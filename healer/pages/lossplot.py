@@ -5,14 +5,16 @@ back (the steps run again were lost work); a NaN loss is a mark at the top of th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from healer.pages.axes import Scale, label, ticks
+from healer.pages.axes import Scale, label, place_labels, ticks
 from healer.pages.rundir import RunDir
-from healer.pages.waterfall import Marker
+from healer.pages.waterfall import Marker, markers
 
 LEFT, WIDTH, TOP = 60, 760, 12
 LOSS_H, STEP_H, GAP = 170, 90, 26
+MARK_ROWS = 3
+"""Rows of incident labels at the top of the loss panel."""
 ATTEMPT_COLOURS = ("#2166ac", "#b2182b", "#1b7837", "#762a83", "#e08214", "#35978f")
 
 
@@ -32,6 +34,8 @@ class Band:
     attempt: int
     text: str
     shade: bool
+    labelled: bool = True
+    """Whether its "aN" label has room under it (healer.pages.axes.place_labels)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,9 @@ def build(run: RunDir, incidents: list[tuple[int, str, float]]) -> LossPlot | No
                   " ".join(f"{x(t)},{step_y(s)}" for t, _, s in pts)) for n, pts in sorted(by_attempt.items())]
     bands = [Band(x(a.started_at - t0), round(x((a.ended_at or t1) - t0) - x(a.started_at - t0), 2), a.number,
                   f"attempt {a.number}: {', '.join(a.nodes)}", a.number % 2 == 1) for a in attempts]
-    marks = [Marker(x(at - t0), i, f"#{i} {kind}") for i, kind, at in incidents if t0 <= at <= t1]
+    room = place_labels([(b.x + 3, f"a{b.attempt}") for b in bands], 1)
+    bands = [replace(b, labelled=row is not None) for b, row in zip(bands, room, strict=True)]
+    marks = markers([(x(at - t0), i, f"#{i} {kind}") for i, kind, at in incidents if t0 <= at <= t1], MARK_ROWS)
     return LossPlot(width=LEFT + WIDTH + 20, height=step_top + STEP_H + 30, loss_top=TOP, loss_bottom=TOP + LOSS_H,
                     step_top=step_top, step_bottom=step_top + STEP_H, lines=lines, bands=bands, marks=marks,
                     nan_marks=nan_marks, x_axis=[(x(t), f"{label(t)} s") for t in ticks(0.0, t1 - t0, 8)],

@@ -25,9 +25,11 @@ from urllib.parse import quote, urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from healer.pages.axes import duration
+from healer.pages.axes import LABEL_ROW_H, duration
 from healer.pages.cost import PARTS, Cost
-from healer.pages.views import STATES, Filters, IncidentList, IncidentView, JobView, stage_list
+from healer.pages.evidence import hang_evidence, phase_evidence
+from healer.pages.story import decision_of, decision_sentences, headline, lost_steps, status_said
+from healer.pages.views import STATES, Filters, IncidentList, IncidentView, JobView, stage_lengths, stage_list
 
 
 @cache
@@ -132,8 +134,11 @@ def number(value: Any, digits: int = 3) -> str:
 def environment() -> Environment:
     env = Environment(loader=PackageLoader("healer.pages", "templates"), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(when=when, dur=duration, gpu=gpu_time, pretty=pretty, number=number)
-    env.globals.update(cost_parts=PARTS, states=STATES, stage_list=stage_list)
+    env.filters.update(when=when, dur=duration, gpu=gpu_time, pretty=pretty, number=number, status_said=status_said,
+                       lost_steps=lost_steps)
+    env.globals.update(cost_parts=PARTS, states=STATES, stage_list=stage_list, stage_lengths=stage_lengths,
+                       headline=headline, decision_of=decision_of, decision_sentences=decision_sentences,
+                       hang_evidence=hang_evidence, phase_evidence=phase_evidence, row_h=LABEL_ROW_H)
     return env
 
 
@@ -163,7 +168,8 @@ def error_page(status: int, message: str) -> str:
     return _page("error.html", True, f"{status}", status=status, message=message)
 
 
-def report_file(job: JobView, incidents: list[IncidentView], generated: datetime) -> str:
-    """The single-file report of one run."""
+def report_file(job: JobView, incidents: list[IncidentView], generated: datetime,
+                commands: list[tuple[str, str]] | None = None) -> str:
+    """The single-file report of one run; `commands`: (command, why) to run next (healer.pages.onefile)."""
     return _page("report.html", False, f"run report: {job.job}", view=job, incidents=incidents,
-                 generated=generated, filters=Filters(job=job.job))
+                 generated=generated, filters=Filters(job=job.job), commands=commands or [])

@@ -6,12 +6,13 @@ computed from it (healer.ledger.goodput, exactly as `megaheal report` does) and 
 drawn from the ranks' step records. Without it the ledger is the one `megaheal run` wrote into the database
 (goodput_intervals), and the pages say what they cannot show. A listing's rows (the incidents page, a job's page) take
 their costs from the database's ledger first, where it holds their job's: read for those rows alone, since a page of
-100 rows must not compute the whole ledger of every job it names.
+100 rows must not compute the whole ledger of every job it names; a served incident's page reads its own in the
+same way (incident_ledger).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,10 @@ from healer.incidents.store import IncidentStore
 from healer.incidents.timeline import job_timelines, suspects
 from healer.ledger.goodput import CATEGORIES, KINDS, Interval, compute, intervals
 from healer.pages import heatmap, lossplot, waterfall
-from healer.pages.cost import SAME_START_S, Cost, incident_costs
+from healer.pages.cost import SAME_START_S, SLOWDOWN_KINDS, Cost, incident_costs, slowdown
 from healer.pages.hosts import host_table
 from healer.pages.rundir import RunDir, find_run_dir
+from healer.pages.story import lost_steps
 
 STATES = tuple(s.value for s in IncidentState)
 PAGE_SIZE = 100
@@ -83,7 +85,8 @@ class JobLedger:
     costs: dict[int, Cost] = field(default_factory=dict)
     whole: bool = True
     """Whether `timelines` and `costs` hold every incident of the job; False: a served job page's ledger from the
-    database, which reads only what it draws (the costs of the incidents it lists come from `row_costs`)."""
+    database, which reads only what it draws (the costs of the incidents it lists come from `row_costs`), or an
+    incident page's (incident_ledger: that incident's alone)."""
     marks: list[tuple[int, str, float]] = field(default_factory=list)
     """(id, kind, detected_at) of each incident of the job, for the time line."""
 
@@ -119,9 +122,29 @@ def job_ledger(src: Sources, job: str, whole: bool = True) -> JobLedger:
     restarts = [(r.incident_id, r.started_at.timestamp()) for r in JobStore(src.engine).restarts(job)
                 if r.incident_id is not None and r.started_at is not None]
     # No ledger, no cost: a page says "-" rather than a zero it does not know.
-    out.costs = incident_costs(out.spans, restarts, {t["id"]: _ranks(run, t) for t in out.timelines}) \
-        if out.spans else {}
+    out.costs = with_slowdowns(run, out.timelines, incident_costs(
+        out.spans, restarts, {t["id"]: _ranks(run, t) for t in out.timelines})) if out.spans else {}
     return out
+
+
+def with_slowdowns(run: RunDir | None, incidents: list[dict[str, Any]], costs: dict[int, Cost]) -> dict[int, Cost]:
+    """`costs` with each straggler-like incident's Slowdown (healer.pages.cost.slowdown) where the run directory is
+    known; `incidents`: id, kind, attempt, detected_at, resolved_at and evidence of each (timeline payloads)."""
+    if run is None:
+        return costs
+    ranks = run.rank_numbers()
+    for inc in incidents:
+        if inc["kind"] not in SLOWDOWN_KINDS or inc["id"] not in costs or not ranks:
+            continue
+        attempt = run.attempt(inc.get("attempt")) or run.attempt_at(inc["detected_at"])
+        if attempt is None:
+            continue
+        records = [r for r in run.records(ranks[0]) if r.time - r.step_seconds >= attempt.started_at
+                   and (attempt.ended_at is None or r.time <= attempt.ended_at)]
+        found = slowdown(records, inc, attempt.ended_at)
+        if found is not None:
+            costs[inc["id"]] = replace(costs[inc["id"]], slowdown=found)
+    return costs
 
 
 def _interval(r: GoodputInterval) -> Interval:
@@ -233,11 +256,19 @@ def _database_costs(src: Sources, incidents: list[Incident]) -> dict[int, Cost]:
     out: dict[int, Cost] = {}
     for job in {r.job for r in mine if r.job}:
         run = src.run_for(job)
-        out |= incident_costs([_interval(r) for r in spans.values() if r.job == job],
-                              [(i, at.timestamp()) for j, i, at in restarts if j == job],
-                              {i.id: _ranks(run, {"attempt": i.attempt, "evidence": i.evidence})
-                               for i in mine if i.job == job})
+        costs = incident_costs([_interval(r) for r in spans.values() if r.job == job],
+                               [(i, at.timestamp()) for j, i, at in restarts if j == job],
+                               {i.id: _ranks(run, {"attempt": i.attempt, "evidence": i.evidence})
+                                for i in mine if i.job == job})
+        out |= with_slowdowns(run, [{"id": i.id, "kind": i.kind, "attempt": i.attempt,
+                                     "detected_at": i.opened_at.timestamp(), "resolved_at": _ts(i.resolved_at),
+                                     "evidence": i.evidence if isinstance(i.evidence, dict) else {}}
+                                    for i in mine if i.job == job], costs)
     return out
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
 
 
 def _starting(job: str, at: datetime) -> Any:
@@ -270,10 +301,11 @@ class IncidentView:
 
 
 def incident_view(src: Sources, incident_id: int, ledger: JobLedger | None = None) -> IncidentView:
-    """Raises healer.errors.NotFound. `ledger`: the job's, when the caller has it already (the report)."""
+    """Raises healer.errors.NotFound. `ledger`: the job's, when the caller has it already (the report); else what
+    this incident's page needs of it (incident_ledger)."""
     incident = IncidentStore(src.engine, "pages").get(incident_id)
     job = incident["job"]
-    ledger = ledger or (job_ledger(src, job) if job else None)
+    ledger = ledger or (incident_ledger(src, job, incident_id) if job else None)
     timeline = next((t for t in ledger.timelines if t["id"] == incident_id), None) if ledger else None
     ranks, nodes = suspects(incident_id, incident["suspects"], incident["node"])
     heat, note = _heat(ledger.run if ledger else None, timeline, ranks)
@@ -281,13 +313,36 @@ def incident_view(src: Sources, incident_id: int, ledger: JobLedger | None = Non
         remediations = [{"action": r.action, "decided_at": r.decided_at, "finished_at": r.finished_at,
                          "outcome": r.outcome, "basis": r.basis} for r in session.execute(
             select(Remediation).where(Remediation.incident_id == incident_id).order_by(Remediation.id)).scalars()]
-    restarts = [{"attempt": r.attempt, "requested_at": r.requested_at, "started_at": r.started_at,
-                 "resumed_at": r.resumed_at, "from_step": r.from_step, "resumed_step": r.resumed_step,
-                 "nodes": r.nodes, "excluded": r.excluded, "dp": r.dp, "outcome": r.outcome, "cause": r.cause}
-                for r in JobStore(src.engine).restarts(job) if r.incident_id == incident_id] if job else []
+        restarts = [{"attempt": r.attempt, "requested_at": r.requested_at, "started_at": r.started_at,
+                     "resumed_at": r.resumed_at, "from_step": r.from_step, "resumed_step": r.resumed_step,
+                     "nodes": r.nodes, "excluded": r.excluded, "dp": r.dp, "outcome": r.outcome, "cause": r.cause}
+                    for r in session.execute(select(Restart).where(
+                        Restart.job == job, Restart.incident_id == incident_id).order_by(Restart.id)).scalars()] \
+            if job else []
     return IncidentView(incident, timeline, remediations, restarts, ledger.costs.get(incident_id) if ledger else None,
                         heat, note, ranks, nodes, _grafana(src.grafana_url, incident), ledger is not None
                         and ledger.run is not None)
+
+
+def incident_ledger(src: Sources, job: str, incident_id: int) -> JobLedger:
+    """The job's ledger as far as one incident's served page shows it, in statements that do not grow with the job's
+    incidents: the incident's own timeline (with its stage lengths from the run directory, where known: they depend
+    on the run's files and this incident alone) and its cost from the database's ledger, where that holds the job's
+    (read as `row_costs` reads a listing's). NOTE: where only the run directory holds the ledger, an incident's cost
+    depends on every other's (where two claim the same time, the older incident gets it: healer/ledger/goodput.py),
+    so that case computes the job's whole ledger (job_ledger), reading every incident's timeline."""
+    run = src.run_for(job)
+    ran = run is not None and bool(run.attempts())
+    with Session(src.engine) as session:
+        row = session.get(Incident, incident_id)
+    costs = _database_costs(src, [row]) if row is not None else {}
+    if incident_id not in costs and ran:
+        return job_ledger(src, job)
+    timelines = [t.to_payload() for t in job_timelines(src.engine, job, ids=[incident_id])]
+    if run is not None and ran:
+        timelines = compute(run.path, timelines).incidents
+    return JobLedger(job=job, source="database" if costs else None, run=run, timelines=timelines, costs=costs,
+                     whole=False)
 
 
 def _heat(run: RunDir | None, timeline: dict[str, Any] | None,
@@ -362,18 +417,35 @@ def job_view(src: Sources, job: str, ledger: JobLedger | None = None, limit: int
 
 
 def stage_list(t: dict[str, Any]) -> list[tuple[str, float, str]]:
-    """(stage, seconds after detection, what) of the stages the incident went through, in order."""
+    """(stage, wall-clock seconds after detection, what) of the stages the incident went through, in order."""
     detected = t["detected_at"]
     plan = t.get("plan") or {}
+    step = t.get("resume_step")
     out = [("detected", 0.0, f"{t['detected_in_s']:.1f} s after the last step" if t.get("detected_in_s") is not None
             else "")]
-    for name, key, what in (("diagnosed", "diagnosed_at", f"verdict {t.get('verdict') or '-'}"),
+    for name, key, what in (("diagnosed", "diagnosed_at", f"verdict in: {t.get('verdict') or '-'}"),
                             ("decided", "decided_at", f"{t.get('action') or '-'}"),
-                            ("restarted", "remediated_at", f"from step {t.get('resume_step')}"
+                            ("restarted", "remediated_at", ("from the newest checkpoint" if step is None
+                                                            else f"from step {step}")
+                             + (f" ({t['restart_mode']})" if t.get("restart_mode") else "")
                              + (f" on {', '.join(plan['nodes'])}" if plan.get("nodes") else "")),
-                            ("recovered", "recovered_at", f"training again at step {t.get('first_step_after')}; "
-                             f"{t.get('lost_steps')} step(s) lost"),
+                            ("recovered", "recovered_at", "training again" + (
+                                f" at step {t['first_step_after']}" if t.get("first_step_after") is not None else "")
+                             + f"; {lost_steps(t.get('lost_steps'))}"),
                             ("resolved", "resolved_at", "")):
         if t.get(key) is not None and not (name == "resolved" and t.get("recovered_at") == t.get("resolved_at")):
             out.append((name, t[key] - detected, what))
     return out
+
+
+def stage_lengths(t: dict[str, Any] | None) -> dict[str, float | None]:
+    """Per cost part, how long the incident's stage lasted by the wall clock (the stage list's times): detection
+    from the last step to detection, diagnosis from detection to the decision, restart from the decision to the new
+    attempt's start; None where the stage has no length of its own (lost work, startup) or did not happen."""
+    if t is None:
+        return {}
+    detected, decided, restarted = t["detected_at"], t.get("decided_at"), t.get("remediated_at")
+    return {"detection": t.get("detected_in_s"),
+            "diagnosis": decided - detected if decided is not None else None,
+            "restart": restarted - decided if restarted is not None and decided is not None else None,
+            "lost": None, "startup": None}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from healer.ledger.goodput import CATEGORIES, KINDS, Interval
-from healer.pages.axes import Scale, label, ticks
+from healer.pages.axes import Scale, label, place_labels, ticks
 
 COLOURS = {"productive": "#1a9850", "checkpointing": "#91cf60", "lost_work": "#d73027", "detection": "#fc8d59",
            "diagnosis": "#fee08b", "restart": "#4575b4", "startup": "#91bfdb", "other": "#bdbdbd"}
@@ -15,6 +15,8 @@ NAMES = {"productive": "productive", "checkpointing": "checkpointing", "lost_wor
          "detection": "detection", "diagnosis": "diagnosis", "restart": "restart", "startup": "startup",
          "other": "other"}
 LEFT, WIDTH, BAR_H = 120, 620, 20
+STRIP_ROWS = 2
+"""Rows of incident labels above the time strip."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,14 @@ class Marker:
     x: float
     incident: int
     text: str
+    row: int | None = None
+    """The label's row (healer.pages.axes.place_labels); None: no room for its text, the mark's <title> says it."""
+
+
+def markers(found: list[tuple[float, int, str]], rows: int) -> list[Marker]:
+    """(x, incident, text) as Markers whose labels do not overlap: each in the first row free at its x."""
+    placed = place_labels([(x, text) for x, _, text in found], rows)
+    return [Marker(x, i, text, row) for (x, i, text), row in zip(found, placed, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +101,8 @@ def strip(spans: list[Interval], incidents: list[tuple[int, str, float]]) -> Str
             title += f", {s.steps} step(s)"
         out.append(Span(x(s.start - t0), max(round(x(s.end - t0) - x(s.start - t0), 2), 0.3), COLOURS[category],
                         title, s.incident))
-    markers = [Marker(x(at - t0), i, f"#{i} {kind}") for i, kind, at in incidents if t0 <= at <= t1]
-    return Strip(LEFT + WIDTH + 190, 84, out, markers, _axis(x, t1 - t0))
+    marks = markers([(x(at - t0), i, f"#{i} {kind}") for i, kind, at in incidents if t0 <= at <= t1], STRIP_ROWS)
+    return Strip(LEFT + WIDTH + 190, 84, out, marks, _axis(x, t1 - t0))
 
 
 def _axis(x: Scale, wall_s: float) -> list[tuple[float, str]]:

@@ -181,7 +181,7 @@ def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...]]:
 def _answers(coordinator: Coordinator, node: str) -> bool:
     """Whether the agent of `node` answers the healer's own call (a drain's first witness, healer/launchers/drain.py)."""
     client = coordinator.agents.get(node)
-    return client is not None and client.answers(timeout_s=3.0, attempts=2)
+    return client is not None and client.answers(timeout_s=2.0)
 
 
 def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:

@@ -89,6 +89,15 @@ class Schedule:
         if steps != sorted(steps):
             raise ValueError(f"faults must be in at_step order, got {steps}")
 
+    def check_ranks(self, world_size: int, source: str | Path) -> None:
+        """ConfigError naming `source`, the fault and its `rank` when a fault hits a rank the job does not have
+        (known only once the job's layout is: a schedule is written for one job and may be played on another)."""
+        for i, f in enumerate(self.faults):
+            # NOTE: a nan fault poisons a batch of every rank: its `rank` (0 unless given) names no process.
+            if f.kind != "nan" and f.rank >= world_size:
+                raise ConfigError(f"{source}: faults[{i}].rank: {f.rank} is not a rank of a {world_size}-rank job "
+                                  f"(ranks 0-{world_size - 1})")
+
     def start_overrides(self, global_batch: int) -> tuple[str, ...]:
         """Training overrides the schedule needs from the start (the poisoned batch of a nan fault, the hang a rank
         plays)."""

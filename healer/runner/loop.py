@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from ground.secretfile import replace_private
 from healer.decide.policy import will_restart
 from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
@@ -34,6 +36,7 @@ from healer.launchers.remediator import AgentRemediator, wait_idle
 from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.keeper import AgentKeeper
 from healer.runner.reports import ReportServer
+from wire.run_paths import RunPaths
 
 log = logging.getLogger(__name__)
 S = IncidentState
@@ -78,9 +81,16 @@ class SelfHealingJob:
         r = self.remediator
         return [n for n in dict.fromkeys([*r.nodes, *r.spares]) if n not in r.excluded]
 
+    def _serve_reports(self) -> str:
+        """Start the endpoint the agents report to; its URL, also left in the run directory for people's tools
+        (`megaheal incidents --run-dir`): the port is chosen at start."""
+        url = self.reports.start()
+        replace_private(RunPaths(Path(self.sup.cfg.run_dir)).healer_url, url + "\n")
+        return url
+
     def _start_agents(self) -> None:
         """The endpoint the agents report to, then an agent on every host (spares too: they report their GPUs)."""
-        self.agents.healer_url = self.reports.start()
+        self.agents.healer_url = self._serve_reports()
         urls = self.agents.start([*self.remediator.cfg.nodes, *self.remediator.cfg.spares])
         token, tls = self.remediator.token, self.agents.healer_tls()
         self.sup.agents.update({n: AgentClient(n, url, token, tls=tls) for n, url in urls.items()})
@@ -96,14 +106,14 @@ class SelfHealingJob:
         self.remediator.start()
 
     def take_over(self) -> list[int]:
-        """Go on with a run whose previous healer died (`megaheal run --resume`), instead of `start`: its agents outlived
+        """Go on with a run whose previous healer died (`megaheal run --take-over`), instead of `start`: its agents outlived
         it and are adopted (told to report here); its last attempt is adopted where it still runs, else stopped; and
         the incidents it left in flight (in the store) are finished: an undecided one is decided now, a restart it had
         ordered is carried out again unless its attempt is the one that runs."""
         restarts = self.healer.jobs.restarts(self.job)
         excluded = {n for r in restarts for n in (r.excluded or [])}
         skip = {s for r in restarts for s in (r.skip_steps or [])}
-        self.agents.healer_url = self.reports.start()
+        self.agents.healer_url = self._serve_reports()
         urls = self.agents.adopt([*self.remediator.cfg.nodes, *self.remediator.cfg.spares])
         tls = self.agents.healer_tls()
         self.sup.agents.update({n: AgentClient(n, url, self.remediator.token, tls=tls) for n, url in urls.items()})

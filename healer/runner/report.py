@@ -10,6 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.timeline import job_timelines
 from healer.ledger.goodput import CATEGORIES, Ledger, compute
@@ -34,12 +37,40 @@ def default_db_url(run_dir: Path) -> str:
     return RunPaths(run_dir).database_url
 
 
+def _existing_store(run_dir: Path, db_url: str | None) -> tuple[str, str]:
+    """The run's job and the URL of its database, once both are known to be there; ValueError naming what is
+    missing otherwise. NOTE: checked before an engine is made: SQLite creates a missing file, and its directory, on
+    first use, so a mistyped path would have left an empty database behind and asked for a migration."""
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: no such run directory")
+    job = run_job_name(run_dir)
+    url = db_url or default_db_url(run_dir)
+    parsed = _url_or_none(url)
+    if parsed is not None and parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = Path(parsed.database).expanduser()
+        if not path.is_file():
+            given = "--db" if db_url else "the run's database"
+            raise ValueError(f"{path}: no such database ({given}); megaheal run keeps its incidents in "
+                             "RUN_DIR/healer.db unless it was given --db")
+    return job, url
+
+
+def _url_or_none(url: str) -> URL | None:
+    """`url` parsed, or None when it is not a URL (make_engine then says so)."""
+    try:
+        return make_url(url)
+    except ArgumentError:
+        return None
+
+
 def load_incidents(run_dir: Path, db_url: str | None = None, password: str | None = None) -> list[dict[str, Any]]:
-    """The run's incidents as timeline payloads, from `db_url` (default: the run directory's database)."""
-    engine = make_engine(db_url or default_db_url(run_dir), READ_TIMEOUT, password)
+    """The run's incidents as timeline payloads, from `db_url` (default: the run directory's database). ValueError
+    when the run directory, its journal or a SQLite database is not there (nothing is created)."""
+    job, url = _existing_store(run_dir, db_url)
+    engine = make_engine(url, READ_TIMEOUT, password)
     try:
         ensure_schema(engine, create_if_empty=False)
-        return [t.to_payload() for t in job_timelines(engine, run_job_name(run_dir))]
+        return [t.to_payload() for t in job_timelines(engine, job)]
     finally:
         engine.dispose()
 
@@ -48,10 +79,11 @@ def write_html(run_dir: Path, out: Path, db_url: str | None = None, password: st
     """The single-file HTML report of the run (healer.pages.onefile) at `out`; returns its absolute path."""
     from healer.pages.onefile import write_report
 
-    engine = make_engine(db_url or default_db_url(run_dir), READ_TIMEOUT, password)
+    job, url = _existing_store(run_dir, db_url)
+    engine = make_engine(url, READ_TIMEOUT, password)
     try:
         ensure_schema(engine, create_if_empty=False)
-        return write_report(run_dir, engine, run_job_name(run_dir), out).absolute()
+        return write_report(run_dir, engine, job, out).absolute()
     finally:
         engine.dispose()
 

@@ -5,7 +5,6 @@ exits): both go into the healer's table, where the detectors read them."""
 
 from __future__ import annotations
 
-import socket
 import ssl
 import threading
 import time
@@ -27,12 +26,10 @@ class ReportServer:
         """Serve; the URL the agents post to."""
         import uvicorn
 
-        from ground.http_serving import guarded_h11, tls_config
+        from ground.http_serving import guarded_h11, listening_socket, tls_config
 
-        host, _, port = self.listen.rpartition(":")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, int(port)))
+        host = self.listen.rpartition(":")[0]
+        sock = listening_socket(self.listen)
         config = uvicorn.Config(self.app, access_log=False, log_config=None, http=guarded_h11(per_peer=64),
                                 limit_concurrency=256, timeout_graceful_shutdown=2,
                                 **(tls_config(self.tls) if self.tls is not None else {}))

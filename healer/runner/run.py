@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ground.names import derive_name
-from healer.decide.rules import load_rule_set
+from healer.decide.rules import RuleSet, load_rule_set
 from healer.launchers.agent_client import Fenced
 from healer.launchers.allocation import Allocation
 from healer.launchers.launchers import LauncherConfig
@@ -46,6 +46,8 @@ NODES = ("n1", "n2")
 SPARES = ("n3",)
 LAUNCHERS = ("local", "slurm")
 log = logging.getLogger(__name__)
+NO_TIMEOUT = timedelta(days=365 * 100)
+"""What the loop is given for "no timeout" (SelfHealingJob.run takes a duration): longer than any job runs."""
 
 
 def _serve_goodput(run_dir: Path, job: str, incidents: Callable[[], list[dict[str, Any]]],
@@ -69,7 +71,7 @@ def job_name(cfg_job: str | None, run_dir: Path, resume: bool) -> str:
     if resume:
         recorded = run_job_name(run_dir)
         if cfg_job is not None and cfg_job != recorded:
-            raise ValueError(f"--resume: {run_dir} ran job {recorded!r}, not {cfg_job!r} (the config's job)")
+            raise ValueError(f"--take-over: {run_dir} ran job {recorded!r}, not {cfg_job!r} (the config's job)")
         return recorded
     if cfg_job is not None:
         return cfg_job
@@ -80,12 +82,14 @@ def job_name(cfg_job: str | None, run_dir: Path, resume: bool) -> str:
     return name
 
 
-def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta,
+def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: timedelta | None = None,
             metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False,
             db_url: str | None = None, alertmanager_url: str | None = None,
             rules: tuple[str, ...] = (), launcher: str = "local", spares: int = 1, drain: bool | None = None,
             standbys: int | None = None, program: ProgramLaunch | None = None, db_password: str | None = None) -> int:
-    """`resume`: take over `run_dir` from a healer that died (its incidents, budgets and hosts go on).
+    """`timeout`: stop the job after this long (None: it runs until it finishes, escalates or is stopped, as under
+    torchrun or Slurm, whose own time limit still holds). `resume`: take over `run_dir` from a healer that died (its
+    incidents, budgets and hosts go on).
     `db_url`: the healer's database [default: SQLite in the run dir], `db_password` its password (from a file, never
     in the URL); `alertmanager_url`: where incidents page
     from; `rules`: rule files or directories [default: configs/rules/]. `launcher`: local (hosts are agents on
@@ -93,18 +97,20 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     `drain`: drain hosts proven bad in the scheduler [default: under slurm]. `standbys`: run warm with that many
     standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. Returns FENCED_EXIT
     when a newer healer took the job over (it is left running as it is). Raises RunDirBusy
-    when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation, ConfigError
+    for a bad config, rule file or chaos schedule (before anything is written)."""
     if resume and (run_dir is None or not RunPaths(run_dir).journal.exists()):
-        raise ValueError(f"--resume needs the --run-dir of a supervised run (no attempts' journal in {run_dir})")
+        raise ValueError(f"--take-over needs the --run-dir of a supervised run (no attempts' journal in {run_dir})")
     if resume and chaos_path:
-        raise ValueError("--resume takes over a run as it is: it cannot be combined with --chaos")
+        raise ValueError("--take-over takes over a run as it is: it cannot be combined with --chaos")
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     # NOTE: under slurm the workers would reach the pool's store at the healer's address; that path has not been run
     # on the multi-host testbed yet, so it is not offered.
     if standbys is not None and launcher != "local":
         raise ValueError("warm restarts run with --launcher local only for now (use --cold under slurm)")
+    # NOTE: read before the run directory is made: a broken rule file leaves nothing behind.
+    rule_set = load_rule_set(list(rules)) if rules else None
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
     if program is not None:
         if chaos_path or overrides:
@@ -114,14 +120,18 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         warm = WarmSettings(standbys=standbys) if standbys is not None else None
         with RunDirLock(run_dir, resume):
             return _run_locked(None, program, run_dir, None, timeout, metrics_port, (), resume, db_url,
-                               alertmanager_url, rules, placement, warm, db_password)
+                               alertmanager_url, rule_set, placement, warm, db_password)
     cfg = load_config(config, list(overrides))
     schedule = load_schedule(chaos_path) if chaos_path else None
     placement = _placement(cfg, launcher, spares, drain)
+    if placement.overrides:  # the allocation sets the data-parallel degree: the job's world is the config's so changed
+        cfg = load_config(config, [*placement.overrides, *overrides])
+    if schedule is not None and chaos_path is not None:
+        schedule.check_ranks(cfg.parallel.world_size, chaos_path)
     warm = WarmSettings(standbys=standbys) if standbys is not None else None
     with RunDirLock(run_dir, resume):
         return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, (*placement.overrides, *overrides),
-                           resume, db_url, alertmanager_url, rules, placement, warm, db_password)
+                           resume, db_url, alertmanager_url, rule_set, placement, warm, db_password)
 
 
 FENCED_EXIT = 3
@@ -215,13 +225,13 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None)
 
 
 def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Path, schedule: Schedule | None,
-                timeout: timedelta, metrics_port: int | None, overrides: tuple[str, ...], resume: bool,
-                db_url: str | None, alertmanager_url: str | None, rules: tuple[str, ...], placement: Placement,
+                timeout: timedelta | None, metrics_port: int | None, overrides: tuple[str, ...], resume: bool,
+                db_url: str | None, alertmanager_url: str | None, rules: RuleSet | None, placement: Placement,
                 warm: WarmSettings | None, db_password: str | None = None) -> int:
     """`cfg` and `what` (its path) for megaheal's trainer; None and the program's launch for a user's program."""
     start_overrides = schedule.start_overrides(cfg.global_batch) if schedule and cfg else ()
     common = dict(run_dir=run_dir, nodes=placement.nodes, spares=placement.spares,
-                  rules=load_rule_set(list(rules)) if rules else None, db_url=db_url, db_password=db_password,
+                  rules=rules, db_url=db_url, db_password=db_password,
                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain)
     if isinstance(what, ProgramLaunch):
         spec = JobSpec(job=job_name(None, run_dir, resume), config=None, program=what.program,
@@ -261,7 +271,8 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
                 job.start()
             looping = True
             # NOTE: the loop stops the job on its way out, whatever the way (Ctrl-C, SIGTERM, an error).
-            outcome = job.run(timeout, on_tick=on_tick, interrupted=interrupts.requested, hurry=interrupts.hurried)
+            outcome = job.run(timeout if timeout is not None else NO_TIMEOUT, on_tick=on_tick,
+                              interrupted=interrupts.requested, hurry=interrupts.hurried)
         except Fenced as exc:
             return _leave_fenced(job, exc)
         except BaseException:
@@ -283,7 +294,7 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
     html = write_html(run_dir, RunPaths(run_dir).report, db_url, db_password)
     if outcome == "interrupted":
         print(f"outcome: interrupted by {signal.Signals(interrupts.signum or signal.SIGINT).name}: the job was "
-              f"stopped; go on with it: megaheal run --run-dir {run_dir} --resume")
+              f"stopped; go on with it: megaheal run --run-dir {run_dir} --take-over")
         print(f"html report: {html}")
         return interrupts.exit_code
     print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")

@@ -4,7 +4,7 @@
   would write the same checkpoints. The lock is an flock on `<run_dir>/launcher/runner.lock`, which names its
   holder (pid, host, since when, command line) for the refusal message; the kernel drops it when the holder dies,
   however it dies, so a lock left by a dead runner is stale by construction and the next runner takes it. A dead
-  runner may have left its job running, though: only `--resume` goes on with such a run (it stops what was left,
+  runner may have left its job running, though: only `--take-over` goes on with such a run (it stops what was left,
   then finishes the incidents); a plain run is refused and told so.
 - `Interrupts`: SIGINT (Ctrl-C) and SIGTERM no longer end the process where it stands, which left the job's agents
   and ranks running unwatched (they live in sessions of their own). The first asks the loop to stop the job and
@@ -33,7 +33,7 @@ from wire.run_paths import RunPaths
 
 
 class RunDirBusy(RuntimeError):
-    """The run directory is another runner's, or holds a run that only `--resume` may go on with."""
+    """The run directory is another runner's, or holds a run that only `--take-over` may go on with."""
 
 
 class RunDirLock:
@@ -62,7 +62,7 @@ class RunDirLock:
             os.close(fd)
             raise RunDirBusy(f"{self.run_dir}: the megaheal run before ({self._holder()}) ended without stopping "
                              f"attempt {unfinished} of its job, whose processes may still run: go on with it with "
-                             f"`megaheal run --run-dir {self.run_dir} --resume`, or choose another --run-dir")
+                             f"`megaheal run --run-dir {self.run_dir} --take-over`, or choose another --run-dir")
         # NOTE: written after the lock is ours, so a refused runner never clobbers the holder's description.
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "argv": [_redacted(a) for a in sys.argv]}

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 
 def build_sinks(cfg: HealerConfig) -> Sinks:
-    sinks: list[Sink] = [AlertmanagerSink(url, cfg.base_url, cfg.alertmanager_resend) for url in cfg.alertmanager_urls]
+    sinks: list[Sink] = [AlertmanagerSink(url, cfg.base_url, cfg.alertmanager_resend, cfg.runbook_base)
+                         for url in cfg.alertmanager_urls]
     webhook_token = read_secret(cfg.webhook_token_file, "webhook token") if cfg.webhook_token_file else None
     sinks += [WebhookSink(url, webhook_token) for url in cfg.webhook_urls]
     if cfg.grafana_url:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Annotated, Optional
 
@@ -77,9 +76,6 @@ def healer(config: str | None, listen: str | None, db: str | None, token_file: s
     from healer.service.app import run
     from healer.service.config import load_config
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("apscheduler", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         cfg = load_config(config)
         if listen is not None:

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 from ground.secretfile import SecretError, check_token, read_secret, write_private
 from ground.typedconfig import ConfigError, from_mapping, load_yaml
 from healer.decide.rules import DEFAULT_RULES
+from healer.oncall.alertmanager import check_runbook_base
 
 TOKEN_ENV = "MEGAHEAL_TOKEN"
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})$")
@@ -49,8 +50,8 @@ class HealerConfig:
     """Longest a PostgreSQL statement or lock wait may take, and how long the readiness probe waits for the
     database: a hung database makes /readyz fail instead of holding the API's workers."""
     token_file: str | None = None
-    """File holding the bearer token of mutating endpoints. MEGAHEAL_TOKEN wins; with neither, one is generated
-    into the state directory (mode 0600) and its path logged."""
+    """File holding the bearer token of mutating endpoints. `megaheal healer --token-file` wins over it, and it over
+    MEGAHEAL_TOKEN; with none of them, one is generated into the state directory (mode 0600) and its path logged."""
     rules: list[str] = field(default_factory=lambda: [str(DEFAULT_RULES)])
     """Rule files or directories (*.yaml)."""
     prometheus_url: str | None = None
@@ -67,6 +68,10 @@ class HealerConfig:
     """Service-account token for Grafana."""
     public_url: str | None = None
     """Base URL of this healer as people reach it (alerts link to its incident pages). Default: http://LISTEN."""
+    runbook_base: str | None = None
+    """Absolute URL of megaheal's docs/ folder as on-call opens it (https://github.com/ORG/megaheal/blob/TAG/docs);
+    incident alerts link BASE/operations.md#the-incident-page. Unset: the repository path. Same value as
+    Prometheus's external label runbook_base."""
     run_roots: list[str] = field(default_factory=list)
     """Directories holding jobs' run directories, each named after its job (as `megaheal run` names them; e.g. the
     shared filesystem's runs/): the pages draw heat maps, loss plots and the ledger from the records there."""
@@ -103,6 +108,8 @@ class HealerConfig:
                 _http_url(getattr(self, name), name)
         for url in self.alertmanager_urls + self.webhook_urls:
             _http_url(url, "alertmanager_urls/webhook_urls")
+        if self.runbook_base is not None:
+            check_runbook_base(self.runbook_base)
         if self.diagnosis not in ("local", "off"):
             raise ValueError(f"diagnosis must be local or off, got {self.diagnosis!r}")
         if self.diagnosis_workers < 1:
@@ -130,15 +137,17 @@ def load_config(path: str | None) -> HealerConfig:
 
 
 def read_token(token_file: str | None) -> tuple[str, str]:
-    """The API token and where it came from: MEGAHEAL_TOKEN, the token file, or a generated one. A token shorter
-    than 16 characters from any of them, and a token file others could change, stop the start (ConfigError)."""
+    """The API token and where it came from: the token file (`--token-file`, else the config's `token_file`: the
+    caller puts the flag's in `token_file`), MEGAHEAL_TOKEN, or a generated one, the first that is set; as every
+    megaheal command takes a token, the more explicit source wins. A token shorter than 16 characters from any of
+    them, and a token file others could change, stop the start (ConfigError)."""
     try:
+        if token_file:
+            return check_token(read_secret(token_file, "API token"), token_file), token_file
         if TOKEN_ENV in os.environ:
             # NOTE: set but empty is an error too: `MEGAHEAL_TOKEN=` (a compose variable left unset) must not
             # quietly fall back to another token than the one the operator meant.
             return check_token(os.environ[TOKEN_ENV].strip(), TOKEN_ENV), TOKEN_ENV
-        if token_file:
-            return check_token(read_secret(token_file, "API token"), token_file), token_file
         return _generated_token()
     except SecretError as exc:
         raise ConfigError(str(exc)) from exc

@@ -10,8 +10,9 @@
 
 Reading needs no token (whoever reaches the healer may look; put it behind the same proxy as the API); acting
 does, as on the API; so what a page costs must not grow with the incidents stored: a listing reads its page of
-rows (SQL LIMIT) and their costs in a fixed number of statements (healer/pages/views.py incident_list). Every page
-carries a Content-Security-Policy that allows no script and no outside resource.
+rows (SQL LIMIT) and their costs in a fixed number of statements (healer/pages/views.py incident_list), and an
+incident's page reads that incident's timeline and cost alone (incident_ledger). Every page carries a
+Content-Security-Policy that allows no script and no outside resource.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ ALERTMANAGER_DIR = DEPLOY / "alertmanager"
 ALERTMANAGER = ALERTMANAGER_DIR / "alertmanager.yml"
 COMPOSE = REPO / "docker-compose.yml"
 OPERATIONS = REPO / "docs" / "operations.md"
+# Every alert's runbook_url, up to its `#anchor`: under the external label runbook_base, else the repository path.
+RUNBOOK_TEMPLATE = ("{{ with $externalLabels.runbook_base }}{{ . }}/operations.md"
+                    "{{ else }}docs/operations.md{{ end }}")
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

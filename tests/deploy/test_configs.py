@@ -19,6 +19,7 @@ from tests.deploy.configs import (
     OPERATIONS,
     PROMETHEUS_DIR,
     RECORDING,
+    RUNBOOK_TEMPLATE,
     load_yaml,
     markdown_anchors,
     rules,
@@ -52,7 +53,7 @@ def test_every_alert_has_a_unit_test_a_runbook_and_an_owner() -> None:
         name = rule["alert"]
         assert name in tested, f"{name}: no promtool test shows it firing"
         runbook = rule["annotations"]["runbook_url"]
-        assert runbook == f"docs/operations.md#{name.lower()}" and name.lower() in anchors, f"{name}: {runbook}"
+        assert runbook == f"{RUNBOOK_TEMPLATE}#{name.lower()}" and name.lower() in anchors, f"{name}: {runbook}"
         labels = rule["labels"]
         assert labels["component"] == "megaheal" and labels["owner"] in OWNERS, name
         assert labels["severity"] in ("warning", "critical") and labels["subsystem"], name

@@ -3,8 +3,11 @@ every query points at a provisioned datasource, and push uploads them into their
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from typer.testing import CliRunner
@@ -40,12 +43,14 @@ def _titles(board: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_the_dashboards_have_the_panels_operators_look_for() -> None:
     boards = load()
-    training, gpus, incidents = (_titles(boards[n]) for n in ("training", "gpus", "incidents"))
-    for title in ("MFU", "Tokens/s", "ETTR and goodput", "Loss and gradient norm", "Phase breakdown (mean over ranks)",
-                  "Straggler score (lowest 10 ranks)", "Telemetry drops"):
+    training, _, incidents = (_titles(boards[n]) for n in ("training", "gpus", "incidents"))
+    for title in ("MFU", "Tokens/s", "ETTR", "Loss and gradient norm", "Phase breakdown (mean per step)",
+                  "Step time (every step)", "Straggler score (lowest 10 ranks)", "Telemetry drops", "ETTR of the run",
+                  "Where the wall time went"):
         assert title in training, title
-    assert training["Step time by rank"]["type"] == "heatmap"
-    assert [v["name"] for v in boards["training"]["templating"]["list"]] == ["job", "node", "rank"]
+    assert training["Compute time by rank"]["type"] == "heatmap"
+    assert [v["name"] for v in boards["training"]["templating"]["list"]] == [
+        "datasource", "incidents_db", "tempo", "job", "node", "rank", "pages"]
     gpu_exprs = " ".join(q for _, lang, q in queries(boards["gpus"]) if lang == "promql")
     for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK",
                    "DCGM_FI_DEV_FB_USED", "megaheal_gpu_xid_errors_total", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
@@ -60,19 +65,75 @@ def test_the_dashboards_have_the_panels_operators_look_for() -> None:
         assert "FROM incidents" in annotation["target"]["rawSql"]
 
 
-def test_every_query_has_a_ref_id_and_a_provisioned_datasource() -> None:
-    provisioned = {d["uid"]: d["type"] for d in
+def test_every_query_names_its_datasource_by_a_variable_defaulting_to_the_provisioned_one() -> None:
+    provisioned = {d["uid"]: d for d in
                    load_yaml(DEPLOY / "grafana" / "provisioning" / "datasources" / "megaheal.yml")["datasources"]}
     boards = load()
     assert len({b["uid"] for b in boards.values()}) == len(DASHBOARDS)
     for board in boards.values():
         assert board["schemaVersion"] >= 39
+        variables = {v["name"]: v for v in board["templating"]["list"] if v["type"] == "datasource"}
+        for variable in variables.values():  # imported elsewhere, Grafana offers every datasource of the type
+            default = provisioned[variable["current"]["value"]]
+            assert (default["type"], default["name"]) == (variable["query"], variable["current"]["text"])
+        refs = [a["datasource"] for a in board.get("annotations", {}).get("list", [])]
+        refs += [v["datasource"] for v in board["templating"]["list"] if v.get("datasource")]
         for panel in panels(board):
             ref_ids = [t["refId"] for t in panel["targets"]]
             assert ref_ids and len(set(ref_ids)) == len(ref_ids), panel["title"]
-            for target in panel["targets"]:
-                source = target["datasource"]
-                assert provisioned.get(source["uid"]) == source["type"], (panel["title"], source)
+            assert panel["datasource"] in [t["datasource"] for t in panel["targets"]], panel["title"]
+            refs += [t["datasource"] for t in panel["targets"]]
+        for ref in refs:
+            name = ref["uid"].removeprefix("${").removesuffix("}")
+            assert name in variables and variables[name]["query"] == ref["type"], (board["uid"], ref)
+
+
+def _links(board: dict[str, Any]) -> list[str]:
+    urls = [link["url"] for link in board.get("links", [])]
+    for panel in panels(board):
+        field_config = panel.get("fieldConfig") or {}
+        urls += [link["url"] for link in field_config.get("defaults", {}).get("links", [])]
+        urls += [link["url"] for o in field_config.get("overrides", []) for p in o["properties"] if p["id"] == "links"
+                 for link in p["value"]]
+    return urls
+
+
+def test_links_lead_from_a_node_to_its_gpus_an_incident_to_its_page_and_a_rank_to_its_traces() -> None:
+    boards = load()
+    training, incidents = _links(boards["training"]), _links(boards["incidents"])
+    gpus_uid = boards["gpus"]["uid"]
+    assert f"/d/{gpus_uid}/megaheal-gpus?var-node=${{__field.labels.node}}&${{datasource:queryparam}}" \
+           "&${__url_time_range}" in training
+    assert any(u.startswith(f"/d/{gpus_uid}/") and "${node:queryparam}" in u for u in training)
+    assert "${pages}/incidents/${__value.raw}" in incidents
+    (trace,) = {u for u in training if "${__field.labels.rank}" in u}
+    assert trace.startswith("/explore?")
+    pane = json.loads(unquote(trace.split("panes=", 1)[1]))["traces"]
+    assert pane["datasource"] == "${tempo}" and pane["queries"][0]["queryType"] == "traceql"
+    # The attributes exporters/traces.py puts on every rank's step span.
+    assert pane["queries"][0]["query"] == ('{ span.megaheal.job = "${job:percentencode}" && '
+                                           'span.megaheal.rank = ${__field.labels.rank} }')
+    assert any(u.startswith(f"/d/{boards['training']['uid']}/") for u in _links(boards["gpus"]))
+    tempo = [t for p in panels(boards["training"]) for t in p["targets"] if t["datasource"]["type"] == "tempo"]
+    assert [t["query"] for t in tempo] == ['{ span.megaheal.job = "$job" }']
+
+
+def test_the_compute_heat_map_orders_ranks_by_number() -> None:
+    (expr,) = [q for where, _, q in queries(load()["training"]) if "Compute time by rank" in where]
+    assert "megaheal_rank_compute_seconds_sum" in expr and expr.startswith("max by (order, rank) (")
+    # What each label_replace does to a rank of each width, the way Prometheus does it (an anchored regex).
+    rules = re.findall(r'"order", "(0*)\$1", "rank", "\(\[0-9\]\{(\d)\}\)"', expr)
+    assert len(rules) == 6
+
+    def order(rank: str) -> str:
+        padded = ""
+        for zeros, width in rules:
+            if re.fullmatch(f"[0-9]{{{width}}}", rank):
+                padded = zeros + rank
+        return padded
+
+    ranks = ["0", "1", "2", "9", "10", "11", "99", "100", "12287", "131071"]
+    assert sorted(ranks, key=order) == ranks and sorted(ranks) != ranks
 
 
 def test_grafana_loads_the_committed_json_from_the_mounted_folder() -> None:

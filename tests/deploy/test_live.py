@@ -1,10 +1,12 @@
 """Live: a real Prometheus loaded with deploy/prometheus (its config, recording and alert rules, file-based
-discovery) scrapes a real 4-rank training through its real sidecar. Every PromQL expression of every dashboard
-and rule is run against it: all parse, and the training, MFU and phase ones return data."""
+discovery) scrapes a real 4-rank training through its real sidecar, and `megaheal run`'s goodput server (over a run
+directory of a supervised run). Every PromQL expression of every dashboard and rule is run against it: all parse,
+and the training, MFU, phase and run ones return data."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,10 +21,12 @@ import pytest
 import yaml
 
 from dashboards.build import load, queries
+from healer.ledger.metrics import GoodputServer
 from tests.conftest import CONFIGS, REPO, job_env, kill_job
 from tests.deploy.configs import ALERTS, PROMETHEUS_DIR, RECORDING, rules
 from tests.exporters.promtools import Prometheus
 from tests.exporters.test_sidecar_e2e import start_sidecar
+from tests.selfheal.test_goodput_metrics import write_run
 from tests.support import free_port, service_ready, wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -30,12 +34,13 @@ STEPS = 8
 
 
 @contextmanager
-def deployed_prometheus(tmp: Path, sidecar: str) -> Iterator[Prometheus]:
-    """deploy/prometheus copied as is, but for its target file (this test's sidecar) and 1 s intervals."""
+def deployed_prometheus(tmp: Path, sidecar: str, run: str) -> Iterator[Prometheus]:
+    """deploy/prometheus copied as is, but for its target files (this test's sidecar and run) and 1 s intervals."""
     conf_dir = tmp / "prometheus"
     shutil.copytree(PROMETHEUS_DIR, conf_dir)
     (conf_dir / "targets" / "sidecars.yml").write_text(
         yaml.safe_dump([{"targets": [sidecar], "labels": {"node": "node-1"}}]))
+    (conf_dir / "targets" / "megaheal-run" / "local.yml").write_text(yaml.safe_dump([{"targets": [run]}]))
     config = yaml.safe_load((conf_dir / "prometheus.yml").read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     (conf_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -62,7 +67,8 @@ def as_promql(query: str, job: str) -> str:
     for var, value in (("$job", job), ("$node", ".*"), ("$rank", ".*"), ("$gpu", ".*"),
                        ("$__rate_interval", "1m"), ("$__range", "5m"), ("$__interval", "15s")):
         query = query.replace(var, value)
-    assert "$" not in query, f"unsubstituted variable in {query}"
+    # NOTE: $1 and the like are label_replace's own references to its regex's groups, not variables.
+    assert not re.search(r"\$(?![0-9])", query), f"unsubstituted variable in {query}"
     return query
 
 
@@ -81,11 +87,11 @@ def rule_states(prom: Prometheus) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(240)
 def test_prometheus_loaded_with_deploy_answers_every_dashboard_and_rule_query(tmp_path: Path) -> None:
-    sock, port = tmp_path / "sidecar.sock", free_port()
+    sock, port, run_port = tmp_path / "sidecar.sock", free_port(), free_port()
     sidecar = start_sidecar(sock, port, tmp_path / "sidecar.log")
-    job = None
+    job, goodput = None, None
     try:
-        with deployed_prometheus(tmp_path, f"127.0.0.1:{port}") as prom:
+        with deployed_prometheus(tmp_path, f"127.0.0.1:{port}", f"127.0.0.1:{run_port}") as prom:
             job = subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "train",
                  "--config", str(CONFIGS / "tiny-dp4.yaml"), "--run-dir", str(tmp_path / "run"),
@@ -99,6 +105,12 @@ def test_prometheus_loaded_with_deploy_answers_every_dashboard_and_rule_query(tm
             wait_for("the straggler score of every rank",
                      lambda: len(prom.query("rank:megaheal_straggler_score:ratio")) == 4, timeout_s=30)
             (job_name,) = {r["metric"]["job"] for r in prom.query("megaheal_step")}
+            # `megaheal run`'s metrics of that job: its goodput server over a supervised run's directory.
+            goodput = GoodputServer(tmp_path / "supervised", job_name, write_run(tmp_path / "supervised"),
+                                    port=run_port)
+            goodput.start()
+            wait_for("the run's ETTR in Prometheus",
+                     lambda: prom.query(f'megaheal_goodput_ettr_ratio{{job="{job_name}"}}'), timeout_s=60)
 
             mfu = run(prom, "MFU", f'job:megaheal_mfu:avg{{job="{job_name}"}}')
             assert len(mfu) == 1 and 0 < float(mfu[0]["value"][1]) < 1
@@ -126,6 +138,8 @@ def test_prometheus_loaded_with_deploy_answers_every_dashboard_and_rule_query(tm
                      lambda: prom.query('ALERTS{alertname="MegahealHealerDown", alertstate="pending"}'), timeout_s=10)
             assert not prom.query('ALERTS{alertname=~"MegahealNodeDown|MegahealTelemetryAbsent"}')
     finally:
+        if goodput is not None:
+            goodput.stop()
         if job is not None and job.poll() is None:
             kill_job(job)
         sidecar.terminate()

@@ -69,4 +69,4 @@ def test_no_secret_reaches_a_container_through_its_environment_or_command_line()
     assert healer.db_password_file == "/run/secrets/postgres_password" and healer.token_file == "/run/secrets/megaheal_token"
     assert {"postgres_password", "megaheal_token"} <= set(services["healer"]["secrets"])
     sidecar = _command(services["sidecar"])
-    assert "--healer-token-file /run/secrets/megaheal_token" in sidecar and "megaheal_token" in services["sidecar"]["secrets"]
+    assert "--token-file /run/secrets/megaheal_token" in sidecar and "megaheal_token" in services["sidecar"]["secrets"]

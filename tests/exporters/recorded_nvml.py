@@ -48,7 +48,9 @@ class RecordedNvml:
     NVMLError = pynvml.NVMLError
 
     def __init__(self, path: Path = DCGM_SAMPLE) -> None:
-        self.gpus: list[dict[str, Any]] = json.loads(path.read_text())["gpus"]
+        recording = json.loads(path.read_text())
+        self.gpus: list[dict[str, Any]] = recording["gpus"]
+        self.driver_version: str = recording.get("driver_version", "NotSupported")
         self.calls: Counter[str] = Counter()
         self._unsupported: set[tuple[str, int | None]] = set()
         self._events: deque[tuple[int, int]] = deque()
@@ -75,6 +77,10 @@ class RecordedNvml:
 
 
     # ------------------------------------------------------------ identity
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self.calls["nvmlSystemGetDriverVersion"] += 1
+        return _Answers(driver=self.driver_version)["driver"]
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)

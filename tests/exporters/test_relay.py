@@ -162,3 +162,37 @@ def _metric(healer: HealerProcess, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def test_over_the_runs_tls_a_relay_takes_each_hosts_own_batch_and_the_healer_only_a_relays(tmp_path) -> None:
+    from exporters.relay_service import create_relay_app
+    from ground.tls import PeerTls, https
+    from healer.launchers.run_authority import RunAuthority
+    from healer.runner.reports import ReportServer
+    from healer.service.api import TableIngest, ingest_app
+
+    authority = RunAuthority.of_run(tmp_path / "launcher")
+    table = HeartbeatTable()
+    healer = ReportServer(ingest_app(TableIngest(table), TOKEN), tls=authority.healer().server(require_peer=False))
+    healer_url = healer.start()
+    relay_files = authority.relay("rack-1")
+    relay = HeartbeatRelay("rack-1", healer_url, TOKEN, tls=relay_files.client())
+    front = ReportServer(create_relay_app(relay), tls=relay_files.server(require_peer=True))
+    relay_url = front.start()
+    n1 = authority.host("n1").client()
+    try:
+        json_ = {"Content-Type": "application/json"}
+        mine = encode_batch(node_batch("n1", 0))
+        assert https("POST", f"{relay_url}/v1/heartbeats", mine, json_, 5, PeerTls(n1, "relay"), 4096)[0] == 202
+        status, body = https("POST", f"{relay_url}/v1/heartbeats", encode_batch(node_batch("n2", 0)), json_, 5,
+                             PeerTls(n1, "relay"), 4096)
+        assert status == 403 and b"certificate of host 'n1'" in body
+        assert relay.forward(), "the healer took the relay's batch on its certificate"
+        assert {b.node: b.relay for b in table.nodes()} == {"n1": "rack-1"}
+        # A host cannot pass itself off as a relay at the healer.
+        status, _ = https("POST", f"{healer_url}/v1/heartbeats/relayed", relay.build() or b"", json_, 5,
+                          PeerTls(n1, "healer"), 4096)
+        assert status == 403
+    finally:
+        front.stop()
+        healer.stop()

@@ -15,6 +15,7 @@ from exporters.client import RankClient
 from exporters.heartbeat import HeartbeatForwarder
 from exporters.receiver import SocketInUseError, bind_datagram_socket
 from exporters.sidecar import Sidecar
+from exporters.traces import STEP_SPAN
 from tests.exporters.helpers import step_record
 from tests.exporters.promtools import free_port, wait_for
 from wire.telemetry import HEARTBEAT_SCHEMA, PHASE_ORDER, HeartbeatBatch
@@ -123,7 +124,9 @@ def test_step_traces_go_out_over_otlp_http(tmp_path, healer) -> None:
     assert (path, content_type) == ("/v1/traces", "application/x-protobuf")
     request = ExportTraceServiceRequest.FromString(body)
     spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
-    step = next(sp for sp in spans if sp.name == "step 9")
+    step = next(sp for sp in spans if sp.name == STEP_SPAN)
+    assert {a.key: a.value.int_value for a in step.attributes if a.key in ("megaheal.step", "megaheal.rank")} == \
+        {"megaheal.step": 9, "megaheal.rank": 2}
     children = {sp.name for sp in spans if sp.parent_span_id == step.span_id}
     assert children == set(PHASE_ORDER)
     resource = {a.key: a.value.string_value for a in request.resource_spans[0].resource.attributes}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import importlib.metadata
 import json
 import logging
 import threading
@@ -12,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from typer.testing import CliRunner
 
 from exporters.timeline import build_trace, read_rank_files
-from exporters.traces import OTLP_HTTP_LOGGER, StepTracer, otlp_exporter, step_trace_id
+from exporters.traces import OTLP_HTTP_LOGGER, STEP_SPAN, StepTracer, otlp_exporter, step_trace_id
 from megaheal.cli import app
 from tests.exporters.helpers import step_record
 from wire.telemetry import PHASE_ORDER, build_record, decode, encode
@@ -28,7 +29,7 @@ def test_each_step_is_a_span_with_a_child_per_phase_shared_across_ranks() -> Non
         tracer.record(decode(encode(build_record("step", "job-a", rank, 100 + rank, 0, rec))))
     tracer.shutdown()
     spans = exporter.get_finished_spans()
-    steps = [s for s in spans if s.name == "step 5"]
+    steps = [s for s in spans if s.name == STEP_SPAN]
     assert len(steps) == 2 and len(spans) == 2 * (1 + len(PHASE_ORDER))
     assert {s.context.trace_id for s in steps} == {step_trace_id("job-a", 5)}, "one trace per step of the job"
     for step in steps:
@@ -42,6 +43,53 @@ def test_each_step_is_a_span_with_a_child_per_phase_shared_across_ranks() -> Non
         assert reduce.end_time - reduce.start_time == int(0.05 * 1e9), "dp_reduce lasts what it lasted"
         assert step.attributes["megaheal.rank"] in (0, 1) and step.attributes["megaheal.mesh.dp"] in (0, 1)
         assert step.resource.attributes["host.name"] == "node-1"
+
+
+def record_spans(*records: dict, job: str = "job-a") -> list:
+    exporter = InMemorySpanExporter()
+    tracer = StepTracer("node-1", exporter, batch=False)
+    for rec in records:
+        tracer.record(decode(encode(build_record("step", job, rec["rank"], 100, 0, rec))))
+    tracer.shutdown()
+    return list(exporter.get_finished_spans())
+
+
+def test_span_names_are_one_per_kind_of_operation_and_the_step_is_an_attribute() -> None:
+    spans = record_spans(*(step_record(s, rank=r, attempt=2) for s in (7, 8, 9) for r in (0, 1)))
+    assert {s.name for s in spans} == {STEP_SPAN, *PHASE_ORDER}, "no name carries a step, rank or job"
+    steps = [s for s in spans if s.name == STEP_SPAN]
+    assert sorted((s.attributes["megaheal.step"], s.attributes["megaheal.rank"]) for s in steps) == \
+        [(7, 0), (7, 1), (8, 0), (8, 1), (9, 0), (9, 1)]
+    assert {(s.attributes["megaheal.job"], s.attributes["megaheal.attempt"]) for s in steps} == {("job-a", 2)}
+    for phase in (s for s in spans if s.name != STEP_SPAN):
+        parent = next(s for s in steps if s.context.span_id == phase.parent.span_id)
+        assert phase.attributes["megaheal.phase"] == phase.name
+        assert {k: phase.attributes[k] for k in ("megaheal.job", "megaheal.rank", "megaheal.step")} == \
+            {k: parent.attributes[k] for k in ("megaheal.job", "megaheal.rank", "megaheal.step")}
+
+
+def test_a_step_sent_without_its_attempt_has_no_attempt_attribute() -> None:
+    step = next(s for s in record_spans(step_record(3)) if s.name == STEP_SPAN)
+    assert "megaheal.attempt" not in step.attributes
+
+
+def test_the_resource_is_megaheals_default_under_the_otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    default = record_spans(step_record(1))[0].resource.attributes
+    assert (default["service.name"], default["host.name"]) == ("megaheal-sidecar", "node-1")
+    assert default["service.version"] == importlib.metadata.version("megaheal")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "x")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,host.name=gpu-17.example")
+    spans = record_spans(step_record(1))
+    assert {s.resource.attributes["service.name"] for s in spans} == {"x"}
+    assert {s.resource.attributes["deployment.environment"] for s in spans} == {"prod"}
+    assert {s.resource.attributes["host.name"] for s in spans} == {"gpu-17.example"}, "the environment wins"
+    assert {s.resource.attributes["service.version"] for s in spans} == {default["service.version"]}
+    # OTEL_RESOURCE_ATTRIBUTES alone may name the service too (OTEL_SERVICE_NAME wins when both do).
+    monkeypatch.delenv("OTEL_SERVICE_NAME")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes")
+    assert record_spans(step_record(1))[0].resource.attributes["service.name"] == "from-attributes"
 
 
 def write_run(run_dir, layout: dict[int, dict[str, int]], steps: int = 3) -> None:

@@ -108,3 +108,10 @@ def test_the_healer_config_rejects_unknown_keys_with_their_line(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"listen must be HOST:PORT.* \(line 1\)"):
         load_config(str(_write(tmp_path, "listen: nowhere\n", "h2.yaml")))
     assert load_config(None) == HealerConfig()
+
+
+def test_the_healer_config_refuses_a_relative_runbook_base_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"runbook_base must be the absolute URL .*'docs'.* \(line 2\)"):
+        load_config(str(_write(tmp_path, "listen: 127.0.0.1:9000\nrunbook_base: docs\n", "healer.yaml")))
+    base = "https://github.com/example/megaheal/blob/v1.0/docs"
+    assert load_config(str(_write(tmp_path, f"runbook_base: {base}\n", "h2.yaml"))).runbook_base == base

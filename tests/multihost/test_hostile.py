@@ -5,6 +5,7 @@ host at once. The job must finish as if none of it happened: no host left out, d
 - a heartbeat batch for another host, sent with a host's own certificate: refused (403), never stored;
 - an order to an agent with a host's certificate (which holds the run's token too): refused (403);
 - a start order that sets a variable which loads code into every rank (CUDA_INJECTION64_PATH): refused (400);
+- an order of a stale healer epoch, with the healer's own certificate: refused (409);
 - a connection flood on the healer's report port from one address: no host looks lost;
 - the healer cut off from every host for 30 s (a firewall rule on its report port in its host, then lifted): it
   says it is blind and acts on no host."""
@@ -110,6 +111,12 @@ def test_a_hostile_peer_cannot_drive_the_job_and_a_blind_healer_acts_on_no_host(
         status, body = https("POST", f"{agents[hosts[2]]}/v1/orders", start, auth, 10,
                              PeerTls(healer_tls, "host", hosts[2]), 4096)
         assert status == 400 and b"CUDA_INJECTION64_PATH" in body, body
+
+        # An order of a healer older than the one that drives the job (epoch 0: every healer claims 1 or more).
+        stale = msgspec.json.encode({"kind": "stop", "id": "hostile:stale", "attempt": 0, "grace_s": 0.5, "epoch": 0})
+        status, body = https("POST", f"{agents[hosts[2]]}/v1/orders", stale, auth, 10,
+                             PeerTls(healer_tls, "host", hosts[2]), 4096)
+        assert status == 409 and b"stale epoch 0" in body, body
 
         # One address holds a flood of idle connections to the report endpoint: the hosts still get through.
         with _flood(where.hostname, where.port, 400) as held:

@@ -86,7 +86,7 @@ def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_a_slowed_link_
     assert f"3 host(s) x 2 ranks ({', '.join(names[:3])}; dp 3), spare(s): {names[3]}" in text, text[-3000:]
     assert job.attempt(0)["nodes"] == names[:3] and job.attempt(0)["dp"] == 3
     agents = json.loads(RunPaths(job.run_dir).agents.read_text())
-    assert {n: re.match(r"http://([\d.]+):\d+$", u).group(1) for n, u in agents.items()} == \
+    assert {n: re.match(r"https://([\d.]+):\d+$", u).group(1) for n, u in agents.items()} == \
         {h.name: h.address for h in bed.hosts}  # type: ignore[union-attr]
     placed = job.host_of_rank(0)
     assert sorted(placed) == list(range(6)) and sorted(placed.values()) == sorted(names[:3] * 2)

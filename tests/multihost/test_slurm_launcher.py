@@ -21,6 +21,7 @@ from healer.incidents.store import IncidentStore
 from healer.launchers.agent_client import AgentClient
 from healer.launchers.allocation import Allocation
 from healer.launchers.drain import Drainer
+from healer.launchers.run_authority import RunAuthority
 from healer.launchers.run_token import write_token
 from healer.launchers.slurm_agents import STEP_PREFIX, SlurmAgents
 from healer.observe.heartbeats import HeartbeatTable
@@ -28,8 +29,8 @@ from healer.runner.reports import ReportServer
 from healer.service.api import TableIngest, ingest_app
 from testbed import faults, procs
 from tests.multihost.conftest import bed_env
-from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
+from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.multihost
 S = IncidentState
@@ -70,20 +71,22 @@ def test_an_agent_killed_on_its_host_is_restarted_through_srun_and_reports_again
     token_file = tmp_path / "token"
     token = write_token(token_file)
     table = HeartbeatTable()
-    reports = ReportServer(ingest_app(TableIngest(table), token), listen=f"{allocation.healer_address}:0")
+    # The run's mutual TLS, as `megaheal run` sets it up: the agents report with their hosts' certificates.
+    tls = RunAuthority.of_run(RunPaths(tmp_path).launcher).healer().server(require_peer=False)
+    reports = ReportServer(ingest_app(TableIngest(table), token), listen=f"{allocation.healer_address}:0", tls=tls)
     agents = SlurmAgents(run_dir=tmp_path, healer_url=reports.start(), token_file=token_file, allocation=allocation)
     try:
         urls = agents.start(list(allocation.hosts))
         wait_for("a batch from every agent", lambda: agent_batches(table) == urls, 60)
         victim = bed.hosts[1]
-        old = AgentClient(victim.name, urls[victim.name], token).state()
+        old = AgentClient(victim.name, urls[victim.name], token, tls=agents.healer_tls()).state()
         assert old["node"] == victim.name and old["pid"] in bed.pids(victim), "the agent runs inside its host"
 
         os.kill(old["pid"], signal.SIGKILL)
         assert procs.wait_gone([old["pid"]], 30) == []
         new_url = agents.restart(victim.name)
-        assert new_url != urls[victim.name] and new_url.startswith(f"http://{victim.address}:")
-        new = AgentClient(victim.name, new_url, token).state()
+        assert new_url != urls[victim.name] and new_url.startswith(f"https://{victim.address}:")
+        new = AgentClient(victim.name, new_url, token, tls=agents.healer_tls()).state()
         assert new["pid"] != old["pid"] and new["pid"] in bed.pids(victim)
         wait_for("the new agent's batches", lambda: agent_batches(table).get(victim.name) == new_url, 60)
         steps = slurm.steps(allocation.job_id)

@@ -106,6 +106,15 @@ def _suspects(tab: Any) -> str:
     return str(tab.locator("dd.suspects").inner_text())
 
 
+def _overlapping(tab: Any, selector: str) -> list[tuple[str, str]]:
+    """Pairs of the elements at `selector` whose boxes, as the browser laid them out, overlap."""
+    # NOTE: text_content, not inner_text: an SVG <text> is no HTMLElement and has no innerText.
+    boxes = [(str(e.text_content()), e.bounding_box()) for e in tab.locator(selector).all()]
+    return [(a, b) for i, (a, p) in enumerate(boxes) for b, q in boxes[i + 1:]
+            if p["x"] < q["x"] + q["width"] and q["x"] < p["x"] + p["width"]
+            and p["y"] < q["y"] + q["height"] and q["y"] < p["y"] + p["height"]]
+
+
 def test_it_lists_the_runs_incidents_with_kind_suspect_and_cost(healer_url: str, healed: Healed, page: Page,
                                                                   shots: Path) -> None:
     tab = page.open(f"{healer_url}/incidents?job={JOB}")
@@ -129,6 +138,9 @@ def test_it_shows_the_crash_its_suspect_rank_and_node_and_marks_them_in_the_heat
     assert suspect.get_attribute("data-node") == "n2" and "suspect" in suspect.text_content()
     assert tab.locator("svg.heatmap rect.cell").count() >= 4 * 8
     assert "recovered" in tab.locator("ol.stages").inner_text()
+    story = tab.locator("p.story").inner_text()  # the outcome in words, before any table
+    assert story.startswith("Rank 3 on n2 crashed in job") and "restarted it" in story and "paged" in story, story
+    assert tab.locator("ul.decision li").count() >= 2 and "None" not in tab.locator("main").inner_text()
     tab.screenshot(path=str(shots / "incident-crash.png"), full_page=True)
     assert page.errors == []
 
@@ -149,6 +161,13 @@ def test_it_shows_the_straggler_computing_slower_than_its_pipeline_stage(healer_
             f"cs => cs.filter(c => Math.abs(+c.getAttribute('y') + 13 - {y}) < 0.5)"
             ".map(c => c.getAttribute('data-ratio')).filter(r => r)"))
     assert ratios[2][len(ratios[2]) // 2] > 1.5 > ratios[3][len(ratios[3]) // 2], ratios
+    story = tab.locator("p.story").inner_text()
+    assert "notified on-call and left the job running" in story and "nobody was paged" in story, story
+    assert tab.locator("table.phases th.grew").text_content().startswith("compute")  # (shown upper case)
+    # It slowed every rank: its cost is the time it added to their steps, not 0.
+    assert tab.locator("table.cost th", has_text="slowdown").count() == 1
+    gpu = tab.locator("table.cost tr.charged td").last.inner_text()
+    assert gpu.endswith(("GPU-s", "GPU-h")) and float(gpu.split()[0]) > 0, gpu
     tab.locator("svg.heatmap").screenshot(path=str(shots / "heatmap-straggler.png"))
     tab.screenshot(path=str(shots / "incident-straggler.png"), full_page=True)
     assert page.errors == []
@@ -191,6 +210,8 @@ def test_it_shows_the_jobs_goodput_waterfall_loss_and_attempts(healer_url: str, 
     assert float(tab.locator('svg.waterfall g.bar[data-category="productive"]').get_attribute("data-seconds")) > 0
     assert tab.locator("svg.lossplot a").count() >= 2  # the incidents, marked at detection
     assert tab.locator("table.attempts tbody tr").count() == 2
+    for labels in ("svg.strip text.mark", "svg.lossplot text.mark"):
+        assert _overlapping(tab, labels) == [], labels
     tab.screenshot(path=str(shots / "job.png"), full_page=True)
     assert page.errors == []
 
@@ -204,5 +225,9 @@ def test_it_opens_the_run_report_offline_with_no_request_leaving_the_file(healed
     assert page.requests == [url]
     assert tab.locator("section.incident").count() == healed.count  # every incident of the run, on its own
     assert tab.locator("svg.waterfall").count() == 1 and tab.locator("svg.heatmap g.row.suspect").count() >= 2
+    assert tab.locator("ul.stories li").count() == healed.count  # each incident's outcome in one sentence
+    commands = tab.locator("table.commands code").all_inner_texts()
+    assert f"megaheal report {healed.run_dir}" in commands and f"megaheal timeline {healed.run_dir} -o trace.json" \
+        in commands
     tab.screenshot(path=str(shots / "report.png"), full_page=True)
     assert page.errors == []

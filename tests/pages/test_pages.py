@@ -89,7 +89,7 @@ def test_it_serves_pages_that_allow_no_script_and_only_their_own_stylesheet(serv
         assert r.status_code == 200, path
         policy = r.headers["content-security-policy"]
         assert "default-src 'none'" in policy and "script-src" not in policy and "unsafe" not in policy
-        (css,) = re.findall(r"<style>(.*?)</style>", r.text, re.S)
+        (css,) = re.findall(r"<style>(.*?)</style>", r.text, re.DOTALL)
         digest = base64.b64encode(hashlib.sha256(css.encode()).digest()).decode()
         assert f"style-src 'sha256-{digest}'" in policy
         assert "<script" not in r.text and " style=" not in r.text
@@ -175,3 +175,40 @@ def test_a_database_that_is_down_is_said_without_naming_its_host_user_or_databas
             page = client.get(path)
             assert page.status_code == 503 and "database unavailable" in page.text, path
             assert not any(word in page.text for word in ("secret_user", "secret_db", "127.0.0.1")), page.text
+
+
+@pytest.mark.parametrize("ledgered", [False, True])
+def test_an_incident_page_shows_what_the_reports_whole_ledger_gives_it(tmp_path: Path, ledgered: bool) -> None:
+    """Served, an incident's page reads its own timeline (with its stage lengths from the run directory) and its cost
+    from the database's ledger where `megaheal run` wrote one; else the whole ledger of the run directory."""
+    from healer.incidents.db import make_engine
+    from healer.ledger.store import LedgerWriter
+    from healer.pages.views import incident_ledger, incident_view, job_ledger
+
+    run = write_run(tmp_path / "runs")
+    db_url = f"sqlite:///{tmp_path / 'healer.db'}"
+    straggler, _ = write_incidents(db_url)
+    engine = make_engine(db_url)
+    if ledgered:
+        assert LedgerWriter(run, engine, JOB).write() > 0
+    src = Sources(engine=engine, run_roots=(tmp_path / "runs",))
+    view = incident_view(src, straggler)
+    assert view == incident_view(src, straggler, job_ledger(src, JOB))
+    assert incident_ledger(src, JOB, straggler).whole is not ledgered  # the database's ledger: this incident's alone
+    assert view.timeline is not None and view.timeline["detected_in_s"] is not None
+    assert view.cost is not None and view.cost.ranks == 4 and view.heat is not None and view.has_run
+    engine.dispose()
+
+
+def test_a_served_straggler_page_leads_with_its_story_and_counts_its_slowdown_in_the_list_too(
+        served: tuple[TestClient, int, int]) -> None:
+    client, straggler, _ = served
+    page = client.get(f"/incidents/{straggler}").text
+    story = page[page.index('<p class="story">'):]
+    assert story.startswith('<p class="story">Rank 2 on n2 held the job up in job synth (attempt 0)')
+    assert page.index('<p class="story">') < page.index('<dl class="facts">')  # the words come before the tables
+    (cost,) = re.findall(r'<dd class="cost">(\d+) GPU-s', page)
+    assert int(cost) > 0  # the steps it slowed, on every rank: not 0
+    listed = client.get("/incidents").text
+    row = listed[listed.index(f'<tr data-incident="{straggler}">'):]
+    assert f">{cost} GPU-s</td>" in row[:row.index("</tr>")]

@@ -1,7 +1,8 @@
 """The served pages with many incidents (issue 34: unauthenticated pages that cost seconds to render with 2,000
 incidents): a listing shows a page of rows with a link to the older ones, and the SQL statements it takes to
 render do not grow with the incidents stored, however many jobs the page's rows belong to. Its rows' costs are
-those of their jobs' whole ledgers. In process, on SQLite written in bulk."""
+those of their jobs' whole ledgers. One incident's page reads that incident alone, and shows what its job's whole
+ledger gives it. In process, on SQLite written in bulk."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ with warnings.catch_warnings():
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.jobstore import IntervalRow, JobStore
 from healer.incidents.models import Incident, IncidentEvent, Restart
-from healer.pages.views import PAGE_SIZE, Filters, Sources, incident_list, job_ledger
+from healer.pages import render
+from healer.pages.views import PAGE_SIZE, Filters, Sources, incident_list, incident_view, job_ledger
 from healer.service.health import Readiness
 from healer.service.pages import page_routes
 from tests.healer.services import TOKEN
@@ -156,3 +158,29 @@ def test_each_rows_cost_is_the_one_its_jobs_whole_ledger_gives(served: dict[int,
 def test_a_bad_offset_is_a_400_naming_it(served: dict[int, Served], value: str) -> None:
     r = served[200].client.get(f"/incidents?offset={value}")
     assert r.status_code == 400 and "offset must be a whole number" in r.text, (value, r.status_code)
+
+
+INCIDENTS = [1, 193, 199, 44]
+"""Of BIG: two whose restarts are charged their attempts' startups, one without a restart; and one of job4."""
+
+
+@pytest.mark.parametrize("incident", INCIDENTS)
+def test_it_renders_an_incident_in_statements_that_do_not_grow_with_its_jobs_incidents(served: dict[int, Served],
+                                                                                      incident: int) -> None:
+    (_, few), (_, many) = served[200].get(f"/incidents/{incident}"), served[2000].get(f"/incidents/{incident}")
+    assert many == few and many <= 14, (incident, few, many)
+
+
+@pytest.mark.parametrize("incident", INCIDENTS)
+def test_an_incident_page_shows_the_stages_and_cost_its_jobs_whole_ledger_gives(served: dict[int, Served],
+                                                                                incident: int) -> None:
+    src = served[2000].sources
+    whole = incident_view(src, incident, job_ledger(src, _job(incident)))  # as the single-file report reads it
+    assert incident_view(src, incident) == whole
+    page, _ = served[2000].get(f"/incidents/{incident}")
+    assert page == render.incident_page(whole)
+    assert whole.timeline is not None and whole.timeline["stages"] == ["detected", "resolved"]
+    assert '<ol class="stages">' in page and "<b>resolved</b>" in page
+    startup = incident % 8 == 1
+    assert whole.cost is not None and whole.cost.seconds["startup"] == (3.0 if startup else 0.0)
+    assert f'class="cost">{40 + 24 * startup} GPU-s (8 ranks x {5 + 3 * startup}.0 s)' in page

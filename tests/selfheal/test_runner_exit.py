@@ -88,7 +88,7 @@ def test_it_stops_its_job_when_interrupted_and_refuses_a_second_runner_meanwhile
         raise
     out = (tmp_path / "first.log").read_text(errors="replace")
     assert code == 128 + sig, out[-3000:]
-    assert "outcome: interrupted" in out and "--resume" in out
+    assert "outcome: interrupted" in out and "--take-over" in out
     # The ranks reported under the job's name: the healer had rank 3's step and loss (its live view's last frame).
     assert re.search(r"│ 3\s+│ n2\s+│ \d+\s+│ \d+\.\d{4} ", out), out[-3000:]
     left = [p for p in pids if procfs.alive(p)]
@@ -106,7 +106,7 @@ def test_it_refuses_a_run_directory_another_runner_holds_and_takes_a_dead_runner
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        for resume in (False, True):  # a live runner is never taken over, not even by --resume
+        for resume in (False, True):  # a live runner is never taken over, not even by --take-over
             with pytest.raises(RunDirBusy, match=rf"is in use by megaheal run pid {holder.pid} on .*\(-c "):
                 RunDirLock(tmp_path, resume).__enter__()
     finally:
@@ -115,9 +115,9 @@ def test_it_refuses_a_run_directory_another_runner_holds_and_takes_a_dead_runner
     # Its holder died (SIGKILL): the kernel dropped the lock; the next runner takes it and names itself in it.
     with RunDirLock(tmp_path, resume=False) as lock:
         assert json.loads(lock.path.read_text())["pid"] != holder.pid
-    # A dead runner that left an attempt unfinished: only --resume goes on with that run.
+    # A dead runner that left an attempt unfinished: only --take-over goes on with that run.
     RunPaths(tmp_path).journal.write_text(json.dumps({"event": "start", "attempt": 3, "at": 1.0}) + "\n")
-    with pytest.raises(RunDirBusy, match=r"ended without stopping attempt 3 of its job.*--resume"):
+    with pytest.raises(RunDirBusy, match=r"ended without stopping attempt 3 of its job.*--take-over"):
         RunDirLock(tmp_path, resume=False).__enter__()
     with RunDirLock(tmp_path, resume=True):
         pass

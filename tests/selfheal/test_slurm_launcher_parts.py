@@ -42,6 +42,9 @@ def test_an_agent_step_binds_its_hosts_address_overlaps_the_jobs_other_steps_and
     assert options["--token-file"] == str(token_file.absolute()) and options["--healer-url"] == "http://10.0.0.1:4242"
     assert options["--scratch-dir"] == "/tmp/megaheal-41/h2", "node-local, not the shared run directory"
     assert Path(options["--url-file"]).parent == Path(options["--work-dir"]) == (tmp_path / "nodes/h2/agent").absolute()
+    assert options["--run-dir"] == str(tmp_path.absolute()), "start orders are confined to it"
+    assert options["--tls-dir"] == str((tmp_path / "launcher/tls/hosts/h2").absolute()), "its host's certificate"
+    assert (tmp_path / "launcher/tls/hosts/h2/key.pem").stat().st_mode & 0o077 == 0
 
 
 def test_a_drain_reason_keeps_only_a_safe_alphabet_on_one_line_and_is_clipped() -> None:

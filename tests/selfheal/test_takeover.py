@@ -1,6 +1,6 @@
 """Healers that die in the middle of an incident, and the ones started after them: the real `megaheal run` process
 is SIGKILLed right after it detected a crash, and the next one right after it restarted the job (their node agents,
-and the job's processes under them, live on: they are in sessions of their own); each `megaheal run --resume` on the
+and the job's processes under them, live on: they are in sessions of their own); each `megaheal run --take-over` on the
 same run directory adopts the agents, finds the incident in the healer's store, and goes on with it: an attempt that
 still runs is adopted as it is, one that does not is stopped and the incident decided again. One job for both."""
 
@@ -82,7 +82,7 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
         (inc,) = incidents(run_dir)
         # Killed before it decided (it may have begun diagnosing).
         assert inc.kind == "crash" and inc.state in ("open", "diagnosing")
-        second = megaheal_run(run_dir, "--resume", log=tmp_path / "second.log")
+        second = megaheal_run(run_dir, "--take-over", log=tmp_path / "second.log")
         _kill_at(second, run_dir, "restarted", 1, left)
         (inc,) = incidents(run_dir)
         assert inc.state == "remediating" and inc.stages.count("taken-over") == 1
@@ -91,7 +91,7 @@ def test_a_healer_killed_mid_incident_is_replaced_by_one_that_finishes_the_incid
                   procfs.cmdline(p) and str(run_dir) in " ".join(procfs.cmdline(p))]
         assert agents and [d for a in agents for d in procfs.descendants(a)
                            if "torch.distributed.run" in procfs.cmdline(d)]
-        third = megaheal_run(run_dir, "--resume", log=tmp_path / "third.log")
+        third = megaheal_run(run_dir, "--take-over", log=tmp_path / "third.log")
         try:
             code = third.wait(timeout=300)
         except BaseException:

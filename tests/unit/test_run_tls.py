@@ -7,13 +7,14 @@ import socket
 import ssl
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ground.httpclient import RequestFailed, request_json
-from ground.tls import Identity, PeerRefused, PeerTls, TlsFiles, https, identity_of
+from ground.tls import Identity, PeerConnection, PeerRefused, PeerTls, TlsFiles, https, identity_of
 from healer.launchers.run_authority import RunAuthority
 
 pytestmark = pytest.mark.unit
@@ -107,3 +108,39 @@ def _no_thread_left() -> Iterator[None]:
     yield
     for t in set(threading.enumerate()) - before:
         t.join(timeout=5)
+
+
+def test_a_kept_connection_is_reused_and_opened_again_once_the_peer_closed_it(authority: RunAuthority) -> None:
+    # The server answers one request on each connection, keeps it open as HTTP/1.1 does, then closes it (its
+    # keep-alive ran out): the client's next request finds it closed, opens a new one and is answered there.
+    ctx = authority.host("n2").server(True)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    served: list[int] = []
+
+    def run() -> None:
+        with listener:
+            for n in (1, 2):
+                conn, _ = listener.accept()
+                with ctx.wrap_socket(conn, server_side=True) as tls:
+                    for _ in range(2 if n == 1 else 1):
+                        if not tls.recv(65536):
+                            break
+                        served.append(n)
+                        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    if n == 1:
+                        time.sleep(0.3)  # two requests answered, then the keep-alive runs out
+
+    threading.Thread(target=run, daemon=True).start()
+    kept = PeerConnection(PeerTls(authority.healer().client(), "host", "n2"))
+    url = f"https://127.0.0.1:{port}/v1/state"
+    try:
+        assert kept.request("GET", url, None, {}, 5, 1024) == (200, b"{}")
+        first = kept._conn
+        assert kept.request("GET", url, None, {}, 5, 1024) == (200, b"{}")
+        assert kept._conn is first, "one handshake for both"
+        time.sleep(0.6)
+        assert kept.request("GET", url, None, {}, 5, 1024) == (200, b"{}")
+        assert kept._conn is not first and served == [1, 1, 2]
+    finally:
+        kept.close()

@@ -12,18 +12,25 @@ import pytest
 
 pytestmark = pytest.mark.multiprocess
 
+# NOTE: each line goes out in one write(2) of its own: both ranks share torchrun's stdout pipe, and print() writes a
+# line's text and its newline apart, so two ranks' lines interleaved ("sum 3rank 1 ...", "returnedreturned done").
+# A write of less than PIPE_BUF bytes to a pipe is never split.
 SCRIPT = """
+import os
 import torch, torch.distributed as dist
 import megaheal.rank as mh
+
+def say(line):
+    os.write(1, (line + "\\n").encode())
 
 @mh.restartable
 def train(r):
     t = torch.tensor([r.rank + 1.0])
     dist.all_reduce(t)
-    print(f"rank {r.rank} of {r.world_size} generation {r.generation} source {r.source} new {r.is_new} sum {int(t)}")
+    say(f"rank {r.rank} of {r.world_size} generation {r.generation} source {r.source} new {r.is_new} sum {int(t)}")
     return "done"
 
-print("returned", train(), "enabled", mh.enabled())
+say(f"returned {train()} enabled {mh.enabled()}")
 """
 
 
