@@ -160,7 +160,10 @@ def test_it_shows_the_straggler_computing_slower_than_its_pipeline_stage(healer_
         ratios[rank] = sorted(float(r) for r in cells.evaluate_all(
             f"cs => cs.filter(c => Math.abs(+c.getAttribute('y') + 13 - {y}) < 0.5)"
             ".map(c => c.getAttribute('data-ratio')).filter(r => r)"))
-    assert ratios[2][len(ratios[2]) // 2] > 1.5 > ratios[3][len(ratios[3]) // 2], ratios
+    # NOTE: the top third of rank 2's cells, not their median: the window reaches back before the slowdown began (a
+    # loaded run detected it after 6 slowed steps of 13 in the window, and its median was a step before it).
+    # The straggler rule needs 2 windows of 3 slowed steps, so at least a third of the window is slowed.
+    assert ratios[2][2 * len(ratios[2]) // 3] > 1.5 > ratios[3][len(ratios[3]) // 2], ratios
     story = tab.locator("p.story").inner_text()
     assert "notified on-call and left the job running" in story and "nobody was paged" in story, story
     assert tab.locator("table.phases th.grew").text_content().startswith("compute")  # (shown upper case)
