@@ -71,6 +71,8 @@ class JobState:
     """An order is still being carried out."""
     warm_unavailable: str | None = "the job does not run warm"
     """Why the next restart cannot be warm; None: it can."""
+    replica_hosts: dict[str, str] = field(default_factory=dict)
+    """Per host, the host keeping its ranks' replicas in memory (healer.decide.plans.JobFacts.replica_hosts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,8 @@ class RestartOrder:
     """The policy's reason for the mode (healer.decide.plans.restart_mode)."""
     released: tuple[str, ...] = ()
     """Healthy hosts of the job this restart leaves idle: spares again, never drained (healer.decide.plans.Plan)."""
+    replace_ranks: tuple[int, ...] = ()
+    """Ranks whose live processes a warm restart replaces (healer.decide.plans.Plan.replace_ranks)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from train.hang_faults import HangFault
 from train.layout import ParallelConfig
 from train.model import ModelConfig
 from train.optim import OptimConfig
+from train.replica_faults import ReplicaFlip
 
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -56,6 +57,10 @@ class TrainConfig:
     inject_hangs: list[HangFault] = field(default_factory=list)
     """Fault injection: a rank hangs at a step, as real hangs do (train/hang_faults.py: spin, data, collective,
     syscall), each once per run, e.g. `--set 'inject_hangs=[{mode: spin, at_step: 6, rank: 1}]'`."""
+    inject_replica_flips: list[ReplicaFlip] = field(default_factory=list)
+    """Fault injection, under a warm worker: keeper rank `rank` flips one bit of the replica it holds of the first
+    snapshot at or after `after_step` (train/replica_faults.py), once per run, e.g.
+    `--set 'inject_replica_flips=[{rank: 3, after_step: 10}]'`: a restart that needs that replica resumes from disk."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -36,6 +36,7 @@ from train.optim import build_lr_scheduler, build_optimizer
 from train.parallelize import apply_data_parallel, apply_tensor_parallel
 from train.pipeline import build_schedule
 from train.records import StepRecordWriter, StepTable
+from train.replica_faults import ReplicaFlipper
 from train.timing import PhaseTimer, TimedAllGather, TimedPipelineWaits, TimedReduceScatter
 from train.warm.replicas import Replicas
 from train.warm.snapshot import Snapshot
@@ -83,6 +84,7 @@ class Trainer:
             # healer learns how long each takes, so a slow save or restore is not called a hang.
             self.beacon.enter("startup", 0)
         self.hang = HangInjector(cfg.inject_hangs, self.place.rank, run_dir)
+        self.replica_flips = ReplicaFlipper(cfg.inject_replica_flips, self.place.rank, run_dir)
         self.timer = PhaseTimer(self.device, on_enter=self._entering,
                                 on_exit=self.beacon.leave if self.beacon is not None else None)
         self.reduce_timer = TimedReduceScatter(self.device)
@@ -379,6 +381,7 @@ class Trainer:
         state = capture(self.parts, self.optimizer, self.lr_scheduler, steps_done, self.loader.position,
                         self.place.rank)
         self.replicas.add(Snapshot.take(state, steps_done, self.place.rank, self.layout))
+        self.replica_flips.maybe(self.replicas)
 
     def _record(
         self,

@@ -136,3 +136,10 @@ def resolve_checkpoint(root: Path, name: str) -> Path:
     if name != path.name or path.resolve().parent != root.resolve():
         raise ValueError(f"checkpoint {name!r} is not a directory of {root}")
     return path
+
+
+def keeper_hosts(nodes: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """Per host of a warm job (in node-rank order), the host whose ranks keep the replicas of its ranks' snapshots:
+    the next one, as a rank's keeper is `per_host` ranks on (train/warm/replicas.py); none for a job on one host,
+    whose replicas never leave it."""
+    return {n: nodes[(i + 1) % len(nodes)] for i, n in enumerate(nodes)} if len(nodes) > 1 else {}

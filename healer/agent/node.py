@@ -449,6 +449,8 @@ class NodeAgent:
                                     trainer=WorkerStart(order.config, order.run_dir, tuple(order.overrides))
                                     if order.config is not None else None)
         assert self.warm is not None
+        # NOTE: a spare keeps a host's worth of standbys until it takes a host's place, then the job's number.
+        self.warm.standbys = spec.standbys
         attempt = WarmHostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, pool=self.warm,
                                   assign=dict(spec.assign), local_rank=dict(spec.local_rank),
                                   phase_dir=self._phase_dir(order.job, spec.formed_in))

@@ -69,6 +69,9 @@ class FaultKind:
     warm: str = ""
     """Why a restart for this kind may be warm (the surviving processes and what they hold are trusted: a job that
     runs warm then restarts without stopping them, healer/launchers/warm_control.py); empty: it restarts cold."""
+    replaces_named: bool = False
+    """A warm restart replaces the live processes of the ranks the incident names (a hang's: they hold the job up
+    and cannot be trusted) with standbys; with no rank named it restarts cold."""
     looks_first: bool = False
     """Every rank is looked at from its host (kernel state, phase, Python stack, flight recorder) before anything
     is stopped: the incident's culprit is named from what the ranks were doing (healer/detect/hang_attribution.py)."""
@@ -86,8 +89,12 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
               warm="a rank's process died and the others are intact: they keep their state, a standby takes its rank",
               description="a rank or agent ended with a failure (signal, OOM, NCCL/gloo error, exception)"),
     FaultKind("hang", "critical", Remedy.RESTART, stops_job=True, diagnose_first=True, lemon=True, looks_first=True,
+              replaces_named=True,
+              warm="the ranks holding the job up are named and the others only wait: their generation is aborted and "
+                   "they keep their state, standbys take the named ranks' places",
               description="no step progress past the learned timeout"),
     FaultKind("gpu_fault", "critical", Remedy.EXCLUDE_AND_RESTART, lemon=True, evicts_suspects=True,
+              warm="the faulty GPU's host leaves and the ranks elsewhere are intact: they keep their state",
               description="a critical Xid, an uncorrectable ECC error, a failed or pending row remap, or a recovery "
                           "action asked for by the driver"),
     FaultKind("nonfinite", "critical", Remedy.ROLLBACK, bad_step=BadStep.NONFINITE, names_host=False,
@@ -103,7 +110,9 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("healer_blind", "critical", Remedy.NOTIFY,
               description="the healer hears from few of a job's hosts at once: it acts on no host's silence"),
     FaultKind("host_lost", "critical", Remedy.EXCLUDE_AND_RESTART, stops_job=True, lemon=True, evicts_suspects=True,
-              drains_suspects=True, description="a host of the job went silent and the job stopped with it (the host is down or cut off)"),
+              drains_suspects=True,
+              warm="the lost host's ranks are gone and the others are intact: they keep their state",
+              description="a host of the job went silent and the job stopped with it (the host is down or cut off)"),
     # What the healer cannot see itself, told by Prometheus through Alertmanager (deploy/healer/rules/alerts.yaml).
     FaultKind("node_down", "critical", Remedy.NOTIFY, description="a host's sidecar cannot be scraped"),
     FaultKind("telemetry_absent", "critical", Remedy.NOTIFY, description="no sidecar is scraped at all"),

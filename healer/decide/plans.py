@@ -105,6 +105,9 @@ class JobFacts:
     """Per host, incidents naming it within the lemon window, across jobs (this one included)."""
     warm_unavailable: str | None = "the job does not run warm"
     """Why no restart of the job can be warm now; None: one can (its attempts run as warm generations)."""
+    replica_hosts: dict[str, str] = field(default_factory=dict)
+    """Per host of the job, the host whose ranks keep the replicas of its ranks' snapshots (train/warm/replicas.py);
+    empty: none elsewhere (a job on one host), so a host that leaves takes its ranks' state with it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,12 +128,14 @@ class Plan:
     """Restart warm: the surviving ranks keep their processes and state (basis["restart"] says why either way)."""
     released: tuple[str, ...] = ()
     """Healthy hosts of the job the smaller restart leaves idle (a partial replica): spares from now on."""
+    replace_ranks: tuple[int, ...] = ()
+    """Ranks whose live processes a warm restart replaces with standbys (a hang's: they hold the job up)."""
 
     def to_payload(self) -> dict[str, Any]:
         return {"remedy": self.remedy.value, "decision_basis": self.basis, "exclude": list(self.exclude),
                 "nodes": list(self.nodes), "released": list(self.released), "dp": self.dp,
                 "resume_step": self.resume_step,
-                "skip_steps": list(self.skip_steps), "warm": self.warm,
+                "skip_steps": list(self.skip_steps), "warm": self.warm, "replace_ranks": list(self.replace_ranks),
                 "not_before": self.not_before.isoformat() if self.not_before else None}
 
 
@@ -172,9 +177,12 @@ def _exclude(bad: tuple[str, ...], job: JobFacts, limits: Limits, basis: dict[st
     spares = [s for s in job.spares if s not in bad]
     kept = [n for n in job.nodes if n not in bad]
     if len(spares) >= len(leaving):
+        # NOTE: each spare takes the place (the node rank) of the host it replaces: its ranks are the lost host's
+        # ranks, so a warm restart hands them that host's state from their replicas.
+        instead = dict(zip(leaving, spares))
         return Plan(Remedy.EXCLUDE_AND_RESTART, basis | {
             "reason": f"exclude {', '.join(leaving)}; replace with spare(s) {', '.join(spares[:len(leaving)])}"},
-            exclude=leaving, nodes=tuple(kept + spares[:len(leaving)]), dp=job.dp)
+            exclude=leaving, nodes=tuple(instead.get(n, n) for n in job.nodes), dp=job.dp)
     new = tuple(kept + spares)
     n_old = len(job.nodes)
     released: tuple[str, ...] = ()
@@ -224,19 +232,42 @@ def warm_reason(kind: FaultKind, job: JobFacts) -> str | None:
     return kind.warm if kind.warm and job.warm_unavailable is None else None
 
 
-def restart_mode(p: Plan, kind: FaultKind, job: JobFacts) -> Plan:
+def restart_mode(p: Plan, kind: FaultKind, job: JobFacts, replace_ranks: tuple[int, ...] = ()) -> Plan:
     """`p` with its restart made warm where that is safe, and why it is warm or cold in its basis: warm only for a
-    kind whose surviving processes are trusted (a crash of a rank, a bad batch), on the same hosts and layout, in a
-    job whose attempts run warm and whose current attempt is not itself a warm restart that never trained."""
+    kind whose surviving processes are trusted, in a job whose attempts run warm and whose current attempt is not
+    itself a warm restart that never trained, and when every lost rank's state survives somewhere: a host that
+    leaves is replaced in its place (the same layout) and the host that keeps its ranks' replicas stays.
+    `replace_ranks`: the ranks a kind that replaces named ones (a hang: the ranks holding the job up) replaces."""
     if not p.remedy.restarts:
         return p
     why = warm_reason(kind, job)
     if why is None:
         cold = job.warm_unavailable if kind.warm else f"{kind.name}: the ranks' processes cannot be trusted after it"
-        return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": cold}})
-    if p.exclude or tuple(p.nodes) != tuple(job.nodes) or (p.dp is not None and p.dp != job.dp):
-        return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": "the hosts or the layout change"}})
-    return replace(p, warm=True, basis=p.basis | {"restart": {"mode": "warm", "why": why}})
+        return _cold(p, cold)
+    if kind.replaces_named and not replace_ranks:
+        return _cold(p, f"{kind.name}: no rank is named as the one at fault, so none can be replaced alone")
+    if (p.dp is not None and p.dp != job.dp) or len(p.nodes) != len(job.nodes):
+        return _cold(p, f"the layout changes ({len(job.nodes)} -> {len(p.nodes)} hosts, dp {job.dp} -> {p.dp}): "
+                        "the snapshots fit the old one; the checkpoint reshards")
+    lost = [n for n in job.nodes if n not in p.nodes]
+    if lost:
+        gone = [n for n in lost if job.replica_hosts.get(n) in (None, *lost)]
+        if gone:
+            held = ", ".join(f"{n}'s on {job.replica_hosts[n]}" if n in job.replica_hosts else f"{n}'s nowhere else"
+                             for n in gone)
+            return _cold(p, f"the state of the ranks of {', '.join(gone)} is lost with the replicas ({held})")
+        why += "; " + "; ".join(f"{new} takes the place of {old}, its ranks' state from their replicas on "
+                                f"{job.replica_hosts[old]}" for old, new in zip(job.nodes, p.nodes) if old != new)
+    elif [n for n in p.nodes if n not in job.nodes]:
+        return _cold(p, "the hosts change")
+    basis = p.basis | {"restart": {"mode": "warm", "why": why}}
+    if replace_ranks:
+        basis["restart"]["replace_ranks"] = list(replace_ranks)
+    return replace(p, warm=True, replace_ranks=tuple(replace_ranks), basis=basis)
+
+
+def _cold(p: Plan, why: str) -> Plan:
+    return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": why}})
 
 
 def gate(p: Plan, job: JobFacts, budget: RestartBudget, now: datetime) -> Plan:

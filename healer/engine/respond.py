@@ -23,7 +23,7 @@ from healer.decide.rules import DetectorCondition, Rule, RuleSet
 from healer.decide.signals import Signal
 from healer.decide.states import IncidentState
 from healer.detect.hang_attribution import attribute
-from healer.detect.suspects import Suspect, decode, on_hosts
+from healer.detect.suspects import Suspect, decode, on_hosts, ranks
 from healer.detect.suspects import nodes as suspect_nodes
 from healer.incidents.jobstore import JobStore
 from healer.incidents.metrics import HealerMetrics
@@ -117,6 +117,7 @@ class Responder:
         state = S(incident.state)
         return facts_of(incident_id=incident.id, kind=incident.kind, state=state, state_since=incident.state_since,
                         now=now, rule=rule, rules=self.ruleset, suspects=suspects_of(incident),
+                        suspect_ranks=tuple(ranks(decode(incident.suspects, f"incident {incident.id}"))),
                         attempt=incident.attempt, first_bad_step=incident.first_bad_step,
                         verdict=self._verdict(incident.id) if state is S.DIAGNOSING else None,
                         job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None)
@@ -128,7 +129,7 @@ class Responder:
         st = r.state()
         budget = self.ruleset.budget(rule)
         facts = JobFacts(nodes=st.nodes, spares=st.spares, dp=st.dp, valid_dp=st.valid_dp,
-                         warm_unavailable=st.warm_unavailable,
+                         warm_unavailable=st.warm_unavailable, replica_hosts=st.replica_hosts,
                          checkpoint_steps=r.checkpoint_steps(), restarts=self.jobs.restart_times(r.job, now - budget.window),
                          node_incidents=self.jobs.node_incident_counts(now - self.ruleset.limits.lemon_window))
         return JobNow(facts=facts, attempt=st.attempt, busy_with=self._busy_with(r.job, incident.id))
@@ -292,6 +293,7 @@ class Responder:
         order = RestartOrder(incident_id=incident.id, restart_id=restart_id, nodes=plan.nodes,
                              dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
                              skip_steps=skip, warm=plan.warm, released=plan.released,
+                             replace_ranks=plan.replace_ranks,
                              mode_why=str((plan.basis.get("restart") or {}).get("why", "")))
         r.restart(order, lambda result: self.restarted(incident.id, remediation_id, restart_id, result,
                                                         incident.attempt))

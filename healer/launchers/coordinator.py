@@ -64,9 +64,10 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
                      if cfg.warm is not None else None)
 
     def start(self, token: str, nodes: tuple[str, ...], dp: int | None = None, resume: str | None = "auto",
-              extra: tuple[str, ...] = ()) -> AgentAttempt:
+              extra: tuple[str, ...] = (), spares: tuple[str, ...] = ()) -> AgentAttempt:
         """Start the next attempt on `nodes` (the previous one must be over). RuntimeError when a host's agent
-        refuses or cannot be reached (the attempt is then stopped where it did start)."""
+        refuses or cannot be reached (the attempt is then stopped where it did start). `spares`: a warm job's spare
+        hosts, which run standbys only."""
         self._check(token)
         self.fence.check()
         with self._lock:
@@ -84,7 +85,7 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
                                         agent_urls={n: self.agents[n].url for n in nodes},
                                         warm=journal.WarmNote(formation=True, formed_in=number) if self.warm else None))
         if self.warm is not None:
-            return self._form_warm(token, number, nodes, resume, overrides)
+            return self._form_warm(token, number, nodes, resume, overrides, spares)
         failures: list[Exception] = []
 
         def launch(node_rank: int, endpoint: str | None) -> str:

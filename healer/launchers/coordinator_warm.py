@@ -14,21 +14,21 @@ from healer.launchers.attempt import AgentAttempt
 from healer.launchers.coordinator_base import START_TIMEOUT_S, CoordinatorBase, on_each
 from healer.launchers.warm_control import Generation, WarmUnavailable
 from wire import journal
-from wire.orders import Worker, WorkersOrder
+from wire.orders import SignalOrder, Worker, WorkersOrder
 
 log = logging.getLogger(__name__)
 
 
 class WarmGenerations(CoordinatorBase):
     def _form_warm(self, token: str, number: int, nodes: tuple[str, ...], resume: str | None,
-                   overrides: tuple[str, ...]) -> AgentAttempt:
-        """Attempt `number` as a new warm pool: every host starts its workers, and once all are up the generation's
-        plan starts them (from the disk, as `resume` says)."""
+                   overrides: tuple[str, ...], spares: tuple[str, ...] = ()) -> AgentAttempt:
+        """Attempt `number` as a new warm pool: every host starts its workers (a spare its standbys), and once all
+        of the ranks are up the generation's plan starts them (from the disk, as `resume` says)."""
         assert self.warm is not None and self.attempt is not None
         gen = self.warm.form(number, nodes, "formation")
         self.attempt.warm = gen
         try:
-            self._order_warm(number, nodes, gen, resume, overrides)
+            self._order_warm(number, gen, resume, overrides, spares)
             self.warm.wait_up(list(gen.assign))
         except (AgentUnreachable, OrderFailed, RuntimeError) as exc:
             log.error("attempt %d of %s could not start: %s", number, self.cfg.job, exc)
@@ -39,32 +39,41 @@ class WarmGenerations(CoordinatorBase):
                  ", ".join(nodes), resume)
         return self.attempt
 
-    def _order_warm(self, number: int, nodes: tuple[str, ...], gen: Generation, resume: str | None,
-                    overrides: tuple[str, ...]) -> None:
-        """Each host's start order of a warm generation, all at once; the first failure is raised."""
+    def _order_warm(self, number: int, gen: Generation, resume: str | None, overrides: tuple[str, ...],
+                    spares: tuple[str, ...] = ()) -> None:
+        """Each host's start order of a warm generation, all at once; the first failure of a host of the generation
+        is raised (a spare that does not take its standbys only cannot take a host's place later: it is logged)."""
         assert self.warm is not None
-        parts = self.warm.start_orders(gen, nodes)
+        parts = self.warm.start_orders(gen, spares)
+        hosts = (*gen.nodes, *spares)
         failures: list[Exception] = []
 
         def order(node_rank: int) -> None:
-            node = nodes[node_rank]
-            order = msgspec.structs.replace(self.start_order(number, nodes, node_rank, None, resume, overrides),
+            node = hosts[node_rank]
+            order = msgspec.structs.replace(self.start_order(number, hosts, node_rank, None, resume, overrides),
                                             warm=parts[node])
             try:
                 self._client(node).run(order, START_TIMEOUT_S)
             except (AgentUnreachable, OrderFailed) as exc:
-                failures.append(exc)
+                if node in gen.nodes:
+                    failures.append(exc)
+                else:
+                    log.warning("spare %s did not take its standbys: %s", node, exc)
 
-        on_each(list(range(len(nodes))), order)
+        on_each(list(range(len(hosts))), order)
         if failures:
             raise failures[0]
 
     def restart_warm(self, token: str, nodes: tuple[str, ...], dp: int | None, extra: tuple[str, ...] = (),
-                     at_most_step: int | None = None, why: str = "") -> AgentAttempt:
+                     at_most_step: int | None = None, why: str = "", spares: tuple[str, ...] = (),
+                     replace_ranks: tuple[int, ...] = ()) -> AgentAttempt:
         """The next attempt from the running one without stopping it: its live ranks keep their processes and
         state, a standby takes each rank that is gone, and all resume from the newest snapshot they hold in memory
-        (at or before `at_most_step`: a rollback). WarmUnavailable, with nothing changed, when it cannot be made
-        (no warm pool, no standby for a lost rank, a host that does not answer, another host set)."""
+        (at or before `at_most_step`: a rollback). A host of the running attempt that is not in `nodes` leaves: the
+        spare in its place takes its ranks with its standbys (what still runs on the host that left is stopped
+        there as a leftover, once it reports). `replace_ranks`: live ranks that are killed first and replaced (a
+        hang's). WarmUnavailable, with nothing changed but those kills, when it cannot be made (no warm pool, no
+        standby for a lost rank, a host that does not answer, another layout)."""
         self._check(token)
         self.fence.check()
         if self.warm is None:
@@ -77,6 +86,8 @@ class WarmGenerations(CoordinatorBase):
                 raise WarmUnavailable("the current attempt is not a warm generation that runs")
             number = old.number + 1
         workers: dict[str, list[Worker]] = {}
+        if replace_ranks:
+            self._kill_ranks(old, replace_ranks)
 
         def ask(node: str) -> None:
             try:
@@ -87,7 +98,7 @@ class WarmGenerations(CoordinatorBase):
                 log.warning("warm restart: the workers of %s: %s", node, exc)
 
         on_each(list(nodes), ask)
-        gen = self.warm.replace(number, nodes, workers, why)
+        gen = self.warm.replace(number, nodes, workers, why, frozenset(replace_ranks))
         try:
             self.warm.wait_up(list(gen.replaced.values()), self.warm.settings.standby_wait_s)
         except RuntimeError as exc:
@@ -108,7 +119,7 @@ class WarmGenerations(CoordinatorBase):
                                         warm=journal.WarmNote(replaced=gen.replaced, why=why,
                                                               formed_in=self.warm.formed_in)))
         try:
-            self._order_warm(number, nodes, gen, "auto", overrides)
+            self._order_warm(number, gen, "auto", overrides, spares)
         except (AgentUnreachable, OrderFailed) as exc:
             # The generation was planned: a host that did not take its order is lost to it (a crash incident follows,
             # and the restart after it is cold).
@@ -119,6 +130,26 @@ class WarmGenerations(CoordinatorBase):
         log.warning("attempt %d of %s: warm restart (%s; ranks replaced: %s)", number, self.cfg.job, why,
                     {r: w for r, w in gen.replaced.items()} or "none")
         return self.attempt
+
+    def _kill_ranks(self, attempt: AgentAttempt, ranks: tuple[int, ...]) -> None:
+        """SIGKILL the processes of `ranks` in `attempt` through their hosts' agents (a hung rank cannot be trusted
+        to leave its generation); one that cannot be signalled is logged: its worker is replaced all the same, and
+        a frozen one dies once it thaws."""
+        node_of = {w_rank: attempt.warm.node_of[w] for w, w_rank in attempt.warm.assign.items()} \
+            if attempt.warm is not None else {}
+
+        def kill(rank: int) -> None:
+            node = node_of.get(rank)
+            if node is None:
+                return
+            try:
+                self._quick(node).run(SignalOrder(id=self._order_id("kill", attempt.number, node, f":{rank}"),
+                                                  epoch=self.epoch, attempt=attempt.number, rank=rank,
+                                                  signal="SIGKILL"), 5)
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("warm restart: rank %d on %s could not be killed: %s", rank, node, exc)
+
+        on_each(sorted(ranks), kill)
 
     def warm_ready(self, attempt: AgentAttempt, resumed: dict[str, str]) -> None:
         """Journal where each rank of a warm generation took its state from, and how long its group and state took

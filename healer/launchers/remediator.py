@@ -35,6 +35,7 @@ from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
 from wire.journal import Journal
 from wire.run_paths import RunPaths
 from wire.verdict import Status
+from wire.warm_plan import keeper_hosts
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +137,12 @@ class AgentRemediator:
 
     def start(self) -> None:
         """The job's first attempt."""
-        self.sup.start(self.token, self.nodes, dp=self.dp)
+        self.sup.start(self.token, self.nodes, dp=self.dp, spares=self.spares)
 
     def start_next(self, resume: str = "auto") -> None:
         """The next attempt on the current hosts, outside any incident (a take-over found nothing to finish)."""
-        self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self.placement.skip_override())
+        self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self.placement.skip_override(),
+                       spares=self.spares)
 
     def take_over(self, excluded: set[str], skip_steps: set[int]) -> TakenOver:
         """After the job's previous healer died: adopt its last attempt if it still runs, else stop what is left of
@@ -185,7 +187,8 @@ class AgentRemediator:
                         attempt_started_at=datetime.fromtimestamp(a.started_at, UTC) if a is not None else None,
                         running=a is not None and not a.done and not a.stopping,
                         succeeded=a is not None and a.succeeded, busy=self.busy,
-                        warm_unavailable=self._warm_unavailable())
+                        warm_unavailable=self._warm_unavailable(),
+                        replica_hosts=keeper_hosts(self.nodes) if self.sup.warm is not None else {})
 
     def _warm_unavailable(self) -> str | None:
         """Why the next restart cannot be warm, or None (healer.decide.plans.restart_mode)."""
@@ -298,12 +301,20 @@ class AgentRemediator:
         return self._restart_cold(order, cold_why)
 
     def _restart_warm(self, order: RestartOrder) -> Started:
-        """The next attempt from the running one's processes (Coordinator.restart_warm); it waits, a bounded time,
-        for every rank to say which step it resumed from."""
-        attempt = self.sup.restart_warm(self.token, self.nodes, self.dp,
-                                        extra=self.placement.skip_override(order.skip_steps),
-                                        at_most_step=order.resume_step, why=order.mode_why)
-        self.placement = self.placement.skipping(order.skip_steps)
+        """The next attempt from the running one's processes (Coordinator.restart_warm), on the order's hosts (a spare
+        in the place of a host that leaves); it waits, a bounded time, for every rank to say where it resumed from."""
+        placement, left_out = self.placement.moved_to(order.nodes, order.dp, order.released)
+        doubts = self.drainer.witness(order.incident_id) if left_out and self.drainer is not None else None
+        try:
+            attempt = self.sup.restart_warm(self.token, placement.nodes, placement.dp,
+                                            extra=self.placement.skip_override(order.skip_steps),
+                                            at_most_step=order.resume_step, why=order.mode_why,
+                                            spares=placement.spares, replace_ranks=order.replace_ranks)
+        except WarmUnavailable:
+            if doubts is not None:
+                doubts.cancel()
+            raise
+        self.placement = placement.skipping(order.skip_steps)
         assert attempt.warm is not None and self.sup.warm is not None
         deadline = time.monotonic() + WARM_READY_WAIT_S
         resumed: dict[str, str] = {}
@@ -313,14 +324,22 @@ class AgentRemediator:
                 break
             time.sleep(0.02)
         self.sup.warm_ready(attempt, resumed)
+        if left_out and self.drainer is not None:
+            if doubts is not None:
+                futures.wait([doubts], timeout=WITNESS_WAIT_S)
+            # NOTE: once the new generation runs, as after a cold start: the scheduler's answer adds nothing to the
+            # time to recover.
+            self.drainer.left_out(order.incident_id, left_out, doubts)
         steps = {int(m.group(1)) for v in resumed.values() if (m := re.match(r"memory step (\d+)", v))}
-        from_disk = any(v.startswith("disk") for v in resumed.values())
-        resume = ("memory" if not from_disk else "disk (no state in memory held by every rank)")
+        # NOTE: the ranks' own words when they fell back to the disk ("disk (replica of rank 3 kept by rank 5
+        # failed its checksum at step 12) in 1.2 s", train/warm/worker.py), so the incident says why.
+        disk = sorted({re.sub(r" in [0-9.]+ s$", "", v) for v in resumed.values() if v.startswith("disk")})
+        resume = "memory" if not disk else next((d for d in disk if d != "disk"),
+                                                "disk (no state in memory held by every rank)")
+        taken = f"; standbys took rank(s) {sorted(attempt.warm.replaced)}" if attempt.warm.replaced else ""
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC),
-                       from_step=min(steps) if steps and not from_disk else None, resume=resume, nodes=self.nodes,
-                       dp=self.dp, mode="warm",
-                       mode_why=order.mode_why + (f"; standbys took rank(s) {sorted(attempt.warm.replaced)}"
-                                                  if attempt.warm.replaced else ""))
+                       from_step=min(steps) if steps and not disk else None, resume=resume, nodes=self.nodes,
+                       dp=self.dp, mode="warm", mode_why=order.mode_why + taken)
 
     def _failed_in(self, attempt: int) -> bool:
         """Whether a rank of `attempt` has failed (the crash that follows restarts cold: waiting on is pointless)."""
@@ -354,7 +373,7 @@ class AgentRemediator:
         self.placement = placement.skipping(order.skip_steps)
         try:
             attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume,
-                                     extra=self.placement.skip_override())
+                                     extra=self.placement.skip_override(), spares=self.spares)
         finally:
             if left_out and self.drainer is not None:
                 # NOTE: after the start, so the scheduler's answer never adds to the time to recover; whether the

@@ -7,11 +7,14 @@ the pool's store and decides who holds which rank:
 - a formation (the first attempt, and every cold restart): new workers, `r<local rank>` on each host, ranks in
   host order as torchrun numbers them; the generation resumes from the disk (the newest good checkpoint, or the one
   a rollback names);
-- a warm restart: the survivors keep their ranks and processes; each rank whose worker is gone is taken by an idle
-  worker (a standby) of its own host if there is one, else of any host of the job; the generation resumes from the
-  newest snapshot every rank holds in memory (at or before `at_most_step` for a rollback). With no standby for a
-  lost rank, or a host of the generation gone, no warm restart is possible: WarmUnavailable says why, and the
-  restart is made cold.
+- a warm restart: the survivors keep their ranks and processes; each rank whose worker is gone (or is to be replaced:
+  a hung rank) is taken by an idle worker (a standby) of its own host if there is one, else of any host of the job;
+  a host that leaves is replaced in its place by a spare host, whose standbys take its ranks (local rank for local
+  rank). The generation resumes from the newest snapshot every rank holds in memory (at or before `at_most_step` for
+  a rollback): a replaced rank's from its replica on the next host (train/warm/replicas.py). With no standby for a
+  lost rank, or another layout, no warm restart is possible: WarmUnavailable says why, and the restart is cold.
+- spare hosts run standbys only (as many as a host has ranks), from the formation on, so a spare takes a lost
+  host's ranks without an interpreter to start.
 
 The store listens on `advertise` only (inprocess/store.py), and takes writes from any client that reaches it: every
 value in it is sealed with the pool's key (wire/warm_seal.py), which the healer and each host's agent derive from
@@ -64,6 +67,8 @@ class Generation:
     number: int
     assign: dict[str, int]
     """worker -> global rank."""
+    nodes: tuple[str, ...]
+    """The generation's hosts in node-rank order (node rank i holds ranks i*nproc .. i*nproc+nproc-1)."""
     node_of: dict[str, str]
     """worker -> its host."""
     kind: str
@@ -117,50 +122,67 @@ class WarmControl:
                 w = worker_id(node, number, f"r{local}")
                 assign[w], node_of[w] = node_rank * self.nproc + local, node
         self.formed_in, self._sealed = number, None
-        return Generation(number, assign, node_of, "formation", why)
+        return Generation(number, assign, tuple(nodes), node_of, "formation", why)
 
-    def replace(self, number: int, nodes: tuple[str, ...], workers: dict[str, list[Worker]], why: str) -> Generation:
-        """Attempt `number` warm from the running generation: `workers` is each host's answer to a `workers` order
-        (every worker there: id, alive, rank now). WarmUnavailable when it cannot be done."""
+    def replace(self, number: int, nodes: tuple[str, ...], workers: dict[str, list[Worker]], why: str,
+                discard: frozenset[int] = frozenset()) -> Generation:
+        """Attempt `number` warm from the running generation on `nodes`: `workers` is each host's answer to a
+        `workers` order (every worker there: id, alive, rank now); `discard`: ranks whose live workers are replaced
+        too (they were killed: a hang's). A host of the last generation missing from `nodes` is replaced by the new
+        host in its place. WarmUnavailable when it cannot be done."""
         last = self.current
         if last is None or self.formed_in is None:
             raise WarmUnavailable("no warm pool runs")
-        if set(nodes) != set(last.node_of.values()):
-            raise WarmUnavailable(f"the hosts change ({', '.join(sorted(set(last.node_of.values())))} -> "
-                                  f"{', '.join(nodes)}): a new layout starts cold")
-        alive = {w.id: node for node, ws in workers.items() for w in ws if w.alive}
+        if len(nodes) != len(last.nodes):
+            raise WarmUnavailable(f"the number of hosts changes ({len(last.nodes)} -> {len(nodes)}): a new layout "
+                                  "starts cold")
+        joining = {new: old for old, new in zip(last.nodes, nodes) if old != new}
+        if set(joining) & set(last.nodes):
+            raise WarmUnavailable(f"the hosts are reordered ({', '.join(last.nodes)} -> {', '.join(nodes)})")
         missing = sorted(set(nodes) - set(workers))
         if missing:
             raise WarmUnavailable(f"the agent of {', '.join(missing)} did not answer")
-        assign = {w: r for w, r in last.assign.items() if w in alive}
-        node_of = {w: last.node_of[w] for w in assign}
-        lost = {r: last.node_of[w] for w, r in last.assign.items() if w not in alive}
+        gone_hosts = set(joining.values())
+        alive = {w.id: node for node, ws in workers.items() if node in nodes for w in ws
+                 if w.alive and last.assign.get(w.id) not in discard}
+        assign = {w: r for w, r in last.assign.items() if w in alive and last.node_of[w] not in gone_hosts}
+        node_of = {w: alive[w] for w in assign}
+        instead = dict(zip(last.nodes, nodes))
+        lost = {r: instead[last.node_of[w]] for w, r in last.assign.items() if w not in assign}
         # Standbys that are up first; then those still importing (one started when the last restart was ready may
         # be seconds from up: waiting for it costs less than a cold start).
         idle = sorted((w for w in alive if w not in last.assign), key=lambda w: not self._up(w))
         replaced: dict[int, str] = {}
         for rank, node in sorted(lost.items()):
-            # A standby of the lost rank's own host first: its local rank, and its share of the host's devices, stay.
-            pick = next((w for w in idle if alive[w] == node), None) or (idle[0] if idle else None)
+            # A standby of the rank's own host first: its local rank, and its share of the host's devices, stay. A
+            # joining host's ranks are its own standbys' only (its place is the lost host's, device for device).
+            pick = next((w for w in idle if alive[w] == node), None)
+            if pick is None and node not in joining:
+                pick = idle[0] if idle else None
             if pick is None:
-                raise WarmUnavailable(f"no standby runs for rank {rank} (lost on {node})")
+                where = f"{node} (in place of {joining[node]})" if node in joining else node
+                raise WarmUnavailable(f"no standby runs on {where} for rank {rank}")
             idle.remove(pick)
             assign[pick], node_of[pick], replaced[rank] = rank, alive[pick], pick
-        return Generation(number, assign, node_of, "warm", why, replaced)
+        return Generation(number, assign, tuple(nodes), node_of, "warm", why, replaced)
 
     def _up(self, worker: str) -> bool:
         """The worker said hello: its imports are done and it reads plans."""
         return self.sealed.has(key("hello", worker))
 
-    def start_orders(self, gen: Generation, nodes: tuple[str, ...]) -> dict[str, WarmStart]:
-        """Each host's `warm` part of its start order."""
+    def start_orders(self, gen: Generation, spares: tuple[str, ...] = ()) -> dict[str, WarmStart]:
+        """Each host's `warm` part of its start order: the generation's hosts their ranks, `spares` standbys only."""
         assert self.formed_in is not None
         out = {}
-        for node in nodes:
+        for node in gen.nodes:
             mine = {w: r for w, r in gen.assign.items() if gen.node_of[w] == node}
             out[node] = WarmStart(control=self.endpoint, formed_in=self.formed_in, assign=mine,
                                   local_rank={w: r % self.nproc for w, r in mine.items()},
                                   standbys=self.settings.standbys)
+        for node in spares:
+            # NOTE: a host's worth of standbys: a spare takes all of a lost host's ranks at once.
+            out[node] = WarmStart(control=self.endpoint, formed_in=self.formed_in,
+                                  standbys=max(self.settings.standbys, self.nproc))
         return out
 
     # ---- the plan -------------------------------------------------------------------------------------

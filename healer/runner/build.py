@@ -4,6 +4,7 @@ Slurm allocation) and the coordinator that orders them, the endpoint their batch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -222,7 +223,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                                                      run_dir=spec.run_dir,
                                                      nproc_per_node=nproc, overrides=spec.overrides,
                                                      grace=spec.grace, hosts_are_local=agents.hosts_are_local,
-                                                     warm=spec.warm, program=spec.program),
+                                                     warm=_advertised(spec.warm, launched.listen),
+                                                     program=spec.program),
                                   table.processes, token, env=launched.rank_env, epoch=epoch)
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
         return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
@@ -244,3 +246,14 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     reports = ReportServer(core.app, listen=launched.listen, tls=tls)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)
     return SelfHealingJob(core.healer, remediator, agents, reports, core.table, spec.loop, background=[ledger.write])
+
+
+def _advertise_host(listen: str) -> str:
+    host = listen.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def _advertised(warm: WarmSettings | None, listen: str) -> WarmSettings | None:
+    """The warm pool's store on the address the healer listens on towards its hosts (the loopback for the local
+    launcher, the allocation's address of the healer's host under Slurm): the workers of every host reach it there."""
+    return dataclasses.replace(warm, advertise=_advertise_host(listen)) if warm is not None else None

@@ -105,10 +105,6 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         raise ValueError("--take-over takes over a run as it is: it cannot be combined with --chaos")
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-    # NOTE: under slurm the workers would reach the pool's store at the healer's address; that path has not been run
-    # on the multi-host testbed yet, so it is not offered.
-    if standbys is not None and launcher != "local":
-        raise ValueError("warm restarts run with --launcher local only for now (use --cold under slurm)")
     # NOTE: read before the run directory is made: a broken rule file leaves nothing behind.
     rule_set = load_rule_set(list(rules)) if rules else None
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))

@@ -141,7 +141,8 @@ def test_a_crash_in_a_job_that_runs_warm_is_diagnosed_live_and_restarts_warm_unl
     failed = decide(_facts(S.DIAGNOSING, rule, kind="crash", job=job, attempt=1,
                            verdict=Verdict("fail", bad_nodes=("n2",))))
     assert failed.plan is not None and failed.plan.exclude == ("n2",) and not failed.plan.warm
-    assert failed.plan.basis["restart"] == {"mode": "cold", "why": "the hosts or the layout change"}
+    assert failed.plan.basis["restart"] == {
+        "mode": "cold", "why": "the state of the ranks of n2 is lost with the replicas (n2's nowhere else)"}
     # The same crash in a job that does not run warm is diagnosed with the rule's runbook, the job stopped.
     cold = decide(_facts(S.OPEN, rule, kind="crash", job=_job(), attempt=1, diagnosis_available=True))
     assert cold.action is Action.DIAGNOSE and cold.basis["runbook"] == "node-health" and "live" not in cold.basis

@@ -9,6 +9,8 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from testbed import faults, procs, slurm
 from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
 from tests.support import wait_for
+from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.multihost
 CHECKPOINT_EVERY = 5  # megaheal run's default
@@ -27,8 +30,8 @@ def job_of(healthy_bed, tmp_path, monkeypatch) -> Iterator:
     monkeypatch.setenv("SLURM_CONF", bed_env(healthy_bed)["SLURM_CONF"])  # scontrol, for the hosts' states
     jobs: list[SlurmJob] = []
 
-    def submit(steps: int, args: str = "") -> SlurmJob:
-        jobs.append(SlurmJob.submit(healthy_bed, tmp_path, steps, args))
+    def submit(steps: int, args: str = "", extra_set: str = "") -> SlurmJob:
+        jobs.append(SlurmJob.submit(healthy_bed, tmp_path, steps, args, extra_set))
         return jobs[-1]
 
     yield submit
@@ -36,29 +39,59 @@ def job_of(healthy_bed, tmp_path, monkeypatch) -> Iterator:
         job.stop()
 
 
-def assert_resumed_from_checkpoint(incident: dict, at_fault: int) -> None:
+def assert_resumed_from_checkpoint(incident: dict, at_fault: int, every: int = CHECKPOINT_EVERY) -> None:
     """The restart resumed from the newest checkpoint the job had when the fault struck, and trained on."""
     resumed = incident["resume_step"]
-    assert resumed is not None and resumed % CHECKPOINT_EVERY == 0 and 0 < resumed <= at_fault + 1, incident
+    assert resumed is not None and resumed % every == 0 and 0 < resumed <= at_fault + 1, incident
     assert incident["state"] == "resolved" and incident["first_step_after"] == resumed, incident
 
 
+@contextmanager
+def hidden(path: Path) -> Iterator[None]:
+    """`path` (a directory) out of reach while inside: renamed away, so that nothing can be read from it (root reads
+    through any permission bits); put back on the way out (over the empty one a trainer may have made meanwhile)."""
+    away = path.with_name(path.name + ".hidden")
+    path.rename(away)
+    try:
+        yield
+    finally:
+        if path.exists():
+            path.rmdir()  # NOTE: fails if anything was written there: a save while hidden is a fault of the test
+        away.rename(path)
+
+
+def losses_by_attempt(job: SlurmJob) -> dict[int, dict[int, float]]:
+    """Rank 0's loss at each step, by the attempt that trained it."""
+    out: dict[int, dict[int, float]] = {}
+    for r in job.records():
+        if r["rank"] == 0 and "loss" in r:
+            out.setdefault(int(r["attempt"]), {})[r["step"]] = r["loss"]
+    return out
+
+
 @pytest.mark.timeout(900)
-def test_a_host_that_dies_is_replaced_by_the_spare_and_one_cut_off_for_good_leaves_the_job_smaller(
+def test_a_host_that_dies_is_replaced_warm_by_the_spare_and_one_cut_off_for_good_leaves_the_job_smaller(
         healthy_bed, job_of) -> None:
-    # One job for both (each a job of its own took ~105 s): a host dies, is named, drained and replaced by the spare;
-    # then, with no spare left, another is cut off for good: named by its silence, the job comes back on the two hosts
-    # left (dp 3 -> 2, from the resharded checkpoint), and once the cut host is back its stale attempt is stopped.
+    # One job for both (each a job of its own took ~105 s). It runs warm: a host dies, is named and drained, and the
+    # spare's standbys take its ranks from their replicas on the next host, in memory: the checkpoint directory is
+    # out of reach from the fault until the spare trained. Then, with no spare left, another is cut off for good:
+    # named by its silence, the job comes back cold on the two hosts left (dp 3 -> 2, from the resharded
+    # checkpoint), and once the cut host is back its stale attempt is stopped.
     bed = healthy_bed
     hosts = [h.name for h in bed.hosts]
-    job = job_of(steps=45)
+    # NOTE: a snapshot every 2 steps, a checkpoint every 10: the next save after the fault comes well after the
+    # spare's first step, when the checkpoints are back.
+    job = job_of(steps=45, args="--warm", extra_set="checkpoint.every_steps=10 snapshot_every_steps=2")
     job.wait_step(12, 300)
     dead = hosts[1]  # a training host; hosts[0] runs the batch script and the healer
     at_death = max(job.steps().values())
     slurmd = slurm.slurmd_pid(bed.layout, bed.host(dead))
+    checkpoints = RunPaths(job.run_dir).checkpoints
     killed = faults.kill_host(bed, dead)
-    # The host is really dead: every process in it gone, its slurmd with them (so Slurm marks it DOWN, below).
-    assert slurmd in killed and not procs.alive(slurmd) and bed.pids(bed.host(dead)) == [], killed
+    with hidden(checkpoints):
+        # The host is really dead: every process in it gone, its slurmd with them (so Slurm marks it DOWN, below).
+        assert slurmd in killed and not procs.alive(slurmd) and bed.pids(bed.host(dead)) == [], killed
+        wait_for("the spare's first step", lambda: 1 in losses_by_attempt(job), 300, every_s=0.2)
     job.wait_step(at_death + 6, 300)  # the spare's attempt trained past where the dead host stopped
     cut = hosts[2]
     at_cut = max(job.steps().values())
@@ -74,12 +107,23 @@ def test_a_host_that_dies_is_replaced_by_the_spare_and_one_cut_off_for_good_leav
     lost = sorted((i for i in job.incidents() if i["kind"] == "host_lost"), key=lambda i: i["id"])
     assert [i["suspect_nodes"] for i in lost] == [[dead], [cut]], [(i["kind"], i["summary"]) for i in job.incidents()]
     died, cut_off = lost
-    assert_resumed_from_checkpoint(died, at_death)
-    assert_resumed_from_checkpoint(cut_off, at_cut)
+    # Warm, from memory: the newest snapshot every rank held (every 2 steps), the dead host's from the next host.
+    assert (died["restart_mode"], died["resumed_from"]) == ("warm", "memory"), died
+    assert f"{hosts[3]} takes the place of {dead}, its ranks' state from their replicas on {hosts[2]}" in \
+        died["restart_why"] and "standbys took rank(s) [2, 3]" in died["restart_why"], died["restart_why"]
+    assert cut_off["restart_mode"] == "cold" and cut_off["restart_why"].startswith("the layout changes"), cut_off
+    resumed = died["resume_step"]
+    assert resumed is not None and resumed % 2 == 0 and at_death - 2 <= resumed <= at_death + 1, died
+    assert died["state"] == "resolved" and died["first_step_after"] == resumed, died
+    # The state came back exactly: every step trained again gave the loss it gave before the fault.
+    losses = losses_by_attempt(job)
+    again = sorted(set(losses[0]) & set(losses[1]))
+    assert again and again[0] == resumed and all(losses[1][s] == losses[0][s] for s in again), (losses[0], losses[1])
+    assert_resumed_from_checkpoint(cut_off, at_cut, every=10)
     assert "silent" in cut_off["summary"], cut_off["summary"]
     assert job.attempts() == [0, 1, 2]
     assert job.attempt(0)["nodes"] == hosts[:3]
-    assert job.attempt(1)["nodes"] == [hosts[0], hosts[2], hosts[3]], "the spare took the dead host's place"
+    assert job.attempt(1)["nodes"] == [hosts[0], hosts[3], hosts[2]], "the spare took the dead host's place"
     assert job.attempt(2)["nodes"] == [hosts[0], hosts[3]] and job.attempt(2)["dp"] == 2, "no spare left: smaller"
     state = job.slurm_state(dead)
     assert "DRAIN" in state.state and f"megaheal: incident {died['id']}: host_lost" in state.reason, state

@@ -87,7 +87,7 @@ def test_a_lemon_node_is_excluded_on_sight_even_when_the_runbook_passes() -> Non
 def test_a_straggler_notifies_unless_a_diagnosis_proves_its_host_bad() -> None:
     assert plan("straggler", suspects=("n1",), verdict=Verdict("pass")).remedy is Remedy.NOTIFY
     p = plan("straggler", suspects=("n1",), verdict=Verdict("degraded", ("n1",)))
-    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.nodes == ("n2", "n3")
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.nodes == ("n3", "n2"), "the spare takes n1's place"
     assert p.basis["remedy_from"] == "a host proven bad"
     assert plan("rank-heartbeat-stale").remedy is Remedy.NOTIFY  # a kind the catalogue does not know
 
@@ -146,7 +146,7 @@ def test_only_faults_that_stop_the_job_or_poison_its_weights_are_critical(kind: 
     assert (entry.severity == "critical") == critical
 
 
-def test_a_crash_or_a_bad_batch_restarts_warm_in_a_job_that_runs_warm_and_a_hang_restarts_cold() -> None:
+def test_a_crash_a_bad_batch_or_a_named_hung_rank_restarts_warm_in_a_job_that_runs_warm() -> None:
     warm_job = facts(warm_unavailable=None)
     crash = restart_mode(plan("crash", suspects=("n2",), verdict=Verdict("pass"), job=warm_job), fault("crash"),
                          warm_job)
@@ -154,12 +154,40 @@ def test_a_crash_or_a_bad_batch_restarts_warm_in_a_job_that_runs_warm_and_a_hang
     assert "a standby takes its rank" in crash.basis["restart"]["why"] and crash.to_payload()["warm"] is True
     rollback = restart_mode(plan("nonfinite", first_bad_step=9, job=warm_job), fault("nonfinite"), warm_job)
     assert rollback.warm and rollback.resume_step == 8 and "a bad batch" in rollback.basis["restart"]["why"]
-    hang = restart_mode(plan("hang", job=warm_job), fault("hang"), warm_job)
-    assert not hang.warm and hang.basis["restart"] == {
-        "mode": "cold", "why": "hang: the ranks' processes cannot be trusted after it"}
+    hang = restart_mode(plan("hang", job=warm_job), fault("hang"), warm_job, replace_ranks=(3,))
+    assert hang.warm and hang.replace_ranks == (3,) and hang.to_payload()["replace_ranks"] == [3]
+    assert "standbys take the named ranks' places" in hang.basis["restart"]["why"]
+    # A hang that names no rank: which process to replace is not known.
+    unnamed = restart_mode(plan("hang", job=warm_job), fault("hang"), warm_job)
+    assert not unnamed.warm and unnamed.basis["restart"] == {
+        "mode": "cold", "why": "hang: no rank is named as the one at fault, so none can be replaced alone"}
+    # A straggler's kind is not trusted warm: its host proven bad restarts cold.
+    cold_kind = restart_mode(plan("straggler", suspects=("n1",), verdict=Verdict("fail", ("n1",)), job=warm_job),
+                             fault("straggler"), warm_job)
+    assert not cold_kind.warm and cold_kind.basis["restart"]["why"] == \
+        "straggler: the ranks' processes cannot be trusted after it"
 
 
-def test_a_warm_kind_restarts_cold_when_the_job_cannot_or_the_hosts_change() -> None:
+def test_a_lost_host_restarts_warm_on_the_spare_in_its_place_while_its_replicas_survive() -> None:
+    ring = {"n1": "n2", "n2": "n3", "n3": "n1"}
+    job = facts(nodes=("n1", "n2", "n3"), spares=("n4",), dp=3, warm_unavailable=None, replica_hosts=ring)
+    lost = restart_mode(plan("host_lost", suspects=("n2",), job=job), fault("host_lost"), job)
+    assert lost.nodes == ("n1", "n4", "n3") and lost.exclude == ("n2",) and lost.warm
+    assert lost.basis["restart"]["why"].endswith("n4 takes the place of n2, its ranks' state from their replicas on n3")
+    gpu = restart_mode(plan("gpu_fault", suspects=("n3",), job=job), fault("gpu_fault"), job)
+    assert gpu.nodes == ("n1", "n2", "n4") and gpu.warm
+    # Two hosts next to each other in the ring: n2's replicas were on n3, lost too.
+    two = facts(nodes=("n1", "n2", "n3"), spares=("n4", "n5"), dp=3, warm_unavailable=None, replica_hosts=ring)
+    both = restart_mode(plan("host_lost", suspects=("n2", "n3"), job=two), fault("host_lost"), two)
+    assert both.nodes == ("n1", "n4", "n5") and not both.warm
+    assert both.basis["restart"]["why"] == "the state of the ranks of n2 is lost with the replicas (n2's on n3)"
+    # No spare: the job shrinks, a new layout that the snapshots do not fit.
+    alone = facts(nodes=("n1", "n2", "n3"), spares=(), dp=3, warm_unavailable=None, replica_hosts=ring)
+    smaller = restart_mode(plan("host_lost", suspects=("n2",), job=alone), fault("host_lost"), alone)
+    assert smaller.dp == 2 and not smaller.warm and smaller.basis["restart"]["why"].startswith("the layout changes")
+
+
+def test_a_warm_kind_restarts_cold_when_the_job_cannot_or_no_replica_is_elsewhere() -> None:
     cold_job = facts(warm_unavailable="the warm restart of attempt 3 has not trained yet")
     p = restart_mode(plan("crash", job=cold_job), fault("crash"), cold_job)
     assert not p.warm and p.basis["restart"]["why"] == "the warm restart of attempt 3 has not trained yet"
@@ -167,7 +195,10 @@ def test_a_warm_kind_restarts_cold_when_the_job_cannot_or_the_hosts_change() -> 
     excluded = restart_mode(plan("crash", verdict=Verdict("fail", bad_nodes=("n2",)), job=warm_job), fault("crash"),
                             warm_job)
     assert excluded.exclude == ("n2",) and not excluded.warm
-    assert excluded.basis["restart"]["why"] == "the hosts or the layout change"
+    assert excluded.basis["restart"]["why"] == "the state of the ranks of n2 is lost with the replicas (n2's nowhere else)"
+    ring = facts(warm_unavailable=None, replica_hosts={"n1": "n2", "n2": "n1"})
+    kept = restart_mode(plan("crash", verdict=Verdict("fail", bad_nodes=("n2",)), job=ring), fault("crash"), ring)
+    assert kept.nodes == ("n1", "n3") and kept.warm
     # What does not restart has no restart mode; the backoff keeps the mode it was decided with.
     notify = restart_mode(plan("straggler", job=warm_job), fault("straggler"), warm_job)
     assert "restart" not in notify.basis and not notify.warm

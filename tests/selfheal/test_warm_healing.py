@@ -2,7 +2,8 @@
 its attempts run as generations of warm workers (healer/launchers/warm_control.py). A SIGKILLed rank (its host
 checked first without stopping anything: node-health-live) and a poisoned batch each restart warm: the surviving
 ranks keep their processes, a standby takes the dead rank, every rank resumes from a state held in memory (no
-checkpoint is loaded), the policy records warm and why; then a hang restarts cold (new processes, from the disk)."""
+checkpoint is loaded), the policy records warm and why; then a hang, its stopped rank named, restarts warm too: that
+rank's process is killed and a standby takes its place from its replica, the others keep theirs."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def signal_at(plan: list[tuple[int, int, int, signal.Signals]]) -> tuple[dict[in
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_rank_and_a_poisoned_batch_each_restart_warm_with_the_survivors_processes_and_no_checkpoint_read(
+def test_a_killed_rank_a_poisoned_batch_and_a_stopped_rank_each_restart_warm_with_the_survivors_processes_and_no_checkpoint_read(
         tmp_path: Path) -> None:
     # Rank 3 is SIGKILLed at step 6 of the first attempt; the batch of samples 224..239 (step 14) sets every weight
     # to NaN, so step 15's loss is NaN in the second; rank 1 is SIGSTOPped at step 19 of the third.
@@ -93,7 +94,7 @@ def test_a_killed_rank_and_a_poisoned_batch_each_restart_warm_with_the_survivors
         runs = session.execute(select(RunbookRun.incident_id, RunbookRun.runbook, RunbookRun.nodes)).all()
     assert crash.verdict == "pass" and (crash.id, "node-health-live", ["n2"]) in [tuple(r) for r in runs], runs
     restarts = JobStore(loop.healer.store.engine).restarts("warm")
-    assert [r.mode for r in restarts] == ["warm", "warm", "cold"], [(r.mode, r.mode_why) for r in restarts]
+    assert [r.mode for r in restarts] == ["warm", "warm", "warm"], [(r.mode, r.mode_why) for r in restarts]
     assert "a rank's process died" in restarts[0].mode_why and "standbys took rank(s) [3]" in restarts[0].mode_why
     # The survivors kept their processes; rank 3 is a standby that was up before the crash.
     before, after = fired[0]["pids"], rank_pids(loop, 1)
@@ -106,15 +107,18 @@ def test_a_killed_rank_and_a_poisoned_batch_each_restart_warm_with_the_survivors
     assert nan.plan["resume_step"] == 12 and nan.plan["skip_steps"] == [14, 15]
     assert restarts[1].from_step == 12 and nan.first_step_after == 12
     assert rank_pids(loop, 2) == after, "a rollback keeps every process"
-    # A hang: cold, every rank a new process, from the newest checkpoint on disk (the only load of the run).
-    assert hang.kind == "hang" and hang.state == "resolved" and restarts[2].resume == "auto"
-    assert "hang: the ranks' processes cannot be trusted" in restarts[2].mode_why
-    assert not set(rank_pids(loop, 3).values()) & set(rank_pids(loop, 2).values())
+    # A hang: the stopped rank is named, killed and replaced by a standby from its replica; the others keep their
+    # processes, their generation aborted; nothing is read from the disk in the whole run.
+    assert hang.kind == "hang" and hang.state == "resolved" and hang.suspect_ranks == [1]
+    assert restarts[2].resume == "memory" and "standbys take the named ranks' places" in restarts[2].mode_why
+    hung_before, hung_after = rank_pids(loop, 2), rank_pids(loop, 3)
+    assert {r: hung_after[r] for r in (0, 2, 3)} == {r: hung_before[r] for r in (0, 2, 3)}
+    assert hung_after[1] != hung_before[1] and hang.plan["replace_ranks"] == [1]
     logs = [line for p in (tmp_path / "run" / "nodes").rglob("*.log")
             for line in p.read_text(errors="replace").splitlines() if line.startswith("resume: ")]
-    # The first attempt found nothing on disk; the cold restart loaded once (a save the hang cut short is deleted).
+    # The first attempt found nothing on disk; no restart loaded a checkpoint.
     assert sum("no usable checkpoint" in line for line in logs) == 1, logs
-    assert sum(line.startswith("resume: loading") for line in logs) == 1, logs
+    assert not any(line.startswith("resume: loading") for line in logs), logs
     curve: dict[int, float] = {}
     for line in (tmp_path / "run" / "ranks" / "0.jsonl").read_text().splitlines():
         rec = json.loads(line)

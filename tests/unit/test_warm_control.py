@@ -60,10 +60,15 @@ def test_a_warm_restart_keeps_the_survivors_and_gives_the_lost_rank_to_a_standby
 
 
 def test_a_warm_restart_that_cannot_be_made_says_why(control: WarmControl) -> None:
-    with pytest.raises(WarmUnavailable, match=r"no standby runs for rank 3 \(lost on n2\)"):
+    with pytest.raises(WarmUnavailable, match=r"no standby runs on n2 for rank 3"):
         control.replace(1, NODES, answer(dead=("n2.r1.a0",)), "crash")
-    with pytest.raises(WarmUnavailable, match="the hosts change"):
-        control.replace(1, ("n1", "n3"), answer(), "crash")
+    with pytest.raises(WarmUnavailable, match=r"the number of hosts changes \(2 -> 1\)"):
+        control.replace(1, ("n1",), answer(), "crash")
+    with pytest.raises(WarmUnavailable, match="the hosts are reordered"):
+        control.replace(1, ("n2", "n1"), answer(), "crash")
+    spare = answer() | {"n3": [Worker(id="n3.s1.a0", pid=0, alive=True)]}
+    with pytest.raises(WarmUnavailable, match=r"no standby runs on n3 \(in place of n2\) for rank 3"):
+        control.replace(1, ("n1", "n3"), spare, "host lost")
     silent = answer()
     del silent["n2"]
     with pytest.raises(WarmUnavailable, match="the agent of n2 did not answer"):
@@ -73,9 +78,30 @@ def test_a_warm_restart_that_cannot_be_made_says_why(control: WarmControl) -> No
         control.replace(1, NODES, answer(), "crash")
 
 
+def test_a_spare_in_a_lost_hosts_place_takes_its_ranks_with_its_own_standbys(control: WarmControl) -> None:
+    workers = answer() | {"n3": [Worker(id=f"n3.s{i}.a0", pid=0, alive=True) for i in (1, 2)]}
+    del workers["n2"]
+    gen = control.replace(1, ("n1", "n3"), workers, "host lost")
+    assert gen.nodes == ("n1", "n3") and gen.replaced == {2: "n3.s1.a0", 3: "n3.s2.a0"}
+    assert gen.assign == {"n1.r0.a0": 0, "n1.r1.a0": 1, "n3.s1.a0": 2, "n3.s2.a0": 3}
+    orders = control.start_orders(gen, spares=("n4",))
+    assert orders["n3"].assign == {"n3.s1.a0": 2, "n3.s2.a0": 3} and orders["n3"].local_rank == {"n3.s1.a0": 0,
+                                                                                                  "n3.s2.a0": 1}
+    # A spare keeps a host's worth of standbys and holds no rank.
+    assert orders["n4"].assign == {} and orders["n4"].standbys == 2
+
+
+def test_a_named_rank_is_replaced_though_its_process_lives_and_is_never_taken_as_a_standby(
+        control: WarmControl) -> None:
+    gen = control.replace(1, NODES, answer(standbys={"n2.s1.a0": "n2"}), "hang", discard=frozenset({3}))
+    assert gen.replaced == {3: "n2.s1.a0"} and "n2.r1.a0" not in gen.assign
+    with pytest.raises(WarmUnavailable, match="no standby runs on n2 for rank 3"):
+        control.replace(1, NODES, answer(), "hang", discard=frozenset({3}))
+
+
 def test_each_hosts_start_order_decodes_and_a_malformed_worker_id_is_refused(control: WarmControl) -> None:
     gen = control.replace(1, NODES, answer(dead=("n1.r0.a0",), standbys={"n1.s1.a0": "n1"}), "crash")
-    warm = control.start_orders(gen, NODES)["n1"]
+    warm = control.start_orders(gen)["n1"]
     order = decode_order(json.dumps({
         "kind": "start", "id": "o1", "epoch": 1, "job": "j", "attempt": 1, "nnodes": 2, "node_rank": 0,
         "nproc_per_node": 2,

@@ -6,12 +6,13 @@
 It starts once (interpreter, torch, the trainer imported) and then takes plans from its pool's store
 (wire/warm_plan.py), sealed with the pool's key (read from `--key-file`, a private file). What it trains (config,
 overrides, run directory) is fixed on its command line; a plan says only which rank it holds and where it resumes
-from. In a plan that gives it a rank it joins the generation's process group, resumes (from its own
-snapshot in memory, from a peer's replica when it replaces a rank that died, or from the disk checkpoint when no
-state is held by all) and trains. When a peer dies its collectives fail (gloo: the connection to the dead peer
-closes; those blocked on live peers are released when they tear down their group in turn, or at the generation's
-collective timeout): it abandons the step, leaves the group, reports, and waits for the next plan, keeping its
-snapshots. A worker without a rank is a standby: it waits, already warm, for a plan that gives it one.
+from. In a plan that gives it a rank it joins the generation's process group, resumes (from its own snapshot in
+memory, from a peer's replica when it replaces a rank that died, or from the disk checkpoint when no state is held by
+all or a replica fails its checksum: its ready report then says why) and trains. When a peer dies its collectives
+fail (gloo: the connection to the dead peer closes; those blocked on live peers are released when they tear down
+their group in turn, or at the generation's collective timeout): it abandons the step, leaves the group, reports,
+and waits for the next plan, keeping its snapshots. A worker without a rank is a standby: it waits, already warm,
+for a plan that gives it one.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ class Worker:
                 self.replicas = Replicas(rank, world, stride)  # a fresh rank (or a new layout): nothing it holds counts
             # NOTE: a group of its own for the replicas under NCCL (host tensors); on gloo the training group serves.
             self.replicas.group = dist.new_group(backend="gloo") if plan.backend != "gloo" else None
-            snapshot = gather_resume_state(self.replicas, plan.at_most_step) if plan.resume == "memory" else None
-            source = f"memory step {snapshot.step}" if snapshot is not None else "disk"
+            resume = gather_resume_state(self.replicas, plan.at_most_step) if plan.resume == "memory" else None
+            snapshot = resume.snapshot if resume is not None else None
+            # NOTE: a fallback to the disk says why after "disk": the healer reads the source's first word.
+            source = (f"memory step {snapshot.step}" if snapshot is not None else
+                      f"disk ({resume.why})" if resume is not None else "disk")
             if rank == 0:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
