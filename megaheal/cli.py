@@ -322,6 +322,7 @@ def run(
     drain: Annotated[Optional[bool], typer.Option("--drain/--no-drain", help="drain in the scheduler a host left out because it failed diagnosis or is a lemon [default: on under slurm]")] = None,
     warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, and every host (spares too) keeps standbys, so a crashed or hung rank, a rollback, or a lost host replaced by a spare restarts from the state held in memory (a lost host's from its replicas on the next host) in seconds; cold: every restart starts new processes from the newest checkpoint; under both launchers; a take-over (--take-over) of a warm run restarts it cold")] = False,
     standbys: Annotated[int, typer.Option("--standbys", help="warm: idle workers each host keeps ready to take a crashed rank's place")] = 1,
+    dcgm_url: Annotated[Optional[str], typer.Option("--dcgm-url", help="slurm: each host's agent reads its GPUs from the dcgm-exporter at this URL as that host sees it, e.g. http://127.0.0.1:9400/metrics [default: none: NVML]")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error or critical (the live view holds the terminal: warning and up by default)")] = "warning",
     log_format: LogFormat = "text",
     old_resume: Annotated[bool, typer.Option("--resume", hidden=True, help="the old name of --take-over")] = False,
@@ -349,7 +350,8 @@ def run(
                        metrics_port=None if metrics_port < 0 else metrics_port, overrides=tuple(overrides or ()),
                        resume=take_over, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
                        launcher=launcher, spares=spares, drain=drain,
-                       standbys=standbys if warm else None, program=launch, db_password=password)
+                       standbys=standbys if warm else None, program=launch, db_password=password,
+                       dcgm_url=dcgm_url)
     except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

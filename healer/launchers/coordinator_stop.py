@@ -86,7 +86,7 @@ class Stops(CoordinatorBase):
 
     def _stop_leftover(self, node: str, attempt: int) -> None:
         """An older attempt still runs on `node` (its agent was cut off when the healer stopped that attempt, and is
-        back): stop it there, off the caller's thread."""
+        back; or a warm restart left the host out while its workers ran): stop it there, off the caller's thread."""
         if node not in self.agents or self.fence.by is not None:
             return
         client = self._client(node)
@@ -107,6 +107,7 @@ class Stops(CoordinatorBase):
                     self._leftovers_stopping.discard((node, attempt))  # the next report of it tries again
                 return
             self._journal(journal.LeftoverStopped(attempt=attempt, node=node, at=self.clock()))
-            log.warning("attempt %d was still running on %s (cut off when it was stopped): stopped now", attempt, node)
+            log.warning("attempt %d was still running on %s (left out, or cut off when it was stopped): stopped now",
+                        attempt, node)
 
         threading.Thread(target=stop, name=f"megaheal-leftover-{node}", daemon=True).start()

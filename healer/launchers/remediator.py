@@ -337,8 +337,13 @@ class AgentRemediator:
         resume = "memory" if not disk else next((d for d in disk if d != "disk"),
                                                 "disk (no state in memory held by every rank)")
         taken = f"; standbys took rank(s) {sorted(attempt.warm.replaced)}" if attempt.warm.replaced else ""
+        from_step = min(steps) if steps and not disk else None
+        if disk and self.sup.cfg.program is None:
+            # What the ranks' `--resume auto` picked: the same choice a cold restart makes.
+            choice = choose_resume(RunPaths(self.sup.cfg.run_dir).checkpoints)
+            from_step = choice.checkpoint.step if choice.checkpoint is not None else 0
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC),
-                       from_step=min(steps) if steps and not disk else None, resume=resume, nodes=self.nodes,
+                       from_step=from_step, resume=resume, nodes=self.nodes,
                        dp=self.dp, mode="warm", mode_why=order.mode_why + taken)
 
     def _failed_in(self, attempt: int) -> bool:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 from ground import slurm
 from ground.secretfile import read_secret
@@ -65,6 +66,8 @@ class SlurmAgents(AgentSettings):
     """srun, then the agent's imports: tens of seconds on a loaded host."""
     stop_timeout_s: float = 20.0
     agents: dict[str, AgentStep] = field(default_factory=dict)
+    dcgm_url: str | None = None
+    """Each host's agent reads its GPUs from the dcgm-exporter at this URL, as that host sees it (None: NVML)."""
 
     hosts_are_local = False
 
@@ -73,6 +76,13 @@ class SlurmAgents(AgentSettings):
         """A run on the hosts of the Slurm allocation it runs in."""
 
         allocation: Allocation
+        dcgm_url: str | None = None
+        """Where each host's dcgm-exporter serves /metrics, as that host sees it (http://127.0.0.1:9400/metrics:
+        its own); None: the agents read NVML."""
+
+        def __post_init__(self) -> None:
+            if self.dcgm_url is not None:
+                check_dcgm_url(self.dcgm_url)
 
     @classmethod
     def for_run(cls, cfg: Config, run_dir: Path, token_file: Path) -> Launch:
@@ -80,7 +90,7 @@ class SlurmAgents(AgentSettings):
         # host's own address from its name unless the operator chose an interface.
         rank_env = slurm.srun_env({k: v for k, v in os.environ.items() if k == "GLOO_SOCKET_IFNAME"})
         fleet = cls(run_dir=run_dir, healer_url="", token_file=token_file, allocation=cfg.allocation,
-                    extra_env=rank_env)
+                    extra_env=rank_env, dcgm_url=cfg.dcgm_url)
         # Runbooks across the job's hosts run from here, inside the allocation (srun finds the job in our environment).
         return Launch(fleet=fleet, listen=f"{cfg.allocation.healer_address}:0", rank_env=rank_env,
                       across_env=slurm.srun_env(os.environ))
@@ -99,7 +109,8 @@ class SlurmAgents(AgentSettings):
                 "--run-dir", str(self.run_dir.absolute()),
                 "--scratch-dir", f"{self.scratch_root}/megaheal-{self.allocation.job_id}/{node}",
                 "--healer-url", self.healer_url, "--url-file", str(work / "url"),
-                "--tls-dir", str(self.host_tls(node).absolute())]
+                "--tls-dir", str(self.host_tls(node).absolute()),
+                *(["--dcgm-url", self.dcgm_url] if self.dcgm_url else [])]
 
     # ---- start -------------------------------------------------------------------------------------------
 
@@ -256,3 +267,12 @@ class SlurmAgents(AgentSettings):
         if agent.log is not None:
             agent.log.close()
             agent.log = None
+
+
+def check_dcgm_url(url: str) -> str:
+    """`url` if it is an http(s) URL without spaces or control characters; ValueError naming it otherwise (it goes
+    into every agent's argument list)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() or ord(c) < 32 for c in url):
+        raise ValueError(f"--dcgm-url must be an http(s) URL of a dcgm-exporter's /metrics, got {url!r}")
+    return url

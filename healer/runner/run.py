@@ -86,7 +86,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
             metrics_port: int | None = None, overrides: tuple[str, ...] = (), resume: bool = False,
             db_url: str | None = None, alertmanager_url: str | None = None,
             rules: tuple[str, ...] = (), launcher: str = "local", spares: int = 1, drain: bool | None = None,
-            standbys: int | None = None, program: ProgramLaunch | None = None, db_password: str | None = None) -> int:
+            standbys: int | None = None, program: ProgramLaunch | None = None, db_password: str | None = None,
+            dcgm_url: str | None = None) -> int:
     """`timeout`: stop the job after this long (None: it runs until it finishes, escalates or is stopped, as under
     torchrun or Slurm, whose own time limit still holds). `resume`: take over `run_dir` from a healer that died (its
     incidents, budgets and hosts go on).
@@ -95,7 +96,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     from; `rules`: rule files or directories [default: configs/rules/]. `launcher`: local (hosts are agents on
     this machine) or slurm (the hosts of the allocation this runs in, the last `spares` of them kept as spares);
     `drain`: drain hosts proven bad in the scheduler [default: under slurm]. `standbys`: run warm with that many
-    standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. Returns FENCED_EXIT
+    standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. `dcgm_url`: under slurm,
+    each host's agent reads its GPUs from the dcgm-exporter at that URL (as the host sees it) instead of NVML. Returns FENCED_EXIT
     when a newer healer took the job over (it is left running as it is). Raises RunDirBusy
     when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation, ConfigError
     for a bad config, rule file or chaos schedule (before anything is written)."""
@@ -105,6 +107,9 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         raise ValueError("--take-over takes over a run as it is: it cannot be combined with --chaos")
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    if dcgm_url is not None and launcher != "slurm":
+        raise ValueError("--dcgm-url is for --launcher slurm (each host reads its own dcgm-exporter); a local run's "
+                         "hosts share this machine's GPUs")
     # NOTE: read before the run directory is made: a broken rule file leaves nothing behind.
     rule_set = load_rule_set(list(rules)) if rules else None
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
@@ -112,14 +117,14 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         if chaos_path or overrides:
             raise ValueError("a script or module takes its own arguments: --chaos and --set are for megaheal's own "
                              "trainer (--config)")
-        placement = _program_placement(program, launcher, spares, drain)
+        placement = _program_placement(program, launcher, spares, drain, dcgm_url)
         warm = WarmSettings(standbys=standbys) if standbys is not None else None
         with RunDirLock(run_dir, resume):
             return _run_locked(None, program, run_dir, None, timeout, metrics_port, (), resume, db_url,
                                alertmanager_url, rule_set, placement, warm, db_password)
     cfg = load_config(config, list(overrides))
     schedule = load_schedule(chaos_path) if chaos_path else None
-    placement = _placement(cfg, launcher, spares, drain)
+    placement = _placement(cfg, launcher, spares, drain, dcgm_url)
     if placement.overrides:  # the allocation sets the data-parallel degree: the job's world is the config's so changed
         cfg = load_config(config, [*placement.overrides, *overrides])
     if schedule is not None and chaos_path is not None:
@@ -172,7 +177,8 @@ class ProgramLaunch:
         return n, m
 
 
-def _program_placement(launch: ProgramLaunch, launcher: str, spares: int, drain: bool | None) -> Placement:
+def _program_placement(launch: ProgramLaunch, launcher: str, spares: int, drain: bool | None,
+                       dcgm_url: str | None = None) -> Placement:
     """local: `nnodes` agents on this machine (n1..) and `spares` more; slurm: the allocation's hosts, the last
     `spares` as spares."""
     if spares < 0:
@@ -189,7 +195,7 @@ def _program_placement(launch: ProgramLaunch, launcher: str, spares: int, drain:
     nproc = launch.nproc_per_node or allocation.ranks_per_node
     print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {nproc} ranks "
           f"({', '.join(nodes)}), spare(s): {', '.join(spare_hosts) or 'none'}")
-    return Placement(nodes=nodes, spares=spare_hosts, launcher=SlurmAgents.Config(allocation=allocation),
+    return Placement(nodes=nodes, spares=spare_hosts, launcher=SlurmAgents.Config(allocation=allocation, dcgm_url=dcgm_url),
                      drain=True if drain is None else drain, nproc=nproc)
 
 
@@ -206,7 +212,8 @@ class Placement:
     """A program's ranks per host (megaheal's trainer: its config says)."""
 
 
-def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None) -> Placement:
+def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None,
+               dcgm_url: str | None = None) -> Placement:
     """local: two hosts and a spare, the config's layout as it is. slurm: the allocation's hosts, the last `spares`
     as spares, `ranks_per_node` ranks on each; the data-parallel degree follows from them."""
     if launcher == "local":
@@ -217,7 +224,7 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None)
     print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {allocation.ranks_per_node} ranks "
           f"({', '.join(nodes)}; dp {dp}), spare(s): {', '.join(spare_hosts) or 'none'}")
     return Placement(nodes=nodes, spares=spare_hosts, overrides=(f"parallel.dp={dp}",),
-                     launcher=SlurmAgents.Config(allocation=allocation), drain=True if drain is None else drain)
+                     launcher=SlurmAgents.Config(allocation=allocation, dcgm_url=dcgm_url), drain=True if drain is None else drain)
 
 
 def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Path, schedule: Schedule | None,

@@ -28,3 +28,24 @@ class SlurmJob(job.SlurmJob):
 
     def assert_nothing_left(self, timeout_s: float = 60) -> None:
         wait_for("every process of the job to be gone", lambda: not self.leftovers(), timeout_s, every_s=0.5)
+
+
+def losses_by_attempt(job: SlurmJob) -> dict[int, dict[int, float]]:
+    """Rank 0's loss at each step, by the attempt that trained it (from its own step records)."""
+    out: dict[int, dict[int, float]] = {}
+    for r in job.records():
+        if r["rank"] == 0 and "loss" in r:
+            out.setdefault(int(r["attempt"]), {})[r["step"]] = r["loss"]
+    return out
+
+
+def assert_continues(losses: dict[int, dict[int, float]], restarts: tuple[tuple[int, int], ...]) -> None:
+    """Each (before, after) attempt pair of a restart from memory: `after` starts at or before the step after the
+    last `before` trained (no step skipped), and each step both trained has the same loss (the state came back
+    exactly, bit for bit)."""
+    for before, after in restarts:
+        first, reached = min(losses[after]), max(losses[before])
+        assert first <= reached + 1, f"attempt {after} starts at step {first}, attempt {before} reached {reached}"
+        again = sorted(set(losses[before]) & set(losses[after]))
+        assert all(losses[after][s] == losses[before][s] for s in again), \
+            {s: (losses[before][s], losses[after][s]) for s in again}

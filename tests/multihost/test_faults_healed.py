@@ -17,7 +17,7 @@ import pytest
 from ground import procfs
 from testbed import faults, procs, slurm
 from tests.multihost.conftest import bed_env
-from tests.multihost.slurm_job import SlurmJob
+from tests.multihost.slurm_job import SlurmJob, assert_continues, losses_by_attempt
 from tests.support import wait_for
 from wire.run_paths import RunPaths
 
@@ -58,15 +58,6 @@ def hidden(path: Path) -> Iterator[None]:
         if path.exists():
             path.rmdir()  # NOTE: fails if anything was written there: a save while hidden is a fault of the test
         away.rename(path)
-
-
-def losses_by_attempt(job: SlurmJob) -> dict[int, dict[int, float]]:
-    """Rank 0's loss at each step, by the attempt that trained it."""
-    out: dict[int, dict[int, float]] = {}
-    for r in job.records():
-        if r["rank"] == 0 and "loss" in r:
-            out.setdefault(int(r["attempt"]), {})[r["step"]] = r["loss"]
-    return out
 
 
 @pytest.mark.timeout(900)
@@ -115,10 +106,8 @@ def test_a_host_that_dies_is_replaced_warm_by_the_spare_and_one_cut_off_for_good
     resumed = died["resume_step"]
     assert resumed is not None and resumed % 2 == 0 and at_death - 2 <= resumed <= at_death + 1, died
     assert died["state"] == "resolved" and died["first_step_after"] == resumed, died
-    # The state came back exactly: every step trained again gave the loss it gave before the fault.
-    losses = losses_by_attempt(job)
-    again = sorted(set(losses[0]) & set(losses[1]))
-    assert again and again[0] == resumed and all(losses[1][s] == losses[0][s] for s in again), (losses[0], losses[1])
+    # The state came back exactly: no step skipped, and every step trained again gave the loss it gave before.
+    assert_continues(losses_by_attempt(job), ((0, 1),))
     assert_resumed_from_checkpoint(cut_off, at_cut, every=10)
     assert "silent" in cut_off["summary"], cut_off["summary"]
     assert job.attempts() == [0, 1, 2]
