@@ -1,23 +1,36 @@
-"""Recovery across hosts on the multi-host test bed: megaheal under Slurm against plain
-`srun torchrun --max-restarts 3` on the same 3 hosts, for a host death and a partition, written as JSON.
+"""Recovery across hosts on the multi-host test bed: megaheal under Slurm, warm and cold, against plain
+`srun torchrun --max-restarts 3` on the same 3 hosts, for five faults, side by side in one run, written as JSON.
 
 Run (root: it brings up a 4-host bed of its own, prefix mhb, and takes it down at the end, also on failure):
-    sudo .venv/bin/python bench/recovery_hosts.py [--faults host_death,partition] [--repeats 1] [--cap 180]
-                                                  [--keep] [--out bench/results/recovery_hosts.json]
+    sudo .venv/bin/python bench/recovery_hosts.py [--faults host_death,partition,gpu_fault,hang,control_host]
+        [--systems megaheal_warm,megaheal_cold,torchrun_max_restarts_3] [--repeats 1] [--cap 180] [--keep]
+        [--out bench/results/recovery_hosts.json]
 
-The job: configs/demo.yaml, steps=--steps, global_batch=24, a checkpoint every 5 steps, 3 hosts x 2 ranks (pp 2, dp 3).
-- megaheal: deploy/slurm/megaheal.sbatch on the bed's 4 hosts (3 training, 1 spare; the healer on hosts[0]).
+The job: configs/demo.yaml, steps=--steps, global_batch=24, a checkpoint every 5 steps (warm: a snapshot at each),
+3 hosts x 2 ranks (pp 2, dp 3); every host serves a dcgm-exporter exposition on its loopback (testbed/dcgm.py).
+- megaheal_warm / megaheal_cold: deploy/slurm/megaheal.sbatch (with and without --warm, --dcgm-url) on the bed's
+  4 hosts (3 training, 1 spare; the healer on hosts[0], its watcher on another host).
 - torchrun: `salloc -N3 srun --nodes=3 --ntasks-per-node=1 torchrun --nnodes 3 --nproc-per-node 2 --max-restarts 3`
   with c10d rendezvous on hosts[0] and `--resume auto`, so a restart resumes from the newest checkpoint.
-Once every rank passed step 12, the fault hits hosts[1] (a training host): host_death = testbed.faults.kill_host
-(link down, every process of the host SIGKILLed); partition = testbed.faults.cut_link (restored once the job
-recovered or the cap passed). Measured from the fault (all wall-clock times, time.time()):
-- detection: megaheal: the incident's detected time; torchrun: the first line from srun or torchrun's agents that
-  reacts (a worker group failed or restarted, srun reporting a task or node failure);
-- MTTR: the first step record (RUN_DIR/ranks/*.jsonl, field `time`) written by a process that did not train before
-  the fault, i.e. by the next attempt; past --cap seconds the run is recorded as not recovered, with the reason;
+Once every rank passed step 12 the fault hits (all times wall-clock, time.time()):
+- host_death: hosts[1] dies (testbed.faults.kill_host: link down, every process SIGKILLed);
+- partition: hosts[1]'s link is cut (restored once the job recovered or the cap passed);
+- gpu_fault: hosts[1]'s GPU falls off the bus (Xid 79 in its dcgm-exporter; torchrun reads no GPU health);
+- hang: rank 2 (on hosts[1]) spins in its forward pass at step 12, injected by the config (inject_hangs): the fault
+  time is its mark file's;
+- control_host: hosts[0] dies, the host running megaheal's batch script and healer (torchrun's rendezvous host).
+Measured from the fault:
+- detection: megaheal: the incident's detected time (control_host: the watcher's handover); torchrun: the first line
+  from srun or torchrun's agents that reacts (a worker group failed or restarted, srun reporting a task or node
+  failure);
+- MTTR: the first step record (RUN_DIR/ranks/*.jsonl, field `time`) of the next attempt: by a process that did not
+  train before the fault, or of a later attempt (a warm restart's survivors keep their pids); past --cap seconds the
+  run is recorded as not recovered, with the reason;
 - lost steps: the highest step recorded before the fault's attempt ended, minus the step the next attempt resumed
-  from (its first step - 1); finished: the job trained to its last step.
+  from (its first step - 1); finished: the job trained to its last step;
+- megaheal's stages, from its incident and journal: detection, decision (detected -> restart ordered), restart
+  (ordered -> the new attempt started), state transfer (warm: the slowest replaced rank's state, as it reported),
+  first step (started -> MTTR).
 """
 
 from __future__ import annotations
@@ -40,15 +53,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[0] = str(REPO)  # NOTE: replace bench/ (first on the path), as bench/runbooks.py does
 
+from ground import slurm  # noqa: E402
 from testbed import faults  # noqa: E402
 from testbed.bed import Bed  # noqa: E402
+from testbed.dcgm import URL, Exporters  # noqa: E402
 from testbed.job import SlurmJob, job_env, step_records, wait_step  # noqa: E402
+from wire.run_paths import RunPaths  # noqa: E402
 
 BED = Bed.Config(hosts=4, prefix="mhb", subnet="10.223.0.0/24", slurmctld_port=6871)
 FAULT_STEP = 12
 DEMO_AT_DP3 = "global_batch=24"  # what deploy/slurm/megaheal.sbatch runs the demo at; torchrun gets the same
 CHECKPOINT_EVERY = 5
-FAULTS = ("host_death", "partition")
+FAULTS = ("host_death", "partition", "gpu_fault", "hang", "control_host")
+HANG_RANK = 2  # on hosts[1]
+HANG = f'inject_hangs=[{{"mode":"spin","at_step":{FAULT_STEP},"rank":{HANG_RANK}}}]'
 # What plain torchrun's agents print when they react themselves (torch.distributed.elastic), and what Slurm's srun
 # and salloc print when the scheduler reacts for them (a node failure ends the step and revokes the allocation).
 TORCHRUN_REACTION = re.compile(r"Worker group FAILED|restart(ing)? worker group|failed \(exitcode"
@@ -59,30 +77,49 @@ SLURM_REACTION = re.compile(r"srun: error|salloc: error|Node failure|allocation 
 
 # ---- the fault and what the records say about it -------------------------------------------------------------
 
-def inject(bed: Bed, fault: str) -> float:
-    victim = bed.hosts[1]
+def inject(bed: Bed, fault: str, exporters: Exporters, run_dir: Path) -> float:
+    """The fault, now (a hang: already injected by the config); when it struck."""
+    if fault == "hang":
+        mark = run_dir / "chaos" / f"hang-spin-step{FAULT_STEP}-rank{HANG_RANK}.fired"
+        wait_until(mark.exists, 120, every_s=0.1)
+        return mark.stat().st_mtime
     at = time.time()
     if fault == "host_death":
-        faults.kill_host(bed, victim)
+        faults.kill_host(bed, bed.hosts[1])
+    elif fault == "partition":
+        faults.cut_link(bed, bed.hosts[1])
+    elif fault == "gpu_fault":
+        exporters.gpu_falls_off_the_bus(bed.hosts[1].name)
     else:
-        faults.cut_link(bed, victim)
+        faults.kill_host(bed, bed.hosts[0])
     return at
 
 
+def fault_step(fault: str) -> int:
+    """The step every rank passes before the fault (a hang fires at FAULT_STEP itself)."""
+    return FAULT_STEP - 1 if fault == "hang" else FAULT_STEP
+
+
 def recovery_from_records(run_dir: Path, fault_at: float) -> dict[str, Any]:
-    """The first step of the next attempt (a pid that recorded nothing before the fault) and the steps lost."""
+    """The first step of the next attempt (by a pid that recorded nothing before the fault, or of a later attempt:
+    a warm restart keeps its survivors' pids) and the steps lost."""
     records = step_records(run_dir)
-    before = {r["pid"] for r in records if r["time"] <= fault_at}
-    old = [r for r in records if r["pid"] in before]
-    new = sorted((r for r in records if r["pid"] not in before and r["time"] > fault_at), key=lambda r: r["time"])
-    highest = max((r["step"] for r in old), default=None)
-    out: dict[str, Any] = {"step_at_fault": max((r["step"] for r in old if r["time"] <= fault_at), default=None),
+    old = [r for r in records if r["time"] <= fault_at]
+    pids = {r["pid"] for r in old}
+    attempt = max((int(r.get("attempt", 0)) for r in old), default=0)
+    new = sorted((r for r in records if r["time"] > fault_at and
+                  (r["pid"] not in pids or int(r.get("attempt", 0)) > attempt)), key=lambda r: r["time"])
+    before = [r for r in records if r["pid"] in pids and int(r.get("attempt", 0)) == attempt]
+    highest = max((r["step"] for r in before), default=None)
+    out: dict[str, Any] = {"step_at_fault": max((r["step"] for r in old), default=None),
                            "highest_step_before": highest, "mttr_s": None, "first_step_after": None,
-                           "lost_steps": None, "last_step": max((r["step"] for r in records), default=None)}
+                           "lost_steps": None, "last_step": max((r["step"] for r in records), default=None),
+                           "first_step_after_at": None}
     if new:
         first = new[0]
         out.update(mttr_s=round(first["time"] - fault_at, 3), first_step_after=first["step"],
-                   lost_steps=highest - (first["step"] - 1) if highest is not None else None)
+                   lost_steps=highest - (first["step"] - 1) if highest is not None else None,
+                   first_step_after_at=first["time"])
     return out
 
 
@@ -101,29 +138,71 @@ def wait_until(probe: Any, timeout_s: float, every_s: float = 0.5) -> bool:
 
 # ---- megaheal --------------------------------------------------------------------------------------------------
 
-def megaheal_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float) -> dict[str, Any]:
-    job = SlurmJob.submit(bed, workdir, steps)
+def megaheal_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float, warm: bool) -> dict[str, Any]:
+    exporters = Exporters(bed, workdir / "dcgm")
+    args = f"--dcgm-url {URL}" + (" --warm" if warm else "")
+    job = SlurmJob.submit(bed, workdir, steps, args=args, extra_set=HANG if fault == "hang" else "")
+    successor: str | None = None
     try:
-        job.wait_step(FAULT_STEP, 600)
-        fault_at = inject(bed, fault)
+        job.wait_step(fault_step(fault), 600)
+        fault_at = inject(bed, fault, exporters, job.run_dir)
         recovered = wait_until(lambda: recovered_yet(job.run_dir, fault_at) or job.proc.poll() is not None, cap_s)
         if fault == "partition":
             faults.restore_link(bed, bed.hosts[1])
-        try:
-            rc = job.proc.wait(max(60.0, 4.0 * steps))
-        except subprocess.TimeoutExpired:
-            rc = None
+        if fault == "control_host":
+            # The watcher handed the run to a successor job: its end is the run's.
+            handover = RunPaths(job.run_dir).launcher / "handover.json"
+            if wait_until(handover.exists, cap_s):
+                successor = json.loads(handover.read_text())["successor"]
+                recovered = wait_until(lambda: recovered_yet(job.run_dir, fault_at), cap_s)
+        ended = wait_until(lambda: job_ended(job, successor), max(60.0, 4.0 * steps))
         result = recovery_from_records(job.run_dir, fault_at)
-        result.update(megaheal_incident(job, fault_at, bed.hosts[1].name))
+        result.update(megaheal_incident(job, fault_at, bed.hosts[0 if fault == "control_host" else 1].name))
+        if successor is not None:
+            handed = json.loads((RunPaths(job.run_dir).launcher / "handover.json").read_text())
+            result.update(handover={k: (round(v - fault_at, 3) if k in ("lapsed_at", "handed_at") else v)
+                                    for k, v in handed.items()})
         out = job.text()
-        result.update(recovered=result["mttr_s"] is not None, job_exit=rc,
-                      finished=rc == 0 and "outcome: finished" in out and result["last_step"] == steps - 1,
+        result.update(stages=stages(job, result), recovered=result["mttr_s"] is not None, successor=successor,
+                      finished=ended and "outcome: finished" in out and result["last_step"] == steps - 1,
                       attempts=job.attempts(), nodes_by_attempt={a: job.attempt(a)["nodes"] for a in job.attempts()},
                       notes=[] if recovered else [f"no step of a new attempt within {cap_s:.0f} s of the fault"],
                       output_tail=out.splitlines()[-8:])
         return result
     finally:
+        exporters.stop()
         job.stop()
+        if successor is not None and slurm.job_state(successor) in ("PENDING", "RUNNING", "CONFIGURING"):
+            slurm.cancel(successor)
+
+
+def job_ended(job: SlurmJob, successor: str | None) -> bool:
+    if successor is not None:
+        return slurm.job_state(successor) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+    return job.proc.poll() is not None
+
+
+def stages(job: SlurmJob, result: dict[str, Any]) -> dict[str, float | None]:
+    """Where megaheal's time to recover went (seconds): detection, decision, restart (ordered -> started), the
+    warm state transfer (the slowest rank's own count, 'memory step N in X s') and the first step after the
+    start."""
+    inc = result.get("incident") or {}
+    transfer = None
+    readies = [e for e in job.journal() if e["event"] == "warm-ready"]
+    if readies and inc.get("kind"):
+        said = [float(m.group(1)) for v in readies[-1].get("resumed", {}).values()
+                if (m := re.search(r" in ([0-9.]+) s$", v))]
+        transfer = max(said) if said else None
+    started = next((e["at"] for e in job.journal() if e["event"] == "start" and e.get("attempt") ==
+                    max(job.attempts())), None)
+    first = result.get("first_step_after_at")
+
+    def gap(a: float | None, b: float | None) -> float | None:
+        return round(b - a, 3) if a is not None and b is not None else None
+
+    det, dec, rst = result.get("detection_s"), inc.get("decided_s"), inc.get("restarted_s")
+    return {"detection_s": det, "decision_s": gap(det, dec), "restart_s": gap(dec, rst),
+            "state_transfer_s": transfer, "first_step_s": gap(started, first)}
 
 
 def megaheal_incident(job: SlurmJob, fault_at: float, victim: str) -> dict[str, Any]:
@@ -171,11 +250,11 @@ class Lines:
         return "\n".join(s for _, s in list(self.lines))
 
 
-def torchrun_argv(bed: Bed, run_dir: Path, steps: int, rdzv_id: str) -> list[str]:
+def torchrun_argv(bed: Bed, run_dir: Path, steps: int, rdzv_id: str, extra: tuple[str, ...] = ()) -> list[str]:
     """As healer/agent/node.py's torchrun_argv builds it, but with torchrun's own restarts and a fixed host set."""
     hosts = [h.name for h in bed.hosts[:3]]
     # parallel.dp: megaheal derives it from the hosts that train (3 x 2 ranks / pp 2); torchrun needs it given.
-    overrides = [f"steps={steps}", *DEMO_AT_DP3.split(), f"parallel.dp={len(hosts)}",
+    overrides = [f"steps={steps}", *DEMO_AT_DP3.split(), f"parallel.dp={len(hosts)}", *extra,
                  f"checkpoint.every_steps={CHECKPOINT_EVERY}"]
     return ["salloc", f"--nodes={len(hosts)}", f"--nodelist={','.join(hosts)}", "--job-name=torchrun-bench",
             "srun", f"--nodes={len(hosts)}", "--ntasks-per-node=1",
@@ -189,12 +268,15 @@ def torchrun_argv(bed: Bed, run_dir: Path, steps: int, rdzv_id: str) -> list[str
 def torchrun_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float) -> dict[str, Any]:
     run_dir = workdir / "run"
     run_dir.mkdir(parents=True)
-    proc = subprocess.Popen(torchrun_argv(bed, run_dir, steps, workdir.name), cwd=REPO, env=job_env(bed),
+    extra = (HANG,) if fault == "hang" else ()
+    proc = subprocess.Popen(torchrun_argv(bed, run_dir, steps, workdir.name, extra), cwd=REPO, env=job_env(bed),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     out = Lines(proc, workdir / "salloc.log")
+    # NOTE: served for the gpu_fault's sake alone (torchrun reads no GPU health: the fault goes unseen).
+    exporters = Exporters(bed, workdir / "dcgm")
     try:
-        wait_step(run_dir, proc, FAULT_STEP, 600, output=out.text)
-        fault_at = inject(bed, fault)
+        wait_step(run_dir, proc, fault_step(fault), 600, output=out.text)
+        fault_at = inject(bed, fault, exporters, run_dir)
         wait_until(lambda: recovered_yet(run_dir, fault_at) or proc.poll() is not None, cap_s)
         ended_at = time.time() if proc.poll() is not None else None
         result = recovery_from_records(run_dir, fault_at)
@@ -217,6 +299,7 @@ def torchrun_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float) 
         result["output_tail"] = out.text().splitlines()[-10:]
         return result
     finally:
+        exporters.stop()
         stop_allocation(bed, proc, out)
 
 
@@ -248,7 +331,9 @@ def stop_allocation(bed: Bed, proc: subprocess.Popen[str], out: Lines) -> None:
 
 # ---- the runs and the summary ----------------------------------------------------------------------------------
 
-SYSTEMS = {"megaheal": megaheal_run, "torchrun_max_restarts_3": torchrun_run}
+SYSTEMS = {"megaheal_warm": lambda *a: megaheal_run(*a, warm=True),
+           "megaheal_cold": lambda *a: megaheal_run(*a, warm=False),
+           "torchrun_max_restarts_3": torchrun_run}
 
 
 def one(bed: Bed, system: str, fault: str, workdir: Path, steps: int, cap_s: float) -> dict[str, Any]:
@@ -268,7 +353,11 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in runs if r.get(key) is not None]
         return round(statistics.median(values), 3) if values else None
 
+    staged = [r["stages"] for r in runs if r.get("stages")]
+    stage_medians = {k: round(statistics.median(v), 3) for k in (staged[0] if staged else {})
+                     if (v := [st[k] for st in staged if st.get(k) is not None])}
     return {"detection_s": med("detection_s"), "mttr_s": med("mttr_s"), "lost_steps": med("lost_steps"),
+            "stages": stage_medians,
             "recovered": [bool(r.get("recovered")) for r in runs], "finished": [bool(r.get("finished")) for r in runs],
             "detection_s_all": [r.get("detection_s") for r in runs], "mttr_s_all": [r.get("mttr_s") for r in runs],
             "lost_steps_all": [r.get("lost_steps") for r in runs],
@@ -291,10 +380,13 @@ def main() -> int:
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "loadavg_at_start": os.getloadavg()},
-        "caveat": "one shared 2-core machine: other work (other sessions' test runs and beds) ran meanwhile, "
-                  "so absolute times carry that load (see loadavg per run); compare the two systems within a run",
+        "caveat": "one shared 2-core machine: other work (other sessions' test runs and beds) may run meanwhile, "
+                  "so absolute times carry that load (see loadavg per run); compare the systems within a run",
         "setup": {"bed": BED.to_payload(), "job": f"configs/demo.yaml steps={args.steps} {DEMO_AT_DP3} "
                   f"checkpoint every {CHECKPOINT_EVERY}", "ranks": "3 hosts x 2 ranks (pp 2, dp 3); megaheal: +1 spare",
+                  "targets": {"host_death and gpu_fault": "MTTR <= detection + 10 s, lost steps <= one snapshot "
+                              f"interval ({CHECKPOINT_EVERY})", "hang": "MTTR <= detection + 5 s",
+                              "control_host": "first step <= 120 s after the fault"},
                   "fault_after_step": FAULT_STEP, "victim": "hosts[1] (a training host)", "cap_s": args.cap,
                   "repeats": args.repeats, "torchrun_argv": torchrun_argv(Bed(BED), Path("RUN_DIR"), args.steps, "ID")},
     }

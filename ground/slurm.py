@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -94,6 +95,11 @@ def _fields(line: str) -> dict[str, str]:
     return fields
 
 
+def _job_fields(line: str) -> dict[str, str]:
+    """`scontrol -o show job`'s `Key=value` words (a job's Reason is one word, unlike a node's)."""
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
+
+
 def steps(job_id: str) -> dict[str, list[str]]:
     """The job's running steps by step name: {name: ["JOB.STEP", ...]}."""
     out = _run(["squeue", "--steps", f"--jobs={job_id}", "--noheader", "--format=%i|%j"]).out
@@ -103,6 +109,66 @@ def steps(job_id: str) -> dict[str, list[str]]:
         if step and not step.endswith((".batch", ".extern")):
             found.setdefault(name, []).append(step)
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What scontrol says of a job: what a successor of it is submitted with."""
+
+    job_id: str
+    name: str
+    command: str
+    """The batch script as it was submitted (its path)."""
+    workdir: str
+    stdout: str
+    nodes: tuple[str, ...]
+
+
+def job(job_id: str) -> JobInfo:
+    """`scontrol -o show job JOB_ID`. NOTE: fields are split at spaces: a script path or job name with a space in
+    it is refused rather than misread."""
+    if not job_id.isdigit():
+        raise ValueError(f"a Slurm job id is a number, got {job_id!r}")
+    fields = _job_fields(_run(["scontrol", "-o", "show", "job", job_id]).out.strip())
+    missing = [k for k in ("JobName", "Command", "WorkDir", "StdOut", "NodeList") if not fields.get(k)]
+    if missing:
+        raise SlurmError(f"scontrol show job {job_id}: no {', '.join(missing)} (a name or path with a space?)")
+    return JobInfo(job_id, fields["JobName"], fields["Command"], fields["WorkDir"], fields["StdOut"],
+                   tuple(hostnames(fields["NodeList"])))
+
+
+def job_state(job_id: str) -> str:
+    """The job's state as scontrol says it (PENDING, RUNNING, COMPLETED, CANCELLED, ...; GONE once Slurm forgot it)."""
+    if not job_id.isdigit():
+        raise ValueError(f"a Slurm job id is a number, got {job_id!r}")
+    result = run_command(["scontrol", "-o", "show", "job", job_id], TIMEOUT)
+    if not result.ok:
+        if "Invalid job id" in (result.err or ""):
+            return "GONE"
+        raise SlurmError(f"scontrol show job {job_id}: {(result.err or result.out).strip()[-300:]}")
+    return _job_fields(result.out.strip()).get("JobState", "")
+
+
+def submit(argv: list[str], env: Mapping[str, str], cwd: str) -> str:
+    """`sbatch --parsable ...` (an argument list, bounded): the new job's id."""
+    if argv[:2] != ["sbatch", "--parsable"]:
+        raise ValueError(f"submit runs `sbatch --parsable ...`, got {argv[:2]}")
+    try:
+        proc = subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True,
+                              timeout=TIMEOUT.total_seconds(), check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"sbatch: {exc}") from exc
+    found = proc.stdout.strip().split(";")[0]
+    if proc.returncode != 0 or not found.isdigit():
+        raise SlurmError(f"sbatch: {(proc.stderr or proc.stdout).strip()[-500:] or f'exit status {proc.returncode}'}")
+    return found
+
+
+def cancel(job_id: str) -> None:
+    """`scancel JOB_ID`: every step of the job ends (SIGTERM, SIGKILL after KillWait), then the job."""
+    if not job_id.isdigit():
+        raise ValueError(f"a Slurm job id is a number, got {job_id!r}")
+    _run(["scancel", job_id])
 
 
 def step_runs_on(job_id: str, node: str, timeout: timedelta = timedelta(seconds=6)) -> bool:

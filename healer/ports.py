@@ -132,6 +132,8 @@ class TakenOver:
     """The last attempt the dead healer started."""
     adopted: bool = False
     """That attempt still ran on every host and was taken over as it is (nothing restarts)."""
+    elsewhere: tuple[str, ...] = ()
+    """Hosts of that attempt this healer does not have (it runs in a successor's allocation: they were lost)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

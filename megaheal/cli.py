@@ -206,6 +206,31 @@ def relay_cert(
 
 
 @app.command()
+def watch(
+    run_dir: Annotated[str, typer.Option("--run-dir", help="the run of `megaheal run` whose healer it watches (on a filesystem this host shares)")],
+    batch_host: Annotated[str, typer.Option("--batch-host", help="the host the healer runs on (the batch script's, $SLURMD_NODENAME there)")],
+    after_s: Annotated[float, typer.Option("--after-s", help="seconds without an answer from the healer before its host is asked about")] = 10.0,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
+) -> None:
+    """Under Slurm, on another host of the allocation: hand the job to a successor job when the healer's host is lost
+    (deploy/slurm/megaheal.sbatch starts it; healer/runner/watch.py says how)."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    from ground.slurm import SlurmError
+    from healer.runner.watch import watch as run_watch
+
+    _logging(log_level, log_format)
+    try:
+        code = run_watch(Path(run_dir), batch_host, after=timedelta(seconds=after_s))
+    except (ValueError, SlurmError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(code)
+
+
+@app.command()
 def agent(
     token_file: Annotated[str, typer.Option("--token-file", help="file holding the job's token (orders need it; batches carry it)")],
     work_dir: Annotated[str, typer.Option("--work-dir", help="the agent's own directory (each attempt's logs of this host)")],

@@ -270,6 +270,11 @@ class Healer:
 
     # ---- internals -------------------------------------------------------------------------------------
 
+    def report(self, signal: Signal) -> None:
+        """A fault found outside the detectors (a take-over that finds hosts of the last attempt lost with the
+        healer before it): an incident like any detector's."""
+        self._fire(signal)
+
     def _fire(self, signal: Signal) -> None:
         if signal.fingerprint in self._known:
             return  # still firing: the incident already exists

@@ -47,8 +47,9 @@ class Placement:
     def taken_over(self, nodes: tuple[str, ...] | None, dp: int | None, spares: tuple[str, ...],
                    excluded: set[str], skip_steps: set[int]) -> Placement:
         """What a healer that takes the job over goes on with: the last attempt's hosts and degree (from the journal;
-        None: the configured ones), the configured spares that are neither in it nor left out, and what the healer
-        before had left out and skipped (from the database)."""
+        None: the configured ones), as spares the hosts it has (`spares`: its configured ones, or every host of a
+        successor's allocation) that are neither in it nor left out, and what the healer before had left out and
+        skipped (from the database)."""
         nodes = nodes or self.nodes
         return Placement(nodes=nodes, dp=dp or self.dp, spares=tuple(n for n in spares if n not in nodes and
                                                                       n not in excluded),

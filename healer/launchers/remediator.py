@@ -149,10 +149,21 @@ class AgentRemediator:
         it; go on with its hosts, dp degree and skipped batches (a host it left out stays out)."""
         adopted, killed = self.sup.take_over(self.token)
         last = Journal.of(RunPaths(Path(self.sup.cfg.run_dir)).journal).last_start()
+        # NOTE: every host this healer has that the last attempt did not run on is a spare: in the same allocation
+        # that is the configured spares; in a successor's (the healer's host was lost), the hosts that replace it.
+        here = (*self.cfg.nodes, *self.cfg.spares)
         self.placement = self.placement.taken_over(tuple(last.nodes) if last else None, last.dp if last else None,
-                                                   tuple(self.cfg.spares), excluded, skip_steps)
+                                                   here, excluded, skip_steps)
+        gone = tuple(n for n in (last.nodes if last else ()) if n not in here and n not in excluded)
         return TakenOver(killed=killed, nodes=self.nodes, dp=self.dp,
-                         attempt=last.attempt if last is not None else None, adopted=adopted)
+                         attempt=last.attempt if last is not None else None, adopted=adopted, elsewhere=gone)
+
+    def replace_lost(self, lost: tuple[str, ...]) -> None:
+        """Leave `lost` out without an incident (a take-over found them gone with no host_lost rule to open one
+        with): a spare takes each one's place, as far as there are spares."""
+        instead = dict(zip(lost, self.spares))
+        nodes = tuple(instead.get(n, n) for n in self.nodes if n in instead or n not in lost)
+        self.placement, _ = self.placement.moved_to(nodes, self.dp, ())
 
     def shutdown(self, grace: timedelta | None = None, hurry: Callable[[], bool] = lambda: False) -> None:
         """On the way out of `megaheal run` (Ctrl-C, SIGTERM, an error): no attempt starts any more, not even one a

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,6 +24,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ground.secretfile import replace_private
 from healer.decide.policy import will_restart
+from healer.decide.signals import from_rule
+from healer.detect.suspects import on_hosts
 from healer.decide.states import IncidentState
 from healer.engine.engine import Healer
 from healer.errors import DatabaseError
@@ -35,7 +37,9 @@ from healer.launchers.fleet import AgentFleet
 from healer.launchers.remediator import AgentRemediator, wait_idle
 from healer.observe.heartbeats import HeartbeatTable
 from healer.runner.keeper import AgentKeeper
+from healer.ports import TakenOver
 from healer.runner.reports import ReportServer
+from healer.runner.watch import Handover
 from wire.run_paths import RunPaths
 
 log = logging.getLogger(__name__)
@@ -120,6 +124,8 @@ class SelfHealingJob:
         self.keeper.start()
         taken = self.remediator.take_over(excluded, skip)
         in_flight = self.healer.take_over(taken.attempt if taken.adopted else None)
+        if taken.elsewhere:
+            in_flight += self._lost_with_the_healer(taken)
         log.warning("taking over %s: %d incident(s) in flight; attempt %s %s", self.job, len(in_flight), taken.attempt,
                     "adopted (it still runs)" if taken.adopted else "stopped")
         if not taken.adopted and not self.remediator.busy and not self._restart_ordered():
@@ -127,6 +133,30 @@ class SelfHealingJob:
             # healer's own doing, not the job's: it spends no restart budget.
             self.remediator.start_next(resume="auto")
         return in_flight
+
+    def _lost_with_the_healer(self, taken: TakenOver) -> list[int]:
+        """The last attempt ran on hosts this healer does not have: it runs in a successor job, the healer before it
+        lost with its host (healer/runner/watch.py). Those hosts are lost: an incident of kind host_lost for them,
+        with the watcher's account, leaves them out and restarts on this allocation's hosts (its spares now)."""
+        rule = next((r for r in self.healer.rules.values() if r.incident_kind == "host_lost"), None)
+        handover = Handover.read(Path(self.sup.cfg.run_dir))
+        said = (f"Slurm job {handover.job_id} was ended by its watcher and goes on as job {handover.successor}"
+                if handover is not None else "this healer runs in another allocation")
+        gone = ", ".join(taken.elsewhere)
+        if rule is None:
+            # NOTE: no rule to open the incident with: the hosts are left out all the same, or nothing could start.
+            log.error("hosts %s of attempt %s are not in this allocation (%s), and no rule of kind host_lost is "
+                      "configured: replaced without an incident", gone, taken.attempt, said)
+            self.remediator.replace_lost(taken.elsewhere)
+            return []
+        evidence = {"lost_with_the_healer": list(taken.elsewhere),
+                    "handover": asdict(handover) if handover is not None else None}
+        signal = from_rule(rule, {"key": f"{self.job}/{gone}"},
+                           f"host {gone} lost with the healer that ran on it: {said}", evidence,
+                           labels={"job": self.job, "node": taken.elsewhere[0]}, job=self.job,
+                           node=taken.elsewhere[0], attempt=taken.attempt, suspects=on_hosts(taken.elsewhere))
+        self.healer.report(signal)
+        return [i.id for i in self.healer.store.of_job(self.job, OPEN_STATES) if i.kind == "host_lost"]
 
     def _restart_ordered(self) -> bool:
         """Whether an incident in flight restarts the job (a restart ordered, or one its decision will order)."""

@@ -13,70 +13,31 @@ reading its GPUs from a dcgm-exporter exposition served on its own loopback (`--
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from testbed.bed import Bed
+from testbed.dcgm import URL, Exporters
 from tests.multihost.slurm_job import SlurmJob, assert_continues, losses_by_attempt
 from tests.support import wait_for
 
 pytestmark = pytest.mark.multihost
-DCGM_PORT = 9400
 HANG_RANK, HANG_STEP = 3, 8
 FLIP_KEEPER, FLIP_AFTER = 1, 16
 """Rank 1 keeps the replica of rank 5 (its donor: ranks 2 per host, on the host before)."""
 FLIPPED = 5
 
 
-def exposition(host: str, xid: int) -> str:
-    """What a dcgm-exporter serves for one GPU of `host` (its labels and format; the fields the sidecar judges)."""
-    labels = (f'gpu="0",UUID="GPU-{abs(hash(host)) % 10**8:08d}-0000-4000-8000-000000000000",'
-              f'pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
-              f'Hostname="{host}",DCGM_FI_DRIVER_VERSION="550.90.07"')
-    fields = {"DCGM_FI_DEV_GPU_TEMP": ("gauge", 41), "DCGM_FI_DEV_GPU_UTIL": ("gauge", 97),
-              "DCGM_FI_DEV_FB_USED": ("gauge", 61234), "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", 0),
-              "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", 0), "DCGM_FI_DEV_ROW_REMAP_PENDING": ("gauge", 0),
-              "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", 0)}
-    lines = []
-    for name, (kind, value) in fields.items():
-        lines += [f"# HELP {name} {name}.", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"]
-    xid_labels = labels + (',err_code="79",err_msg="GPU has fallen off the bus"' if xid else "")
-    lines += ["# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.",
-              "# TYPE DCGM_FI_DEV_XID_ERRORS gauge", f"DCGM_FI_DEV_XID_ERRORS{{{xid_labels}}} {xid}"]
-    return "\n".join(lines) + "\n"
-
-
-class Served(dict[str, Path]):
-    """Per host, the file its dcgm-exporter exposition is served from; `stop()` ends the servers."""
-
-    servers: list[subprocess.Popen[bytes]]
-
-    def stop(self) -> None:
-        for server in self.servers:
-            server.kill()
-            server.wait(10)
-
-
 @pytest.fixture
-def dcgm(healthy_bed: Bed, tmp_path: Path) -> Iterator[Served]:
-    """A dcgm-exporter exposition on every host's loopback (port 9400), from a file per host that a test rewrites."""
-    served = Served()
-    servers = served.servers = []
-    for host in healthy_bed.hosts:
-        root = tmp_path / "dcgm" / host.name
-        root.mkdir(parents=True)
-        (root / "metrics").write_text(exposition(host.name, 0))
-        served[host.name] = root / "metrics"
-        servers.append(subprocess.Popen(
-            [*healthy_bed.enter(host), sys.executable, "-m", "http.server", str(DCGM_PORT), "--bind", "127.0.0.1",
-             "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+def dcgm(healthy_bed: Bed, tmp_path: Path) -> Iterator[Exporters]:
+    """A dcgm-exporter exposition on every host's loopback, one file per host that the test rewrites."""
+    exporters = Exporters(healthy_bed, tmp_path / "dcgm")
     try:
-        yield served
+        yield exporters
     finally:
-        served.stop()
+        exporters.stop()
 
 
 def pids_by_attempt(job: SlurmJob) -> dict[int, dict[int, int]]:
@@ -89,14 +50,14 @@ def pids_by_attempt(job: SlurmJob) -> dict[int, dict[int, int]]:
 
 @pytest.mark.timeout(900)
 def test_a_hung_rank_a_corrupted_replica_and_a_gpu_fault_are_each_recovered_warm_or_from_the_disk_with_the_reason(
-        healthy_bed: Bed, dcgm: Served, tmp_path: Path) -> None:
+        healthy_bed: Bed, dcgm: Exporters, tmp_path: Path) -> None:
     bed = healthy_bed
     hosts = [h.name for h in bed.hosts]
     faults = (f'inject_hangs=[{{"mode":"spin","at_step":{HANG_STEP},"rank":{HANG_RANK}}}] '
               f'inject_replica_flips=[{{"rank":{FLIP_KEEPER},"after_step":{FLIP_AFTER}}}]')
     # NOTE: a snapshot every 4 steps: the kill below lands within the 3 steps after the flipped one, before the
     # next snapshot could replace it.
-    job = SlurmJob.submit(bed, tmp_path / "job", 45, args=f"--warm --dcgm-url http://127.0.0.1:{DCGM_PORT}/metrics",
+    job = SlurmJob.submit(bed, tmp_path / "job", 45, args=f"--warm --dcgm-url {URL}",
                           extra_set=f"checkpoint.every_steps=10 snapshot_every_steps=4 {faults}")
     try:
         # 1. The hang: once a new attempt trains, the hung rank's process is gone and the others' are the same.
@@ -112,7 +73,7 @@ def test_a_hung_rank_a_corrupted_replica_and_a_gpu_fault_are_each_recovered_warm
         # 3. The GPU fault, once the job trains again from the disk and has a snapshot on every rank.
         wait_for("the restart after the crash trains past a snapshot",
                  lambda: 2 in pids_by_attempt(job) and min(job.steps().values()) >= 24, 300, every_s=0.5)
-        dcgm[hosts[1]].write_text(exposition(hosts[1], 79))
+        dcgm.gpu_falls_off_the_bus(hosts[1])
         job.finish(600)
     finally:
         job.stop()

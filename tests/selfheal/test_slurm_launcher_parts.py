@@ -47,6 +47,31 @@ def test_an_agent_step_binds_its_hosts_address_overlaps_the_jobs_other_steps_and
     assert (tmp_path / "launcher/tls/hosts/h2/key.pem").stat().st_mode & 0o077 == 0
 
 
+def test_agents_read_the_dcgm_exporter_they_are_given_and_a_url_that_is_not_one_is_refused(tmp_path) -> None:
+    agents = SlurmAgents(run_dir=tmp_path, healer_url="http://10.0.0.1:4242", token_file=tmp_path / "token",
+                         allocation=ALLOC, python="/venv/bin/python", dcgm_url="http://127.0.0.1:9400/metrics")
+    argv = agents.agent_argv("h3")
+    assert argv[argv.index("--dcgm-url") + 1] == "http://127.0.0.1:9400/metrics"
+    for bad in ("file:///etc/passwd", "http://h:1/m --token-file x", "127.0.0.1:9400"):
+        with pytest.raises(ValueError, match="--dcgm-url must be an http"):
+            SlurmAgents.Config(allocation=ALLOC, dcgm_url=bad)
+
+
+# What `scontrol -o show job` printed for a job of the bed's (Slurm 22.05), cut to the fields that matter and one
+# before them that a node's parser would have taken as the start of a free-text reason.
+JOB_LINE = ("JobId=1 JobName=megaheal UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=0 "
+            "NodeList=mht[2-4] BatchHost=mht1 NumNodes=3 Command=/work/main/deploy/slurm/megaheal.sbatch "
+            "WorkDir=/work/main StdErr=/tmp/j/slurm.out StdIn=/dev/null StdOut=/tmp/j/slurm.out Power=")
+
+
+def test_a_jobs_fields_are_read_past_its_reason() -> None:
+    fields = slurm._job_fields(JOB_LINE)
+    assert fields["Command"] == "/work/main/deploy/slurm/megaheal.sbatch" and fields["StdOut"] == "/tmp/j/slurm.out"
+    assert fields["JobState"] == "RUNNING" and fields["NodeList"] == "mht[2-4]" and fields["Reason"] == "None"
+    with pytest.raises(ValueError, match="job id"):
+        slurm.job("1;scancel -u root")
+
+
 def test_a_drain_reason_keeps_only_a_safe_alphabet_on_one_line_and_is_clipped() -> None:
     assert slurm.safe_reason('a "quoted" = $(x) `y`\n\x00z') == "a quoted (x) y z"
     assert len(slurm.safe_reason("x" * 1000)) == slurm.REASON_MAX

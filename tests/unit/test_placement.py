@@ -33,6 +33,13 @@ def test_a_take_over_goes_on_with_the_last_hosts_and_keeps_what_was_left_out() -
     assert p.taken_over(None, None, spares=("n3",), excluded=set(), skip_steps=set()).nodes == ("n1", "n2")
 
 
+def test_a_take_over_in_a_successors_allocation_has_its_new_hosts_as_spares() -> None:
+    # The healer's host n1 was lost; the successor job got n2, n3 and n4: n4 waits to take n1's place.
+    configured = Placement(nodes=("n2", "n3", "n4"), dp=3)
+    taken = configured.taken_over(("n1", "n2", "n3"), 3, spares=("n2", "n3", "n4"), excluded=set(), skip_steps=set())
+    assert taken.nodes == ("n1", "n2", "n3") and taken.spares == ("n4",) and taken.dp == 3
+
+
 def test_a_host_both_running_and_spare_or_a_bad_name_is_refused() -> None:
     with pytest.raises(ValueError, match="none of them a spare"):
         Placement(nodes=("n1", "n2"), spares=("n2",))
