@@ -1,6 +1,6 @@
 # make demo: create .venv on first use, then run the self-healing demo job under its chaos schedule; it ends by
 # printing the path of the run's HTML report (RUN_DIR/report.html: its incidents, heat maps, goodput waterfall).
-# The demo runs warm (--warm): a crashed rank or a rollback restarts from memory, a hang or a bad host cold.
+# The demo runs warm (--warm): a crashed or hung rank, a rollback and a bad host's replacement restart from memory.
 # make test: same set-up, then the whole test suite (as root also the multi-host tier on a 4-host namespace bed and
 # the container tier: the images built here, docker-compose.yml run under podman).
 # make test-fast: only the unit and services tiers (no training job; under 3 minutes on 2 cores).

@@ -106,10 +106,10 @@ def recovery_from_records(run_dir: Path, fault_at: float) -> dict[str, Any]:
     records = step_records(run_dir)
     old = [r for r in records if r["time"] <= fault_at]
     pids = {r["pid"] for r in old}
-    attempt = max((int(r.get("attempt", 0)) for r in old), default=0)
+    attempt = max((int(r.get("attempt") or 0) for r in old), default=0)
     new = sorted((r for r in records if r["time"] > fault_at and
-                  (r["pid"] not in pids or int(r.get("attempt", 0)) > attempt)), key=lambda r: r["time"])
-    before = [r for r in records if r["pid"] in pids and int(r.get("attempt", 0)) == attempt]
+                  (r["pid"] not in pids or int(r.get("attempt") or 0) > attempt)), key=lambda r: r["time"])
+    before = [r for r in records if r["pid"] in pids and int(r.get("attempt") or 0) == attempt]
     highest = max((r["step"] for r in before), default=None)
     out: dict[str, Any] = {"step_at_fault": max((r["step"] for r in old), default=None),
                            "highest_step_before": highest, "mttr_s": None, "first_step_after": None,
@@ -162,6 +162,10 @@ def megaheal_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float, 
             handed = json.loads((RunPaths(job.run_dir).launcher / "handover.json").read_text())
             result.update(handover={k: (round(v - fault_at, 3) if k in ("lapsed_at", "handed_at") else v)
                                     for k, v in handed.items()})
+            # NOTE: the watcher's handover is when the loss was known and acted on; the successor's incident opens
+            # once that job runs (its detection is then the successor's scheduling and start).
+            result.update(detection_s=result["handover"]["handed_at"],
+                          incident_opened_s=result.get("detection_s"))
         out = job.text()
         result.update(stages=stages(job, result), recovered=result["mttr_s"] is not None, successor=successor,
                       finished=ended and "outcome: finished" in out and result["last_step"] == steps - 1,
@@ -295,7 +299,10 @@ def torchrun_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float) 
                       recovered=result["mttr_s"] is not None,
                       allocation_ended_s=round(ended_at - fault_at, 3) if ended_at else None,
                       job_exit=proc.poll(), finished=proc.poll() == 0 and result["last_step"] == steps - 1,
-                      notes=torchrun_notes(result, own, out, fault_at, cap_s, ended_at))
+                      notes=torchrun_notes(result, own, out, fault_at, cap_s, ended_at)
+                      if fault != "gpu_fault" or result["mttr_s"] is not None else
+                      ["torchrun reads no GPU health: the Xid went unseen, and the job trained on to its end on the "
+                       "GPU that fell off the bus (here a file; on a real one its ranks would die with it)"])
         result["output_tail"] = out.text().splitlines()[-10:]
         return result
     finally:
@@ -395,6 +402,7 @@ def main() -> int:
     bed.down()  # whatever a killed run left
     try:
         bed.up()
+        os.environ["SLURM_CONF"] = job_env(bed)["SLURM_CONF"]  # NOTE: this process's own scontrol calls (ground.slurm)
         for fault in chosen:
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems.split(",") if s}
             for n in range(args.repeats):

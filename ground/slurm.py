@@ -171,6 +171,13 @@ def cancel(job_id: str) -> None:
     _run(["scancel", job_id])
 
 
+def controller_answers(timeout: timedelta = timedelta(seconds=5)) -> bool:
+    """Whether slurmctld answers from here (`scontrol ping`): a host cut off from the cluster cannot tell another
+    host's loss from its own."""
+    result = run_command(["scontrol", "ping"], timeout)
+    return result.ok and "is UP" in result.out
+
+
 def step_runs_on(job_id: str, node: str, timeout: timedelta = timedelta(seconds=6)) -> bool:
     """Whether Slurm can still run a step of `job_id` on `node` (`srun ... true`, bounded): what the scheduler says
     of a host the healer stopped hearing from. NOTE: slurmctld marks a dead host DOWN only after SlurmdTimeout, and

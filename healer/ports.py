@@ -110,6 +110,10 @@ class Started:
     mode: str = "cold"
     """warm (the survivors kept their processes and state) or cold (every rank a new process, state from disk)."""
     mode_why: str = ""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Where the restart's time went, in seconds: stop (the order to the new attempt's start: a warm restart's
+    kills, standbys and plan; a cold one's stop), and for a warm one state_transfer (the slowest rank's group and
+    state, as it reported)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,17 +141,22 @@ class Plan:
 
 def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], first_bad_step: int | None,
            verdict: Verdict | None, job: JobFacts, limits: Limits, budget: RestartBudget, now: datetime,
-           basis: dict[str, Any]) -> Plan:
-    """The plan for an incident of `kind` (`remedy` None: the catalogue's default, see the module docstring)."""
+           basis: dict[str, Any], stuck: tuple[str, ...] = ()) -> Plan:
+    """The plan for an incident of `kind` (`remedy` None: the catalogue's default, see the module docstring).
+    `stuck`: hosts whose rank the kernel holds (state D, a hang's look at the ranks): proven bad as a failed
+    diagnosis is, for nothing of the job can run there until the host is repaired."""
     basis = basis | {"kind": kind.name, "verdict": verdict.status.value if verdict else None,
                      "verdict_bad_nodes": list(verdict.bad_nodes) if verdict else []}
+    if stuck:
+        basis["stuck_in_kernel"] = list(stuck)
     lemons = sorted(n for n in set(suspects) | set(verdict.bad_nodes if verdict else ())
                     if job.node_incidents.get(n, 0) >= limits.lemon_incidents)
     if lemons:
         basis["lemons"] = {n: job.node_incidents[n] for n in lemons}
         basis["lemon_incidents"] = limits.lemon_incidents
         basis["lemon_window_s"] = limits.lemon_window.total_seconds()
-    proven = set(verdict.bad_nodes if verdict and verdict.status in (Status.FAIL, Status.DEGRADED) else ()) | set(lemons)
+    proven = set(verdict.bad_nodes if verdict and verdict.status in (Status.FAIL, Status.DEGRADED) else ()) | \
+        set(lemons) | set(stuck)
     chosen = remedy
     if chosen is None:
         chosen = Remedy.EXCLUDE_AND_RESTART if proven & set(job.nodes) else kind.remedy

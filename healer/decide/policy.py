@@ -72,6 +72,8 @@ class IncidentFacts:
     """Hosts the detector named."""
     suspect_ranks: tuple[int, ...] = ()
     """Ranks the detector (or a hang's look at the ranks) named."""
+    stuck_hosts: tuple[str, ...] = ()
+    """Hosts whose named rank the kernel holds (state D): no process of theirs can be replaced there."""
     attempt: int | None = None
     """The attempt the fault happened in."""
     first_bad_step: int | None = None
@@ -86,7 +88,8 @@ class IncidentFacts:
 def facts_of(*, incident_id: int, kind: str, state: IncidentState, state_since: datetime, now: datetime,
              rule: Rule | None, rules: RuleSet, suspects: tuple[str, ...], attempt: int | None,
              first_bad_step: int | None, verdict: Verdict | None, job: JobNow | None,
-             diagnoser: bool = False, suspect_ranks: tuple[int, ...] = ()) -> IncidentFacts:
+             diagnoser: bool = False, suspect_ranks: tuple[int, ...] = (),
+             stuck_hosts: tuple[str, ...] = ()) -> IncidentFacts:
     """An incident's facts as the policy takes them, from the responder (healer/engine/respond.py) and the simulator
     (sim/decisions.py) alike. `job`: the job as its launcher sees it (None: no launcher acts on it); `diagnoser`:
     without a launcher, whether this healer can still run the rule's runbook."""
@@ -100,7 +103,7 @@ def facts_of(*, incident_id: int, kind: str, state: IncidentState, state_since: 
         diagnosable = diagnoser
     return IncidentFacts(incident_id=incident_id, kind=fk, state=state, state_since=state_since, now=now, rule=rule,
                          limits=rules.limits, budget=rules.budget(rule), suspects=suspects,
-                         suspect_ranks=suspect_ranks, attempt=attempt,
+                         suspect_ranks=suspect_ranks, stuck_hosts=stuck_hosts, attempt=attempt,
                          first_bad_step=first_bad_step, verdict=verdict if state is IncidentState.DIAGNOSING else None,
                          diagnosis_available=diagnosable, job=job)
 
@@ -187,7 +190,8 @@ def _remedy(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         basis = basis | {"launcher": "none: notify only"}
     job_facts = f.job.facts if f.job is not None else JobFacts(nodes=())
     plan = restart_mode(choose(f.kind, remedy, f.suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget,
-                               f.now, basis | ({"verdict": f.verdict.status.value} if f.verdict else {})),
+                               f.now, basis | ({"verdict": f.verdict.status.value} if f.verdict else {}),
+                               f.stuck_hosts),
                         f.kind, job_facts, f.suspect_ranks if f.kind.replaces_named else ())
     if plan.not_before is not None:
         return Decision(Action.WAIT, None, plan.basis | {"reason": plan.basis.get("backoff", "backoff")},

@@ -87,11 +87,15 @@ def members(group: str, rank: int, mesh: dict[int, dict[str, int]]) -> set[int]:
     return out
 
 
+STUCK_IN_KERNEL = "process stuck in the kernel"
+"""How a rank held by the kernel (state D) is told: its host is left out (healer.decide.plans.choose: `stuck`)."""
+
+
 def attribute(ranks: list[dict[str, Any]], mesh: dict[int, dict[str, int]]) -> Attribution:
     """`ranks`: one evidence payload per rank (rank, state, wchan, phase, stack); `mesh`: rank -> {pp, dp, tp}."""
     by_rank = {r["rank"]: r for r in ranks if isinstance(r.get("rank"), int)}
     groups = _groups(by_rank)
-    for states, how in ((("D",), "process stuck in the kernel (state D)"), (("T", "t"), "process stopped (state T)")):
+    for states, how in ((("D",), f"{STUCK_IN_KERNEL} (state D)"), (("T", "t"), "process stopped (state T)")):
         stuck = sorted(r for r, ev in by_rank.items() if ev.get("state") in states)
         if stuck:
             return Attribution(stuck, how, groups=groups)

@@ -22,7 +22,7 @@ from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide
 from healer.decide.rules import DetectorCondition, Rule, RuleSet
 from healer.decide.signals import Signal
 from healer.decide.states import IncidentState
-from healer.detect.hang_attribution import attribute
+from healer.detect.hang_attribution import STUCK_IN_KERNEL, attribute
 from healer.detect.suspects import Suspect, decode, on_hosts, ranks
 from healer.detect.suspects import nodes as suspect_nodes
 from healer.incidents.jobstore import JobStore
@@ -45,6 +45,15 @@ def suspects_of(incident: Incident) -> tuple[str, ...]:
     """The hosts the incident blames: its suspects' (healer/detect/suspects.py) and the host it is on, if any."""
     named = suspect_nodes(decode(incident.suspects, f"incident {incident.id}"))
     return tuple(sorted({*named, *([incident.node] if incident.node else [])}))
+
+
+def stuck_in_kernel(incident: Incident) -> tuple[str, ...]:
+    """The hosts of a hang's named ranks when the look at the ranks found them held by the kernel (state D)."""
+    evidence = incident.evidence if isinstance(incident.evidence, dict) else {}
+    attribution = (evidence.get("stacks") or {}).get("attribution") or {}
+    if not str(attribution.get("how", "")).startswith(STUCK_IN_KERNEL):
+        return ()
+    return tuple(suspect_nodes(decode(incident.suspects, f"incident {incident.id}")))
 
 
 class Responder:
@@ -118,6 +127,7 @@ class Responder:
         return facts_of(incident_id=incident.id, kind=incident.kind, state=state, state_since=incident.state_since,
                         now=now, rule=rule, rules=self.ruleset, suspects=suspects_of(incident),
                         suspect_ranks=tuple(ranks(decode(incident.suspects, f"incident {incident.id}"))),
+                        stuck_hosts=stuck_in_kernel(incident),
                         attempt=incident.attempt, first_bad_step=incident.first_bad_step,
                         verdict=self._verdict(incident.id) if state is S.DIAGNOSING else None,
                         job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None)
@@ -310,7 +320,8 @@ class Responder:
                 self.store.finish_remediation(remediation_id, "started")
             self.store.note(incident_id, {"attempt": result.attempt, "resume_step": result.from_step,
                                           "resume": result.resume, "nodes": list(result.nodes), "dp": result.dp,
-                                          "mode": result.mode, "mode_why": result.mode_why},
+                                          "mode": result.mode, "mode_why": result.mode_why,
+                                          "stages": result.stages},
                             kind="restarted")
             return
         self.jobs.restart_ended(restart_id, "failed")

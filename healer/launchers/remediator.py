@@ -314,6 +314,7 @@ class AgentRemediator:
     def _restart_warm(self, order: RestartOrder) -> Started:
         """The next attempt from the running one's processes (Coordinator.restart_warm), on the order's hosts (a spare
         in the place of a host that leaves); it waits, a bounded time, for every rank to say where it resumed from."""
+        ordered = time.monotonic()
         placement, left_out = self.placement.moved_to(order.nodes, order.dp, order.released)
         doubts = self.drainer.witness(order.incident_id) if left_out and self.drainer is not None else None
         try:
@@ -326,6 +327,7 @@ class AgentRemediator:
                 doubts.cancel()
             raise
         self.placement = placement.skipping(order.skip_steps)
+        planned = time.monotonic()
         assert attempt.warm is not None and self.sup.warm is not None
         deadline = time.monotonic() + WARM_READY_WAIT_S
         resumed: dict[str, str] = {}
@@ -336,11 +338,10 @@ class AgentRemediator:
             time.sleep(0.02)
         self.sup.warm_ready(attempt, resumed)
         if left_out and self.drainer is not None:
-            if doubts is not None:
-                futures.wait([doubts], timeout=WITNESS_WAIT_S)
-            # NOTE: once the new generation runs, as after a cold start: the scheduler's answer adds nothing to the
-            # time to recover.
-            self.drainer.left_out(order.incident_id, left_out, doubts)
+            # NOTE: once the new generation runs, on a thread of its own: the witnesses (seconds, for a host that
+            # does not answer) and the scheduler's answer hold up neither the training nor the restart's record.
+            threading.Thread(target=self._drain_left_out, args=(order.incident_id, left_out, doubts), daemon=True,
+                             name="megaheal-drain").start()
         steps = {int(m.group(1)) for v in resumed.values() if (m := re.match(r"memory step (\d+)", v))}
         # NOTE: the ranks' own words when they fell back to the disk ("disk (replica of rank 3 kept by rank 5
         # failed its checksum at step 12) in 1.2 s", train/warm/worker.py), so the incident says why.
@@ -348,6 +349,8 @@ class AgentRemediator:
         resume = "memory" if not disk else next((d for d in disk if d != "disk"),
                                                 "disk (no state in memory held by every rank)")
         taken = f"; standbys took rank(s) {sorted(attempt.warm.replaced)}" if attempt.warm.replaced else ""
+        said = [float(m.group(1)) for v in resumed.values() if (m := re.search(r" in ([0-9.]+) s$", v))]
+        stages = {"stop_s": round(planned - ordered, 3), **({"state_transfer_s": max(said)} if said else {})}
         from_step = min(steps) if steps and not disk else None
         if disk and self.sup.cfg.program is None:
             # What the ranks' `--resume auto` picked: the same choice a cold restart makes.
@@ -355,7 +358,19 @@ class AgentRemediator:
             from_step = choice.checkpoint.step if choice.checkpoint is not None else 0
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC),
                        from_step=from_step, resume=resume, nodes=self.nodes,
-                       dp=self.dp, mode="warm", mode_why=order.mode_why + taken)
+                       dp=self.dp, mode="warm", mode_why=order.mode_why + taken, stages=stages)
+
+    def _drain_left_out(self, incident_id: int, left_out: set[str], doubts: futures.Future | None) -> None:
+        """Drain the hosts a warm restart left out that their incident proved bad (Drainer.left_out)."""
+        drainer = self.drainer
+        assert drainer is not None
+        if doubts is not None:
+            futures.wait([doubts], timeout=WITNESS_WAIT_S)
+
+        def drain() -> None:
+            drainer.left_out(incident_id, left_out, doubts)
+
+        self._guarded(drain)
 
     def _failed_in(self, attempt: int) -> bool:
         """Whether a rank of `attempt` has failed (the crash that follows restarts cold: waiting on is pointless)."""
@@ -366,6 +381,7 @@ class AgentRemediator:
         # and heard before the next attempt starts: what they say is of the host as the healer found it, not as it may
         # be once the job runs again without it (a cut link restored). NOTE: a few seconds at most, and the stop of an
         # attempt on a host that does not answer takes about as long.
+        ordered = time.monotonic()
         doubts = self.drainer.witness(order.incident_id) if self.drainer is not None else None
         self.sup.stop(self.token, self.cfg.fault_grace)
         if doubts is not None:
@@ -387,6 +403,7 @@ class AgentRemediator:
             resume, from_step = "auto", choice.checkpoint.step if choice.checkpoint is not None else 0
         placement, left_out = self.placement.moved_to(order.nodes, order.dp, order.released)
         self.placement = placement.skipping(order.skip_steps)
+        stopped = time.monotonic()
         try:
             attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume,
                                      extra=self.placement.skip_override(), spares=self.spares)
@@ -396,7 +413,8 @@ class AgentRemediator:
                 # start worked or not, the host stays proven bad.
                 self.drainer.left_out(order.incident_id, left_out, doubts)
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC), from_step=from_step,
-                       resume=resume, nodes=self.nodes, dp=self.dp, mode="cold", mode_why=why)
+                       resume=resume, nodes=self.nodes, dp=self.dp, mode="cold", mode_why=why,
+                       stages={"stop_s": round(stopped - ordered, 3)})
 
     def _submit(self, order: Callable[[], None]) -> None:
         with self._lock:

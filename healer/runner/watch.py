@@ -11,9 +11,11 @@ watcher running on another host, which asks the healer's report endpoint for /he
 - an answer: all is well;
 - the connection refused: the batch host's kernel answers, so it is the healer process alone that is gone (the batch
   script takes the run over in place): nothing to do;
-- no answer for `after_s`: the batch host is asked the scheduler's way (`srun ... true` there, bounded); when that
-  fails too, the job hands over: a successor job (the same batch script, `--dependency=singleton` on the same job
-  name, `--no-requeue`, on as many hosts as are left, its output appended to this one's) is submitted with
+- no answer for `after_s`: before anything, the watcher makes sure it is not the one cut off: slurmctld answers
+  (`scontrol ping`) and it reaches another of the job's hosts (an agent's port, TCP). Only then is the batch
+  host asked the scheduler's way (`srun ... true` there, bounded), and the healer once more; when both stay silent
+  the job hands over: a successor job (the same batch script, `--dependency=singleton` on the same job name,
+  `--no-requeue`, on as many hosts as are left, its output appended to this one's) is submitted with
   MEGAHEAL_TAKE_OVER=1, and this job is cancelled. The successor's healer takes the run over from its run directory
   (incidents, restart budget, checkpoints): the lost host becomes a host_lost incident there, its evidence this
   watcher's handover record (RUN_DIR/launcher/handover.json).
@@ -29,15 +31,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import ssl
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ground import slurm
 from ground.names import check_name
 from ground.tls import PeerTls, https
+from healer.launchers import agent_registry
 from healer.launchers.run_authority import RunAuthority
 from wire import journal
 from wire.run_paths import RunPaths
@@ -125,7 +130,7 @@ class Watch:
                 log.error("the healer of %s never answered in %.0f s: not watching", self.run_dir, self.arm_timeout_s)
                 return 1
             time.sleep(self.every_s)
-        job = slurm.job(self.job_id)  # NOTE: read while all is well: the script, output and name to submit again
+        job = self._job()
         log.info("watching the healer of %s (batch host %s, job %s)", self.run_dir, self.batch_host, self.job_id)
         heard, lapsed_at = time.monotonic(), None
         while True:
@@ -135,13 +140,41 @@ class Watch:
             else:
                 lapsed_at = lapsed_at or time.time()
                 if time.monotonic() - heard >= self.after_s:
-                    if slurm.step_runs_on(self.job_id, self.batch_host):
-                        log.warning("the healer does not answer but %s runs steps: waiting", self.batch_host)
-                        heard = time.monotonic()
-                    else:
+                    why_not = self.why_not_hand_over()
+                    if why_not is None:
                         self.hand_over(job, lapsed_at)
                         return 0
+                    log.warning("the healer has not answered for %.0f s, but %s: waiting", self.after_s, why_not)
+                    heard, lapsed_at = time.monotonic(), None
             time.sleep(self.every_s)
+
+    def _job(self, tries: int = 5) -> slurm.JobInfo:
+        """What scontrol says of this job, read while all is well: the script, output and name to submit again."""
+        for n in range(tries):
+            try:
+                return slurm.job(self.job_id)
+            except slurm.SlurmError as exc:
+                if n == tries - 1:
+                    raise
+                log.warning("scontrol show job %s: %s; again in %.0f s", self.job_id, exc, self.every_s * 5)
+                time.sleep(self.every_s * 5)
+        raise AssertionError("unreachable")
+
+    def why_not_hand_over(self) -> str | None:
+        """Why the silence is not the batch host's loss (None: it is): this watcher is the one cut off, the batch
+        host still runs steps, or the healer answers again."""
+        if not slurm.controller_answers():
+            return "slurmctld does not answer here either (this host may be the one cut off)"
+        others = {n: url for n, url in agent_registry.load(self.run_dir).items()
+                  if n not in (self.batch_host, os.environ.get("SLURMD_NODENAME"))}
+        # NOTE: any one host, not a majority: the registry still names hosts lost earlier in the run.
+        if others and not any(_reaches(url, self.probe_timeout_s) for url in others.values()):
+            return f"none of the {len(others)} other hosts answers here (this host may be the one cut off)"
+        if slurm.step_runs_on(self.job_id, self.batch_host):
+            return f"{self.batch_host} still runs steps"
+        if self.probe() != "silent":
+            return "the healer answers again"
+        return None
 
     def hand_over(self, job: slurm.JobInfo, lapsed_at: float) -> Handover:
         """Submit the successor job and cancel this one."""
@@ -172,3 +205,17 @@ class Watch:
 def watch(run_dir: Path, batch_host: str, job_id: str | None = None, after: timedelta = timedelta(seconds=10)) -> int:
     job = job_id or os.environ.get("SLURM_JOB_ID", "")
     return Watch(run_dir=run_dir, batch_host=batch_host, job_id=job, after_s=after.total_seconds()).run()
+
+
+def _reaches(url: str, timeout_s: float) -> bool:
+    """Whether a TCP connection to `url`'s host and port is answered (accepted or refused: the host is there)."""
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        return False
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s):
+            return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False

@@ -187,6 +187,15 @@ def test_a_lost_host_restarts_warm_on_the_spare_in_its_place_while_its_replicas_
     assert smaller.dp == 2 and not smaller.warm and smaller.basis["restart"]["why"].startswith("the layout changes")
 
 
+def test_a_hung_rank_the_kernel_holds_leaves_its_host_out_and_the_spare_takes_its_place_warm() -> None:
+    ring = {"n1": "n2", "n2": "n1"}
+    job = facts(warm_unavailable=None, replica_hosts=ring)
+    p = restart_mode(choose(fault("hang"), None, ("n2",), None, None, job, Limits(), RestartBudget(), NOW,
+                            {"rule": "test"}, stuck=("n2",)), fault("hang"), job, replace_ranks=(3,))
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",) and p.nodes == ("n1", "n3")
+    assert p.warm and p.basis["stuck_in_kernel"] == ["n2"] and "n3 takes the place of n2" in p.basis["restart"]["why"]
+
+
 def test_a_warm_kind_restarts_cold_when_the_job_cannot_or_no_replica_is_elsewhere() -> None:
     cold_job = facts(warm_unavailable="the warm restart of attempt 3 has not trained yet")
     p = restart_mode(plan("crash", job=cold_job), fault("crash"), cold_job)
