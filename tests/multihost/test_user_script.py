@@ -52,7 +52,7 @@ def test_a_host_of_an_unchanged_fsdp2_script_dies_and_the_spare_takes_its_place(
     lost = [i for i in job.incidents() if i["kind"] == "host_lost"]
     assert [i["suspect_nodes"] for i in lost] == [[dead]], [(i["kind"], i["summary"]) for i in job.incidents()]
     assert lost[0]["state"] == "resolved", lost[0]
-    assert job.attempt(1)["nodes"] == [hosts[0], hosts[2], hosts[3]], "the spare took the dead host's place"
+    assert job.attempt(1)["nodes"] == [hosts[0], hosts[3], hosts[2]], "the spare took the dead host's place"
     # The script was told it restarted, and resumed from its own checkpoint on the new hosts.
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("nodes/*/agent/*-attempt-001/ranks/*/*/*/stdout.log"))
     resumed = {int(line.split()[5]) for line in logs.splitlines() if "restart 1" in line}
