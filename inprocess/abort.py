@@ -76,3 +76,28 @@ class GenerationSockets:
             finally:
                 dup.close()
         return closed
+
+
+TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+              "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def describe_sockets(keep: frozenset[str] | set[str]) -> list[str]:
+    """This process's TCP sockets as the kernel sees them (ports, state, queues), each marked kept or not: what a
+    rank that cannot leave an aborted generation says before it exits, so the connection it waits on can be told."""
+    mine = {inode.removeprefix("socket:[").removesuffix("]"): (fd, inode) for fd, inode in _socket_fds().items()}
+    lines = []
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/self/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[9] in mine:
+                fd, inode = mine[f[9]]
+                local, remote = (int(a.rsplit(":", 1)[1], 16) for a in (f[1], f[2]))
+                tx, rx = f[4].split(":")
+                lines.append(f"fd {fd} {table} port {local} -> {remote} {TCP_STATES.get(f[3], f[3])} tx_queue "
+                             f"{int(tx, 16)} rx_queue {int(rx, 16)}{' (kept)' if inode in keep else ''}")
+    return lines

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from inprocess.abort import GenerationSockets
+from inprocess.abort import GenerationSockets, describe_sockets
 from inprocess.leave import leave_process_group
 from wire import rank_env
 from wire.warm_plan import Plan, key, read_plan
@@ -157,6 +157,8 @@ class GenerationLoop:
                 print(f"warm worker {self.worker}: generation {plan.generation} not left {LEAVE_WITHIN_S:.0f} s "
                       f"after it was aborted; exiting (code {STUCK_EXIT_CODE}) with the stacks below", flush=True)
                 faulthandler.dump_traceback(all_threads=True)
+                for line in describe_sockets(sockets.before):
+                    print(f"warm worker {self.worker}: socket {line}", flush=True)
                 os._exit(STUCK_EXIT_CODE)
 
 
