@@ -149,16 +149,15 @@ class Watch:
             time.sleep(self.every_s)
 
     def _job(self, tries: int = 5) -> slurm.JobInfo:
-        """What scontrol says of this job, read while all is well: the script, output and name to submit again."""
-        for n in range(tries):
+        """What scontrol says of this job, read while all is well: the script, output and name to submit again
+        (a transient scontrol failure is tried again; the last one is raised)."""
+        for _ in range(tries - 1):
             try:
                 return slurm.job(self.job_id)
             except slurm.SlurmError as exc:
-                if n == tries - 1:
-                    raise
                 log.warning("scontrol show job %s: %s; again in %.0f s", self.job_id, exc, self.every_s * 5)
                 time.sleep(self.every_s * 5)
-        raise AssertionError("unreachable")
+        return slurm.job(self.job_id)
 
     def why_not_hand_over(self) -> str | None:
         """Why the silence is not the batch host's loss (None: it is): this watcher is the one cut off, the batch
