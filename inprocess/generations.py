@@ -20,6 +20,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from inprocess import waits
 from inprocess.abort import GenerationSockets, describe_sockets
 from inprocess.leave import leave_process_group
 from wire import rank_env
@@ -103,10 +104,13 @@ class GenerationLoop:
         # that died or moved on is released at once, not at the timeout (the pool's own connections stay up).
         store = dist.PrefixStore(f"gen/{plan.generation}/", self.connect() if self.connect else self.control)
         over = threading.Event()
+        # NOTE: gloo only: NCCL's abort ends its communicators' waits itself (inprocess/waits.py says why gloo's
+        # need more).
+        interrupt = waits.arm(plan.generation) if plan.backend == "gloo" else None
         watcher = None
         if self.watch is not None:
-            watcher = threading.Thread(target=self._abort_when_replaced, args=(plan, sockets, over), daemon=True,
-                                       name="megaheal-warm-watch")
+            watcher = threading.Thread(target=self._abort_when_replaced, args=(plan, sockets, interrupt, over),
+                                       daemon=True, name="megaheal-warm-watch")
             watcher.start()
 
         def ready(source: str) -> None:
@@ -119,19 +123,29 @@ class GenerationLoop:
             run(plan, ready)
             return "ok"
         except Exception as exc:  # noqa: BLE001 - a peer died (or this rank failed): leave the group, keep what it holds
+            print(f"warm worker {self.worker}: generation {plan.generation} failed here: {type(exc).__name__}: "
+                  f"{str(exc)[:300]}", flush=True)
             return f"failed: {type(exc).__name__}: {str(exc)[:300]}"
         finally:
-            over.set()
-            if watcher is not None:
-                # NOTE: the watcher ends before the group is left: one still running could shut down the sockets of
-                # the next generation (their descriptors reuse this one's numbers), and it shares `watch` with the
-                # next generation's watcher (a store client is not safe across threads).
-                watcher.join()
-            leave_process_group()
+            try:
+                # NOTE: left while the watcher still watches, so that a rank stuck in tearing its group down is
+                # ended too (LEAVE_WITHIN_S counts from the abort).
+                leave_process_group()
+            finally:
+                over.set()
+                if watcher is not None:
+                    # NOTE: the watcher ends before the next generation begins: one still running could shut down
+                    # that generation's sockets (their descriptors reuse this one's numbers), and it shares `watch`
+                    # with the next generation's watcher (a store client is not safe across threads).
+                    watcher.join()
+                if interrupt is not None:
+                    waits.disarm(interrupt)
 
-    def _abort_when_replaced(self, plan: Plan, sockets: GenerationSockets, over: threading.Event) -> None:
+    def _abort_when_replaced(self, plan: Plan, sockets: GenerationSockets, interrupt: waits.Interrupt | None,
+                             over: threading.Event) -> None:
         """The pool planned the next generation while this one runs here (a peer died): abort this one, so that a
-        collective waiting on a live peer that already left does not wait for its timeout."""
+        collective waiting on a live peer that already left does not wait for its timeout (its sockets shut down,
+        and on gloo its ranks' waits interrupted: inprocess/waits.py)."""
         assert self.watching is not None
         following = key("plan", plan.generation + 1)
         # NOTE: a poll, not store.wait with a timeout: each timed-out wait logs a warning from c10d. A plan not
@@ -139,6 +153,8 @@ class GenerationLoop:
         while not over.wait(WATCH_EVERY_S):
             if self.watching.has(following):
                 closed = sockets.abort(plan.backend)
+                if interrupt is not None:
+                    interrupt.set()
                 print(f"warm worker {self.worker}: generation {plan.generation + 1} planned; generation "
                       f"{plan.generation} aborted here ({closed} socket(s) shut down)", flush=True)
                 break

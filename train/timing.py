@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.pipelining import schedules as pipeline_schedules
 
+from inprocess import waits
 from wire.phase_now import PhaseBeacon
 
 T = TypeVar("T")
@@ -84,9 +85,13 @@ class Stopwatch:
         self._cpu_ns = 0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
+    @property
+    def cuda(self) -> bool:
+        return self._cuda
+
     def run(self, call: Callable[[], T], wait_on_cpu: bool = False) -> T:
         """`call()`, timed; `wait_on_cpu`: on CPU, the Work it returns (an async collective) is waited for within
-        the time."""
+        the time (inprocess/waits.py: in a warm generation, a wait its abort can end)."""
         if self._cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -97,7 +102,7 @@ class Stopwatch:
         t0 = time.perf_counter_ns()
         out = call()
         if wait_on_cpu and out is not None:
-            out.wait()  # type: ignore[attr-defined]
+            waits.wait_collective(out, "a data-parallel collective")  # type: ignore[arg-type]
         self._cpu_ns += time.perf_counter_ns() - t0
         return out
 
@@ -133,8 +138,14 @@ class TimedReduceScatter(DefaultReduceScatter):
                 self.enter_ns = time.monotonic_ns()
             # NOTE: on CUDA FSDP calls this inside its reduce-scatter stream context: events land on that stream.
             reduce = super().__call__
-            return self._watch.run(lambda: reduce(output_tensor, input_tensor, group, op, async_op),
-                                   wait_on_cpu=async_op)
+            if self._watch.cuda or not waits.armed():
+                return self._watch.run(lambda: reduce(output_tensor, input_tensor, group, op, async_op),
+                                       wait_on_cpu=async_op)
+            # NOTE: in a warm generation on gloo, issued async and waited for here even when FSDP asks for a blocking
+            # call: a blocking gloo call cannot be ended by the generation's abort (inprocess/waits.py). Elsewhere
+            # FSDP's call is made as it asks.
+            work = self._watch.run(lambda: reduce(output_tensor, input_tensor, group, op, True), wait_on_cpu=True)
+            return work if async_op else None
 
     def drain_into(self, timer: PhaseTimer, phase: str = "dp_reduce") -> int | None:
         """Move this step's reduce time into `timer`; return and reset the entry time."""
@@ -163,8 +174,11 @@ class TimedAllGather(DefaultAllGather):
             # NOTE: on CUDA issued on FSDP's all-gather stream: the events time the transfer there (overlapped with
             # compute); on CPU FSDP would wait for it moments later, before the unit's forward, anyway.
             gather = super().__call__
-            return self._watch.run(lambda: gather(output_tensor, input_tensor, group, async_op),
-                                   wait_on_cpu=async_op)
+            if self._watch.cuda or not waits.armed():
+                return self._watch.run(lambda: gather(output_tensor, input_tensor, group, async_op),
+                                       wait_on_cpu=async_op)
+            work = self._watch.run(lambda: gather(output_tensor, input_tensor, group, True), wait_on_cpu=True)
+            return work if async_op else None  # (async in a warm generation: TimedReduceScatter says why)
 
     def drain_into(self, timer: PhaseTimer, phase: str = "dp_gather") -> None:
         """Move this step's all-gather time into `timer`."""
@@ -181,7 +195,8 @@ def _timed_wait(work: list[dist.Work]) -> None:
     assert _untimed_wait is not None
     timer = _active_pipeline_waits
     if timer is None:
-        _untimed_wait(work)
+        untimed = _untimed_wait
+        waits.wait_point_to_point(lambda: untimed(work), "a pipeline send or receive")
     else:
         timer.wait(work)
 
@@ -214,7 +229,10 @@ class TimedPipelineWaits:
     def wait(self, work: list[dist.Work]) -> None:
         assert _untimed_wait is not None
         untimed = _untimed_wait
-        self._watch.run(lambda: untimed(work))
+        if self._watch.cuda:
+            self._watch.run(lambda: untimed(work))  # stream waits: they do not hold the host
+        else:
+            self._watch.run(lambda: waits.wait_point_to_point(lambda: untimed(work), "a pipeline send or receive"))
 
     def drain_into(self, timer: PhaseTimer, phase: str = "pp_wait") -> None:
         """Move this step's waiting into `timer`."""
