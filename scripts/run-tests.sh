@@ -10,7 +10,7 @@
 #   1. the tiers whose tests wait on exit codes, commits and health checks, never on a detector's clock (unit,
 #      services, multiprocess, containers), on two workers (pytest-xdist, a test file each at a time). NOTE: they
 #      were two fixed lanes before (unit + services beside multiprocess + containers), and the first lane idled
-#      for its last 4:40 of 10:52 (a fresh make test of a6824de); balanced file by file, the two take ~8:30.
+#      for its last 4:40 of 10:52 (a fresh make test of a6824de); balanced file by file, they took 9:54 (3d803e2).
 #   2. then the tiers timed against the healer's detectors (e2e, multihost), alone: under another run's load a
 #      slowed rank was once never named and both tests that shared its run errored.
 # Each worker has its own session fixtures (its own PostgreSQL cluster, tmp directories, ports from the kernel). Only

@@ -86,6 +86,26 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgramFailure:
+    """A crash of the job's program as the crash detector saw it (healer/detect/logtail.py: signature)."""
+
+    attempt: int
+    signature: str
+    """The exception's type and its innermost frame ("ValueError at model.py:212 in forward")."""
+    nodes: tuple[str, ...]
+    """The hosts whose ranks failed with it in that attempt."""
+    step: int | None = None
+    """The step the attempt failed in (the one after the last it finished); None: not known."""
+    resumed_from: int | None = None
+    """The step the attempt started from (its checkpoint); None: not known."""
+
+    @property
+    def key(self) -> tuple[str, int | None, int | None]:
+        """What two failures must share to be the same: the exception, where, at which step, from which start."""
+        return self.signature, self.step, self.resumed_from
+
+
+@dataclass(frozen=True, slots=True)
 class JobFacts:
     """What the launcher and the store know of the job when the decision is made."""
 
@@ -108,6 +128,11 @@ class JobFacts:
     replica_hosts: dict[str, str] = field(default_factory=dict)
     """Per host of the job, the host whose ranks keep the replicas of its ranks' snapshots (train/warm/replicas.py);
     empty: none elsewhere (a job on one host), so a host that leaves takes its ranks' state with it."""
+    failures: tuple[ProgramFailure, ...] = ()
+    """The program's crashes in the job's earlier attempts (what crash_loop compares)."""
+    stalled_rollbacks: int = 0
+    """Rollbacks in a row before this one that brought no net progress: none of their failed attempts went past the
+    highest step the job had reached (nor did the attempt this incident ended)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +193,12 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
     if chosen is Remedy.NOTIFY:
         return Plan(Remedy.NOTIFY, basis | {"reason": f"{kind.name}: notify, then wait for the condition to clear"})
     if chosen is Remedy.ROLLBACK:
+        if job.stalled_rollbacks >= STALLED_ROLLBACKS:
+            return Plan(Remedy.ESCALATE, basis | {
+                "stalled_rollbacks": job.stalled_rollbacks,
+                "reason": f"{kind.name}: this would be rollback {job.stalled_rollbacks + 1} in a row without net "
+                          "progress (no attempt since went past the job's highest step): rolling back again would "
+                          "loop; paging"})
         return gate(_rollback(kind, first_bad_step, job, limits, basis), job, budget, now)
     targets = proven | (set(suspects) if chosen is Remedy.EXCLUDE_AND_RESTART else set())
     if targets & set(job.nodes):
@@ -175,6 +206,33 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
     why = "no host found at fault" if chosen is Remedy.RESTART else "the hosts to leave out are not in the job"
     return gate(Plan(Remedy.RESTART, basis | {"reason": f"{kind.name} with {why}: restart in place"},
                      nodes=job.nodes, dp=job.dp), job, budget, now)
+
+
+def crash_loop(failure: ProgramFailure | None, job: JobFacts) -> dict[str, Any] | None:
+    """The basis of a crash loop, or None: the same failure of the program (ProgramFailure.key) in an earlier attempt, and
+    the two together on two hosts or more. The fault is then the application's: restarting, on any host, fails the
+    same way again. A signal, a lost host or a peer's echo has no signature, and never loops."""
+    if failure is None:
+        return None
+    same = [f for f in job.failures if f.attempt != failure.attempt and f.key == failure.key]
+    hosts = sorted({*failure.nodes, *(n for f in same for n in f.nodes)})
+    if not same or len(hosts) < 2:
+        return None
+    where = f" at step {failure.step}" if failure.step is not None else ""
+    start = f", resumed from step {failure.resumed_from}" if failure.resumed_from is not None else ""
+    return {"signature": failure.signature, "step": failure.step, "resumed_from": failure.resumed_from,
+            "attempts": sorted({failure.attempt, *(f.attempt for f in same)}), "hosts": hosts,
+            "reason": f"crash loop: {failure.signature}{where}{start}, in attempts "
+                      f"{', '.join(str(a) for a in sorted({failure.attempt, *(f.attempt for f in same)}))} on "
+                      f"{', '.join(hosts)}: the program's own failure, which no restart on any host mends; stopped "
+                      f"(exit {CRASH_LOOP_EXIT}: do not requeue)"}
+
+
+STALLED_ROLLBACKS = 2
+"""Rollbacks in a row without net progress after which the next one escalates instead (the third)."""
+CRASH_LOOP_EXIT = 78
+"""`megaheal run`'s exit status when it stopped a crash loop: the program fails the same way wherever it runs, so a
+scheduler must not run it again as it is (deploy/slurm/megaheal.sbatch passes it on; 78 is sysexits' EX_CONFIG)."""
 
 
 def _exclude(bad: tuple[str, ...], job: JobFacts, limits: Limits, basis: dict[str, Any]) -> Plan:

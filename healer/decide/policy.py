@@ -2,6 +2,8 @@
 
     open         another incident of the job is being remediated            -> wait for it
                  the job has moved on to a later attempt (another restart answered this fault) -> resolve
+                 a crash loop: the program failed the same way in an earlier attempt, on two hosts or more
+                 (healer.decide.plans.crash_loop)                            -> escalate, stop the job
                  a runbook diagnoses it first (the rule names one; the catalogue diagnoses this kind's suspects
                  first, or the healer runs runbooks locally)                 -> diagnose (diagnosing)
                  otherwise                                                   -> choose the remedy (below)
@@ -24,7 +26,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from healer.decide.catalogue import FaultKind, Remedy, fault
-from healer.decide.plans import JobFacts, Limits, Plan, RestartBudget, Verdict, choose, restart_mode, warm_reason
+from healer.decide.plans import (
+    JobFacts,
+    Limits,
+    Plan,
+    ProgramFailure,
+    RestartBudget,
+    Verdict,
+    choose,
+    crash_loop,
+    restart_mode,
+    warm_reason,
+)
 from healer.decide.rules import Rule, RuleSet
 from healer.decide.states import IncidentState
 
@@ -83,13 +96,15 @@ class IncidentFacts:
     diagnosis_available: bool = False
     """Whether this healer can run the rule's runbook."""
     job: JobNow | None = None
+    failure: ProgramFailure | None = None
+    """A crash's failure of the program (its signature), when the log names one."""
 
 
 def facts_of(*, incident_id: int, kind: str, state: IncidentState, state_since: datetime, now: datetime,
              rule: Rule | None, rules: RuleSet, suspects: tuple[str, ...], attempt: int | None,
              first_bad_step: int | None, verdict: Verdict | None, job: JobNow | None,
              diagnoser: bool = False, suspect_ranks: tuple[int, ...] = (),
-             stuck_hosts: tuple[str, ...] = ()) -> IncidentFacts:
+             stuck_hosts: tuple[str, ...] = (), failure: ProgramFailure | None = None) -> IncidentFacts:
     """An incident's facts as the policy takes them, from the responder (healer/engine/respond.py) and the simulator
     (sim/decisions.py) alike. `job`: the job as its launcher sees it (None: no launcher acts on it); `diagnoser`:
     without a launcher, whether this healer can still run the rule's runbook."""
@@ -105,7 +120,7 @@ def facts_of(*, incident_id: int, kind: str, state: IncidentState, state_since: 
                          limits=rules.limits, budget=rules.budget(rule), suspects=suspects,
                          suspect_ranks=suspect_ranks, stuck_hosts=stuck_hosts, attempt=attempt,
                          first_bad_step=first_bad_step, verdict=verdict if state is IncidentState.DIAGNOSING else None,
-                         diagnosis_available=diagnosable, job=job)
+                         diagnosis_available=diagnosable, job=job, failure=failure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +180,11 @@ def _open(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         return Decision(Action.RESOLVE, S.RESOLVED, basis | {
             "reason": f"superseded: the job was restarted (attempt {job.attempt}) after the attempt this fault "
                       f"happened in ({f.attempt})"})
+    loop = crash_loop(f.failure, job.facts) if job is not None else None
+    if loop is not None:
+        # NOTE: before any diagnosis: no host is at fault, and the job is stopped for good (one page, this one).
+        return Decision(Action.ESCALATE, S.ESCALATED, basis | {"reason": loop.pop("reason"), "crash_loop": loop},
+                        stop_job=True)
     warm = warm_reason(f.kind, job.facts) if job is not None else None
     if rule.runbook and f.diagnosis_available and warm is None:
         return Decision(Action.DIAGNOSE, S.DIAGNOSING, basis | {"reason": f"run runbook {rule.runbook}"},

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from healer.detect.base import Detector, Evaluation, Finding
-from healer.detect.logtail import classify, signal_name
+from healer.detect.logtail import classify, signal_name, signature
 from healer.detect.silence import silent_hosts
 from healer.detect.suspects import Suspect
 from healer.observe.jobview import Readings
@@ -113,6 +113,10 @@ class Crash(Detector):
         why = "" if cls.category in ("signal", "exit-code", "unknown") else f" ({cls.category}: {cls.detail})"
         who = f"rank {cause.rank}" if cause.rank is not None else "the agent"
         others = len(failed) - 1
+        # The application's own failure, and the hosts it struck in this attempt (every rank that failed the same way):
+        # the same one in another attempt on another host is a crash loop (healer.decide.plans.crash_loop).
+        sig = signature(cls, cause.log_tail)
+        struck = sorted({e.node for e, c in classes if sig is not None and signature(c, e.log_tail) == sig})
         return Finding(
             key=key, job=job, node=cause.node,
             summary=f"{who} on {cause.node} {how}{why}" + (f"; {others} more process(es) failed after it"
@@ -120,6 +124,7 @@ class Crash(Detector):
             evidence={"attempt": attempt, "exit_code": cause.exit_code, "signal": signal_name(cause.signal) if cause.signal else None,
                       "vanished": cause.vanished,
                       "class": cls.to_payload(), "log_tail": list(cause.log_tail[-self.config.tail_lines:]),
+                      "signature": sig, "signature_nodes": struck,
                       "failed": [{"rank": e.rank, "node": e.node, "exit_code": e.exit_code,
                                   "signal": signal_name(e.signal) if e.signal else None, "at": e.at,
                                   "category": c.category, "peer_failure": c.peer_failure}

@@ -17,6 +17,9 @@ NCCL = re.compile(r"NCCL error|ncclSystemError|ncclUnhandledCudaError|ncclIntern
 GLOO = re.compile(r"gloo|Connection closed by peer|Connection reset by peer|ProcessGroupGloo", re.IGNORECASE)
 SEGV = re.compile(r"Segmentation fault|SIGSEGV|Fatal Python error: Segmentation")
 EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning))(?::|$)")
+RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+"""What torchrun puts before each line a rank writes (its stderr.log keeps it): taken off before matching."""
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 # Peer-failure text: a rank that dies because another one did. It is a consequence, not a cause.
 PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|recvBytes|"
                   r"Application timeout caused pair closure", re.IGNORECASE)
@@ -45,7 +48,7 @@ def signal_name(num: int) -> str:
 
 
 def classify(exit_code: int | None, sig: int | None, tail: tuple[str, ...] | list[str]) -> CrashClass:
-    lines = [line.rstrip() for line in tail if line.strip()]
+    lines = [line for line in _lines(tail) if line.strip()]
     peer = any(PEER.search(line) for line in lines)
     for pattern, category in ((OOM, "oom"), (NCCL, "nccl")):
         hit = _last(lines, pattern)
@@ -69,6 +72,30 @@ def classify(exit_code: int | None, sig: int | None, tail: tuple[str, ...] | lis
         # Neither a status nor a telling log line: the process vanished (reaped before it could be read).
         return CrashClass("unknown", "status unknown", lines[-1][:300] if lines else "", peer)
     return CrashClass("exit-code", str(exit_code), lines[-1][:300] if lines else "", peer)
+
+
+def signature(cls: CrashClass, tail: tuple[str, ...] | list[str]) -> str | None:
+    """What a failure of the application looks like wherever it happens: the exception's type and the innermost frame
+    of its traceback ("ValueError at model.py:212 in forward"; the file by its name only, as hosts install it under
+    different paths). None for what is not a Python exception in the program (a signal, a peer's echo, out of
+    memory, NCCL: the host or its neighbours may be to blame) or has no frame to name."""
+    if cls.category != "python-exception" or cls.peer_failure:
+        return None
+    frame = _innermost_frame(_lines(tail))
+    return f"{cls.detail} at {frame}" if frame is not None else None
+
+
+def _lines(tail: tuple[str, ...] | list[str]) -> list[str]:
+    """The tail's lines as the rank wrote them (torchrun's "[rankN]: " taken off)."""
+    return [RANK_PREFIX.sub("", line.rstrip(), count=1) for line in tail]
+
+
+def _innermost_frame(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        m = FRAME.match(line)
+        if m:
+            return f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)} in {m.group(3)}"
+    return None
 
 
 def _last(lines: list[str], pattern: re.Pattern[str]) -> str | None:

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from healer.decide.catalogue import Remedy, fault
-from healer.decide.plans import JobFacts, Verdict
+from healer.decide.plans import JobFacts, ProgramFailure, Verdict
 from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide, facts_of
 from healer.decide.rules import DetectorCondition, Rule, RuleSet
 from healer.decide.signals import Signal
@@ -64,6 +64,8 @@ class Responder:
         self.rules = {r.name: r for r in ruleset.rules}
         self.halted: str | None = None
         """Why the healer stopped its job for good (an escalation of a fault the job cannot go on with)."""
+        self.crash_loop: dict[str, Any] | None = None
+        """The crash loop it stopped the job for (healer.decide.plans.crash_loop), if that was why."""
 
     # ---- new incidents -----------------------------------------------------------------------------------
 
@@ -130,7 +132,49 @@ class Responder:
                         stuck_hosts=stuck_in_kernel(incident),
                         attempt=incident.attempt, first_bad_step=incident.first_bad_step,
                         verdict=self._verdict(incident.id) if state is S.DIAGNOSING else None,
-                        job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None)
+                        job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None,
+                        failure=self._failure(incident) if state is S.OPEN else None)
+
+    def _failure(self, incident: Incident) -> ProgramFailure | None:
+        """The program's failure a crash incident names (its log's signature), with the step its attempt failed in
+        and the step it started from where the ranks' records say."""
+        sig = (incident.evidence or {}).get("signature") if incident.kind == "crash" else None
+        if not isinstance(sig, str) or incident.attempt is None:
+            return None
+        nodes = tuple(n for n in (incident.evidence.get("signature_nodes") or ()) if isinstance(n, str))
+        r = self.remediator
+        step = started = None
+        if r is not None and incident.job == r.job and r.records_steps:
+            done = r.highest_step(incident.attempt)
+            step = done + 1 if done is not None else None
+            started = r.first_step(incident.attempt)
+        return ProgramFailure(attempt=incident.attempt, signature=sig, nodes=nodes or ((incident.node,) if incident.node
+                                                                                 else ()),
+                       step=step, resumed_from=started)
+
+    def _stalled_rollbacks(self, incident: Incident) -> int:
+        """The job's rollbacks in a row that brought no net progress: since the last failed attempt that went past
+        the highest step the job had reached, counting only if this incident's attempt did not go past it either."""
+        r = self.remediator
+        if r is None or not r.records_steps:
+            return 0
+        kinds = {other.id: other.kind for other in self.store.of_job(r.job)}
+        high, stalled = -1, 0
+        for restart in self.jobs.restarts(r.job):
+            if restart.cause != "remediation":
+                continue
+            if restart.highest_step is not None and restart.highest_step > high:
+                high, stalled = restart.highest_step, 0
+            kind = kinds.get(restart.incident_id) if restart.incident_id is not None else None
+            if kind is not None and fault(kind).remedy is Remedy.ROLLBACK:
+                stalled += 1
+        reached = r.highest_step(incident.attempt) if incident.attempt is not None else None
+        return 0 if reached is not None and reached > high else stalled
+
+    def _failures(self, job: str, incident_id: int) -> tuple[ProgramFailure, ...]:
+        """The program's failures in the job's other crash incidents."""
+        return tuple(f for other in self.store.of_job(job) if other.id != incident_id and other.kind == "crash"
+                     if (f := self._failure(other)) is not None)
 
     def _job_now(self, incident: Incident, rule: Rule | None, now: datetime) -> JobNow | None:
         r = self.remediator
@@ -141,7 +185,13 @@ class Responder:
         facts = JobFacts(nodes=st.nodes, spares=st.spares, dp=st.dp, valid_dp=st.valid_dp,
                          warm_unavailable=st.warm_unavailable, replica_hosts=st.replica_hosts,
                          checkpoint_steps=r.checkpoint_steps(), restarts=self.jobs.restart_times(r.job, now - budget.window),
-                         node_incidents=self.jobs.node_incident_counts(now - self.ruleset.limits.lemon_window))
+                         node_incidents=self.jobs.node_incident_counts(now - self.ruleset.limits.lemon_window),
+                         # NOTE: read where the policy looks at them only (a crash as it opens, a rollback until
+                         # its remedy is chosen): each reads the ranks' records.
+                         failures=self._failures(r.job, incident.id) if incident.kind == "crash" and
+                         incident.state == S.OPEN.value else (),
+                         stalled_rollbacks=self._stalled_rollbacks(incident) if fault(incident.kind).remedy
+                         is Remedy.ROLLBACK and incident.state in (S.OPEN.value, S.DIAGNOSING.value) else 0)
         return JobNow(facts=facts, attempt=st.attempt, busy_with=self._busy_with(r.job, incident.id))
 
     def _busy_with(self, job: str, incident_id: int) -> int | None:
@@ -194,7 +244,7 @@ class Responder:
         t0 = time.monotonic()
         try:
             found = r.rank_evidence(incident.attempt)
-        except Exception:  # noqa: BLE001 - evidence is worth having, never worth failing the incident for
+        except Exception:
             log.warning("incident %d: the ranks could not be looked at", incident.id, exc_info=True)
             found = None
         if not found or not found.get("ranks"):
@@ -337,6 +387,8 @@ class Responder:
     def _escalate(self, incident: Incident, decision: Decision) -> None:
         self.store.add_remediation(incident.id, Remedy.ESCALATE.value, decision.to_payload(), "paged")
         if decision.stop_job and self.remediator is not None and incident.job == self.remediator.job:
+            if "crash_loop" in decision.basis:
+                self.crash_loop = decision.basis["crash_loop"]
             self._halt(f"incident {incident.id} escalated: {decision.basis.get('reason')}")
 
     def _halt(self, reason: str) -> None:

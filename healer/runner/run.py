@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ground.names import derive_name
+from healer.decide.plans import CRASH_LOOP_EXIT
 from healer.decide.rules import RuleSet, load_rule_set
 from healer.launchers.agent_client import Fenced
 from healer.launchers.allocation import Allocation
@@ -98,7 +99,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     `drain`: drain hosts proven bad in the scheduler [default: under slurm]. `standbys`: run warm with that many
     standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. `dcgm_url`: under slurm,
     each host's agent reads its GPUs from the dcgm-exporter at that URL (as the host sees it) instead of NVML. Returns FENCED_EXIT
-    when a newer healer took the job over (it is left running as it is). Raises RunDirBusy
+    when a newer healer took the job over (it is left running as it is), CRASH_LOOP_EXIT when it stopped the job in a
+    crash loop (do not run it again as it is). Raises RunDirBusy
     when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation, ConfigError
     for a bad config, rule file or chaos schedule (before anything is written)."""
     if resume and (run_dir is None or not RunPaths(run_dir).journal.exists()):
@@ -300,6 +302,10 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
               f"stopped; go on with it: megaheal run --run-dir {run_dir} --take-over")
         print(f"html report: {html}")
         return interrupts.exit_code
-    print(f"outcome: {outcome}; run dir {run_dir}; report {run_dir / 'report.json'}")
+    loop = job.healer.responder.crash_loop if outcome == "escalated" else None
+    said = f" (crash loop: {loop['signature']}; exit {CRASH_LOOP_EXIT}, do not requeue)" if loop else ""
+    print(f"outcome: {outcome}{said}; run dir {run_dir}; report {run_dir / 'report.json'}")
     print(f"html report: {html}")  # NOTE: the last line, so `make demo` ends with the page to open
+    if loop is not None:
+        return CRASH_LOOP_EXIT
     return 0 if outcome == "finished" and all(i["state"] == "resolved" for i in ledger.incidents) else 1

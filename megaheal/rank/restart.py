@@ -6,7 +6,7 @@ group, the same rank, and what the process chose to keep (`Restart.kept`); a sta
 rank. Nothing restarts from the interpreter up, and nothing is read from the disk unless the program does so.
 
 Outside a warm pool (plain torchrun, `megaheal run` cold) the function is called once, in the process group torchrun's
-environment describes (made here when the program has not made one).
+environment describes (made here when the program has not made one, and then left here once the function returns).
 """
 
 from __future__ import annotations
@@ -110,10 +110,20 @@ def restartable(fn: Callable[[Restart], T] | None = None, *, backend: str | None
         def run() -> T:
             if os.environ.get(rank_env.WARM_CONTROL):
                 return _Pool(f).serve()  # type: ignore[no-any-return]
-            if not dist.is_initialized():
-                import torch
+            if dist.is_initialized():
+                return f(Restart(0, dist.get_rank(), dist.get_world_size()))
+            import torch
 
-                dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
-            return f(Restart(0, dist.get_rank(), dist.get_world_size()))
+            dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+            try:
+                return f(Restart(0, dist.get_rank(), dist.get_world_size()))
+            finally:
+                # NOTE: the group made here is left here, while the interpreter is whole: a script that never
+                # destroys it (the one in tests/usertrainer/test_restartable_plain.py) had a gloo work freed during
+                # finalisation, and a rank aborted ("terminate called without an active exception") in a fresh
+                # make test.
+                from inprocess.leave import leave_process_group
+
+                leave_process_group()
         return run
     return wrap(fn) if fn is not None else wrap

@@ -50,6 +50,31 @@ def test_a_killed_rank_of_an_unchanged_script_is_a_crash_and_the_script_resumes_
     assert len(resumed) == 4 and min(resumed) >= 5 and "restart 1" in second and second.count("done") == 4
 
 
+@pytest.mark.timeout(300)
+def test_killed_ranks_on_two_hosts_restart_and_an_exception_that_recurs_on_two_hosts_stops_the_job_once(
+        tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    loop = make_loop(tmp_path, PLAIN_DDP, ["--steps", "40", "--ckpt", str(ckpt), "--raise-at", "20"], _built)
+    _, hook = faults_in_attempts({0: (signal.SIGKILL, 0), 1: (signal.SIGKILL, 3)}, ckpt, steps_in=0)
+    assert loop.run(timedelta(seconds=260), on_tick=hook) == "escalated"  # type: ignore[arg-type]
+    incidents = sorted(loop.incidents(), key=lambda i: i.attempt)
+    assert [(i.kind, i.attempt) for i in incidents] == [("crash", a) for a in range(4)], \
+        [(i.kind, i.attempt, i.summary) for i in incidents]
+    # The kills (on n1, then on n2) and the exception's first time: restarted as crashes are.
+    assert [(i.state, i.action) for i in incidents[:3]] == [("resolved", "restart")] * 3, \
+        [(i.state, i.action, i.summary) for i in incidents]
+    assert [i.evidence["signature"] for i in incidents[:2]] == [None, None]
+    sig = incidents[2].evidence["signature"]
+    assert sig is not None and sig.startswith("ValueError at train.py:") and sig.endswith(" in <module>"), sig
+    # Its second time, on both hosts again: the program's own failure. Stopped before any diagnosis; the one page.
+    looped = incidents[3]
+    assert looped.state == "escalated" and looped.evidence["signature"] == sig, looped.summary
+    stopped = loop.healer.responder.crash_loop
+    assert stopped is not None and stopped["signature"] == sig and stopped["attempts"] == [2, 3], stopped
+    assert stopped["hosts"] == ["n1", "n2"]
+    assert not rank_logs(loop.sup.cfg.run_dir, 4), "no attempt after the loop"
+
+
 @pytest.mark.timeout(240)
 def test_a_stopped_rank_of_an_unchanged_script_is_a_hang_its_collectives_stalled_and_the_job_is_restarted(
         tmp_path: Path) -> None:
