@@ -209,23 +209,23 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
 
 
 def crash_loop(failure: ProgramFailure | None, job: JobFacts) -> dict[str, Any] | None:
-    """The basis of a crash loop, or None: the same failure of the program (ProgramFailure.key) in an earlier attempt, and
-    the two together on two hosts or more. The fault is then the application's: restarting, on any host, fails the
-    same way again. A signal, a lost host or a peer's echo has no signature, and never loops."""
+    """The basis of a crash loop, or None: the same failure of the program (ProgramFailure.key) in an earlier
+    attempt, and the two together on two hosts or more. The fault is then the application's: restarting, on any host,
+    fails the same way again. A signal, a lost host or a peer's echo has no signature, and never loops."""
     if failure is None:
         return None
     same = [f for f in job.failures if f.attempt != failure.attempt and f.key == failure.key]
     hosts = sorted({*failure.nodes, *(n for f in same for n in f.nodes)})
     if not same or len(hosts) < 2:
         return None
+    attempts = sorted({failure.attempt, *(f.attempt for f in same)})
     where = f" at step {failure.step}" if failure.step is not None else ""
     start = f", resumed from step {failure.resumed_from}" if failure.resumed_from is not None else ""
     return {"signature": failure.signature, "step": failure.step, "resumed_from": failure.resumed_from,
-            "attempts": sorted({failure.attempt, *(f.attempt for f in same)}), "hosts": hosts,
-            "reason": f"crash loop: {failure.signature}{where}{start}, in attempts "
-                      f"{', '.join(str(a) for a in sorted({failure.attempt, *(f.attempt for f in same)}))} on "
-                      f"{', '.join(hosts)}: the program's own failure, which no restart on any host mends; stopped "
-                      f"(exit {CRASH_LOOP_EXIT}: do not requeue)"}
+            "attempts": attempts, "hosts": hosts,
+            "reason": f"crash loop: {failure.signature}{where}{start}, in attempts {', '.join(map(str, attempts))} "
+                      f"on {', '.join(hosts)}: the program's own failure, which no restart on any host mends; "
+                      f"stopped (exit {CRASH_LOOP_EXIT}: do not requeue)"}
 
 
 STALLED_ROLLBACKS = 2

@@ -82,7 +82,8 @@ def test_the_same_failure_in_two_attempts_on_two_hosts_is_a_loop_and_not_otherwi
     # Not a loop: the first time; the same host twice (the host may be to blame); another step, another start,
     # another frame; nothing to compare (a signal).
     assert crash_loop(first, _job()) is None
-    assert crash_loop(ProgramFailure(attempt=1, signature=SIG, nodes=("n1",), step=3, resumed_from=0), _job(first)) is None
+    same_host = ProgramFailure(attempt=1, signature=SIG, nodes=("n1",), step=3, resumed_from=0)
+    assert crash_loop(same_host, _job(first)) is None
     for other in (ProgramFailure(attempt=1, signature=SIG, nodes=("n2",), step=7, resumed_from=0),
                   ProgramFailure(attempt=1, signature=SIG, nodes=("n2",), step=3, resumed_from=2),
                   ProgramFailure(attempt=1, signature="ValueError at blocks.py:99 in forward", nodes=("n2",), step=3,
@@ -92,7 +93,8 @@ def test_the_same_failure_in_two_attempts_on_two_hosts_is_a_loop_and_not_otherwi
 
 
 def _rule() -> Rule:
-    rule = Rule(name="crash", when=None, runbook="node-health", diagnosis_deadline=timedelta(minutes=5))  # type: ignore[arg-type]
+    rule = Rule(name="crash", when=None, runbook="node-health",  # type: ignore[arg-type]
+                diagnosis_deadline=timedelta(minutes=5))
     rule.when = AlertCondition(alert="X")
     return rule
 
