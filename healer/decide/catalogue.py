@@ -106,6 +106,8 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("straggler", "warning", Remedy.NOTIFY, description="one rank holds the job up"),
     FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
               description="every rank slower in the collectives while compute stays flat"),
+    FaultKind("job_slowdown", "warning", Remedy.NOTIFY,
+              description="the whole job slower than its own baseline, no rank and not the network to blame"),
     FaultKind("heartbeat_stale", "critical", Remedy.NOTIFY, description="ranks on a host stopped reporting"),
     FaultKind("healer_blind", "critical", Remedy.NOTIFY,
               description="the healer hears from few of a job's hosts at once: it acts on no host's silence"),

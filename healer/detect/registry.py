@@ -19,6 +19,7 @@ _BUILTIN: dict[str, str] = {
     "loss_spike": "healer.detect.loss_spike:LossSpike",
     "gpu_fault": "healer.detect.gpu_fault:GpuFault",
     "collective_slowdown": "healer.detect.collective_slowdown:CollectiveSlowdown",
+    "job_slowdown": "healer.detect.job_slowdown:JobSlowdown",
     "host_lost": "healer.detect.host_lost:HostLost",
     "healer_blind": "healer.detect.blind:HealerBlind",
 }

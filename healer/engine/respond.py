@@ -389,7 +389,18 @@ class Responder:
         if decision.stop_job and self.remediator is not None and incident.job == self.remediator.job:
             if "crash_loop" in decision.basis:
                 self.crash_loop = decision.basis["crash_loop"]
+                self._fold_into_loop(incident, self.crash_loop["signature"])
             self._halt(f"incident {incident.id} escalated: {decision.basis.get('reason')}")
+
+    def _fold_into_loop(self, loop: Incident, signature: str) -> None:
+        """The earlier incidents of the same failure whose restart only led into the loop: closed here, pointing at
+        the loop's incident, which is the one that pages (their restarts never trained, so nothing else would ever
+        close them once the job is stopped)."""
+        for other in self.store.of_job(loop.job, frozenset({S.REMEDIATING})):
+            if other.id != loop.id and (other.evidence or {}).get("signature") == signature:
+                reason = f"its restart ran into the crash loop of incident {loop.id}, which stopped the job"
+                if self.store.transition(other.id, S.REMEDIATING, S.RESOLVED, {"reason": reason}):
+                    self.changed(other.id, "transition", S.REMEDIATING.value, S.RESOLVED.value)
 
     def _halt(self, reason: str) -> None:
         self.halted = reason

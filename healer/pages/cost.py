@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from healer.ledger.goodput import Interval
 
 PARTS = ("detection", "diagnosis", "restart", "lost", "startup")
-SLOWDOWN_KINDS = frozenset({"straggler", "collective_slowdown"})
+SLOWDOWN_KINDS = frozenset({"straggler", "collective_slowdown", "job_slowdown"})
 """Kinds whose cost is the time they added to steps the job went on running."""
 SAME_START_S = 0.01
 """A startup interval begins at its attempt's start; the database keeps microseconds."""

@@ -4,6 +4,7 @@
       - {at_step: 8,  kind: kill,  rank: 3}                     # SIGKILL: a crash
       - {at_step: 20, kind: stop,  rank: 1}                     # SIGSTOP: a hang
       - {at_step: 30, kind: slow,  rank: 2, duty: 0.6, for: 40s} # SIGSTOP/SIGCONT duty cycle: a straggler
+      - {at_step: 40, kind: slow-job, duty: 0.5, for: 30s}     # every rank at once: the whole job slower
       - {at_step: 45, kind: corrupt-checkpoint, rank: 0}        # truncate the newest checkpoint, then SIGKILL
       - {at_step: 50, kind: nan}                                # a poisoned batch: NaN weights from step 51 on
       - {at_step: 56, kind: break-node, rank: 2}                # rank 2's node loses its local disk, rank 2 dies
@@ -39,7 +40,7 @@ from wire import phase_now
 log = logging.getLogger(__name__)
 HANG_KINDS = {"hang-spin": "spin", "hang-data": "data", "hang-collective": "collective", "hang-syscall": "syscall"}
 """Hangs the rank itself plays (train/hang_faults.py), set when the job starts like a nan fault."""
-KINDS = ("kill", "stop", "slow", "corrupt-checkpoint", "nan", "break-node", "freeze", *HANG_KINDS)
+KINDS = ("kill", "stop", "slow", "slow-job", "corrupt-checkpoint", "nan", "break-node", "freeze", *HANG_KINDS)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,7 +48,9 @@ class Fault:
     at_step: int
     """Fire once every rank of the running attempt has reported this step."""
     kind: str
-    """kill (SIGKILL), stop (SIGSTOP), slow (SIGSTOP/SIGCONT duty cycle), corrupt-checkpoint (truncate the
+    """kill (SIGKILL), stop (SIGSTOP), slow (SIGSTOP/SIGCONT duty cycle), slow-job (every rank of the attempt
+    through the same duty cycle, stopped and continued together: the whole job slower and no rank standing out, as
+    under a power cap or thermal throttling on every GPU; `rank` is not used), corrupt-checkpoint (truncate the
     newest checkpoint's largest file, then SIGKILL `rank` so that the job must resume from an older one), nan
     (the batch of step `at_step` is poisoned: the trainer sets its weights to NaN after training on it, see
     TrainConfig.inject_nan_at_sample; set when the job starts, so it must be the only nan fault), break-node
@@ -62,9 +65,9 @@ class Fault:
     rank: int = 0
     """The global rank it hits."""
     duty: float = 0.5
-    """slow: the share of each 200 ms period the rank spends stopped."""
+    """slow, slow-job: the share of each 200 ms period the rank spends stopped."""
     for_: timedelta = timedelta(seconds=30)
-    """slow: how long (YAML key `for`)."""
+    """slow, slow-job: how long (YAML key `for`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -153,12 +156,16 @@ def break_scratch(scratch: Path) -> Path:
 class Chaos:
     """Plays a schedule against a job: call `tick(lowest_step)` from the healing loop."""
 
-    def __init__(self, schedule: Schedule, kill: Any, ckpt_dir: Path, scratch_of: Any = None) -> None:
+    def __init__(self, schedule: Schedule, kill: Any, ckpt_dir: Path, scratch_of: Any = None,
+                 world_size: int | None = None) -> None:
         """`kill(rank, sig) -> pid`: the remediator's signal_rank (through the rank's agent); `scratch_of(rank) -> Path`:
         the scratch directory of the node `rank` runs on (needed by break-node faults; given only where the hosts
-        are this machine, which freeze faults need too)."""
+        are this machine, which freeze faults need too); `world_size`: the job's ranks (needed by slow-job faults)."""
         if scratch_of is None and any(f.kind in ("break-node", "freeze") for f in schedule.faults):
             raise ValueError("break-node and freeze faults need the job's hosts on this machine (scratch_of)")
+        if world_size is None and any(f.kind == "slow-job" for f in schedule.faults):
+            raise ValueError("slow-job faults need the job's world size")
+        self._world_size = world_size
         self.pending = list(schedule.faults)
         self.fired: list[dict[str, Any]] = []
         self._kill, self._ckpt_dir, self._scratch_of = kill, ckpt_dir, scratch_of
@@ -196,6 +203,12 @@ class Chaos:
             entry["pid"] = pid
         elif fault.kind in ("kill", "stop"):
             entry["pid"] = self._kill(fault.rank, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+        elif fault.kind == "slow-job":
+            assert self._world_size is not None
+            pids = [self._kill(rank, signal.SIGCONT) for rank in range(self._world_size)]  # (resolves the pids)
+            threading.Thread(target=duty_cycle_together, args=(pids, fault.duty, fault.for_.total_seconds()),
+                             name="megaheal-chaos-slow-job", daemon=True).start()
+            entry["pids"] = pids
         else:
             pid = self._kill(fault.rank, signal.SIGCONT)  # resolves the pid (SIGCONT to a running rank is a no-op)
             threading.Thread(target=duty_cycle, args=(pid, fault.duty, fault.for_.total_seconds()),
@@ -233,12 +246,25 @@ def _due(fault: Fault) -> int:
 def duty_cycle(pid: int, duty: float, seconds: float, period: float = 0.2) -> None:
     """Slow `pid` down for `seconds`: stopped for `duty` of every `period` (a straggler that is really there).
     It ends with the rank: once the pid no longer names the process it started with, nothing more is sent."""
-    target = kill.identify(pid, None)
+    duty_cycle_together([pid], duty, seconds, period)
+
+
+def duty_cycle_together(pids: list[int], duty: float, seconds: float, period: float = 0.2,
+                        stop: threading.Event | None = None) -> None:
+    """duty_cycle for every one of `pids` at once: stopped together, continued together (within the microseconds of
+    a loop of kill(2)), so that none stands out. It ends with the first of them to go (the attempt ended), or once
+    `stop` is set."""
+    found = [kill.identify(pid, None) for pid in pids]
+    targets = [t for t in found if t is not None]
     end = time.monotonic() + seconds
-    while target is not None and time.monotonic() < end:
-        if not kill.send(target, signal.SIGSTOP):
-            return  # the rank is gone (restarted): the slowdown ends with it
+    while targets and len(targets) == len(found) and time.monotonic() < end and not (stop and stop.is_set()):
+        stopped = [kill.send(t, signal.SIGSTOP) for t in targets]  # NOTE: every one, before asking if all were
+        if not all(stopped):
+            break  # a rank is gone (restarted): the slowdown ends with its attempt
         time.sleep(period * duty)
-        if not kill.send(target, signal.SIGCONT):
-            return
+        continued = [kill.send(t, signal.SIGCONT) for t in targets]
+        if not all(continued):
+            break
         time.sleep(period * (1 - duty))
+    for target in targets:
+        kill.send(target, signal.SIGCONT)  # none left stopped, whatever ended it

@@ -252,8 +252,8 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
     # NOTE: a break-node fault breaks the host's local disk from here: only where the hosts are this machine's.
     scratch_of = (lambda rank: LocalAgents.scratch_dir(run_dir, sup.node_of_rank(rank))) \
         if isinstance(placement.launcher, LocalAgents.Config) else None
-    chaos = Chaos(schedule, job.remediator.signal_rank, RunPaths(run_dir).checkpoints, scratch_of=scratch_of) \
-        if schedule else None
+    chaos = Chaos(schedule, job.remediator.signal_rank, RunPaths(run_dir).checkpoints, scratch_of=scratch_of,
+                  world_size=world) if schedule else None
 
     def incidents() -> list[dict[str, Any]]:
         return [t.to_payload() for t in job.incidents()]

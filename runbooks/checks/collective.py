@@ -45,6 +45,11 @@ class CollectiveBandwidthCheck(Check):
         """Untimed iterations before each measurement."""
         iters: int = 5
         """Timed iterations per collective and size."""
+        budget: timedelta = timedelta(seconds=3)
+        """What the iterations of one measurement (a collective at a size) may take: where one operation is slow
+        (a link throttled to a few MB/s moves an 8 MiB all-reduce in seconds), fewer timed iterations (one at
+        least) and no more warm-up. NOTE: ten such iterations per size held network-triage over a minute, while a
+        slow operation is measured well enough by one or two."""
         pairwise: bool = False
         """Also test every pair of nodes (send/recv both ways) to name a slow node or link."""
         pair_size: int = 1 << 20
@@ -88,6 +93,8 @@ class CollectiveBandwidthCheck(Check):
                 raise ValueError(f"pair_repeats must be in [1, 20], got {self.pair_repeats}")
             if self.warmup < 0 or self.iters < 1:
                 raise ValueError(f"warmup must be >= 0 and iters >= 1, got {self.warmup} and {self.iters}")
+            if self.budget <= timedelta(0):
+                raise ValueError(f"budget must be > 0, got {self.budget}")
             for name in ("baseline_fraction", "pair_fraction"):
                 if not 0 < getattr(self, name) <= 1:
                     raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -159,6 +166,7 @@ class CollectiveBandwidthCheck(Check):
             sizes=list(config.sizes),
             warmup=config.warmup,
             iters=config.iters,
+            budget_s=config.budget.total_seconds(),
             pairwise=config.pairwise,
             pair_size=config.pair_size,
             pair_repeats=config.pair_repeats,
@@ -237,6 +245,8 @@ def _sweep_measurements(
                 busbw,
                 Measurement(name="algbw", value=algbw / 1e9, unit="GB/s", labels=labels),
                 Measurement(name="time", value=seconds, unit="s", labels=labels),
+                Measurement(name="iterations", value=ranks[0]["iters"][collective][str(size)], unit="ops",
+                            labels=labels),
             ]
             if below_baseline(busbw.value, busbw.baseline, config.baseline_fraction):
                 low.append(busbw)

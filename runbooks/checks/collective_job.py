@@ -47,6 +47,7 @@ class JobSpec:
     sizes: list[int]
     warmup: int
     iters: int
+    budget_s: float
     pairwise: bool
     pair_size: int
     pair_repeats: int
@@ -141,9 +142,12 @@ def rank_body(
         dist.init_process_group("gloo", store=store, rank=rank, world_size=spec.world_size, timeout=spec.timeout)
     try:
         ops = _Ops(rank, spec, device)
-        out: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "sweep": {}, "pairs": {}, **(extra or {})}
+        out: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "sweep": {}, "iters": {}, "pairs": {},
+                               **(extra or {})}
         for collective in spec.collectives:
-            out["sweep"][collective] = {str(size): ops.time(collective, size) for size in spec.sizes}
+            timed = {str(size): ops.time(collective, size) for size in spec.sizes}
+            out["sweep"][collective] = {size: seconds for size, (seconds, _) in timed.items()}
+            out["iters"][collective] = {size: iters for size, (_, iters) in timed.items()}
         if spec.pairwise:
             out["pairs"] = _pairwise(rank, spec, ops)
         if not gather:
@@ -153,6 +157,15 @@ def rank_body(
         return everyone
     finally:
         dist.destroy_process_group()
+
+
+def iterations_in_budget(op_s: float, warmup: int, iters: int, budget_s: float) -> tuple[int, int]:
+    """(warm-ups, timed iterations) for operations of `op_s` seconds: as asked where they fit `budget_s`; else no
+    more warm-up (an operation that slow is dominated by the transfer, not by first-use costs) and as many timed
+    iterations as fit, one at least."""
+    if op_s * (warmup + iters) <= budget_s:
+        return warmup, iters
+    return 0, max(1, min(iters, int(budget_s / op_s)))
 
 
 class _Ops:
@@ -169,18 +182,34 @@ class _Ops:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
 
-    def time(self, collective: str, size: int) -> float:
-        """Mean seconds per operation on this rank after warm-up, as nccl-tests reports it."""
+    def time(self, collective: str, size: int) -> tuple[float, int]:
+        """Mean seconds per operation on this rank after warm-up, as nccl-tests reports it, and the operations
+        timed: fewer than the spec's where they would not fit its budget (iterations_in_budget)."""
         op = self._make(collective, size, None)
-        for _ in range(self.spec.warmup):
+        warmup, iters = self.spec.warmup, self.spec.iters
+        if warmup:
+            self.dist.barrier()
+            start = time.perf_counter()
+            op()
+            self._sync()
+            warmup, iters = self._fitted(time.perf_counter() - start)
+        for _ in range(warmup):
             op()
         self._sync()
         self.dist.barrier()
         start = time.perf_counter()
-        for _ in range(self.spec.iters):
+        for _ in range(iters):
             op()
         self._sync()
-        return (time.perf_counter() - start) / self.spec.iters
+        return (time.perf_counter() - start) / iters, iters
+
+    def _fitted(self, first_s: float) -> tuple[int, int]:
+        """The warm-ups left and the timed iterations, from the first warm-up's time on the slowest rank: every
+        rank must run as many operations, so they agree on it first."""
+        torch = self.torch
+        slowest = torch.tensor([first_s], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(slowest, op=self.dist.ReduceOp.MAX)
+        return iterations_in_budget(float(slowest.item()), self.spec.warmup - 1, self.spec.iters, self.spec.budget_s)
 
     def time_pair(self, size: int, peer: int) -> float:
         """Median seconds of one exchange with `peer`: one preempted iteration must not blame a pair."""

@@ -24,9 +24,10 @@ from tests.healer.services import TOKEN
 pytestmark = pytest.mark.unit
 
 RULES = "\n".join(f"- {{name: {d}, when: {{detector: {d}}}, remediate: notify}}" for d in (
-    "hang", "straggler", "loss_spike", "nonfinite", "collective_slowdown", "crash", "heartbeat_stale"))
+    "hang", "straggler", "loss_spike", "nonfinite", "collective_slowdown", "job_slowdown", "crash",
+    "heartbeat_stale"))
 PER_JOB = {"hang": ("_jobs", "_times"), "straggler": ("_jobs",), "loss_spike": ("_spikes",), "nonfinite": ("_bad",),
-           "collective_slowdown": ("_jobs",)}
+           "collective_slowdown": ("_jobs",), "job_slowdown": ("_jobs",)}
 
 
 def beat(table: HeartbeatTable, job: str, node: str, step: int, loss: float = 2.5) -> None:

@@ -78,7 +78,7 @@ def test_the_srun_launcher_needs_named_hosts_and_places_ranks_in_blocks() -> Non
     with pytest.raises(ValueError, match="launcher must be one of"):
         CollectiveBandwidthCheck.Config(launcher="ssh")
     spec = JobSpec(world_size=4, ranks_per_node=2, device="cpu", collectives=["all_reduce"], sizes=[1024], warmup=1,
-                   iters=1, pairwise=False, pair_size=1024, pair_repeats=1, timeout=timedelta(seconds=10))
+                   iters=1, budget_s=3.0, pairwise=False, pair_size=1024, pair_repeats=1, timeout=timedelta(seconds=10))
     argv = srun_argv(spec, ["h1", "h2"])
     assert {"--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--nodelist=h1,h2", "--distribution=block"} <= set(argv)
     assert rendezvous_port(7, 0) != rendezvous_port(7, 1) != rendezvous_port(8, 1)

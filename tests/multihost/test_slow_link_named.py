@@ -2,18 +2,22 @@
 own address, each rank where the journal says, a clean end that leaves nothing behind; and a slow link named inside
 the healing loop: one training host's link slowed with tbf while the job trains, and then what the healer made of it:
 a collective slowdown whose evidence is network-triage's verdict (run once across the job's hosts, beside the
-training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it."""
+training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it. Then, the link restored,
+the whole job slowed (every rank stopped and continued together, as under a power cap on every GPU): a job slowdown
+naming compute, no straggler, nothing restarted."""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from healer.runner.chaos import duty_cycle_together
 from testbed import faults
 from tests.multihost.conftest import bed_env
 from tests.multihost.slurm_job import SlurmJob
@@ -25,8 +29,8 @@ pytestmark = pytest.mark.multihost
 # them at ~0.1-1 GB/s), and it slows the data-parallel reduce of the stage whose ranks cross the host several times
 # over while the job goes on training.
 RATE_BIT_S = 100_000_000
-STEPS = 120  # enough for the detector's baseline, the slowdown's windows and network-triage while training runs
-# (named by about step 80 on a loaded 2-core machine; each step after that is only waited for)
+STEPS = 110  # enough for the detectors' baselines, the slow link's windows and network-triage while training runs
+# (named by step 60-80), then the whole job's slowdown (named 15-20 steps later); each step after that is waited for
 
 
 @pytest.fixture
@@ -35,6 +39,10 @@ def job(healthy_bed, tmp_path, monkeypatch) -> Iterator[SlurmJob]:
     the_job = SlurmJob.submit(healthy_bed, tmp_path, STEPS)
     yield the_job
     the_job.stop()
+
+
+def of_kind(job: SlurmJob, kind: str) -> list[dict[str, Any]]:
+    return [i for i in job.incidents() if i["kind"] == kind]
 
 
 def named_by_triage(job: SlurmJob, host: str) -> dict[str, Any] | None:
@@ -57,12 +65,21 @@ def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_a_slowed_link_
 
     incident = wait_for(f"an incident naming {slow} by network-triage", lambda: named_by_triage(job, slow), 300,
                         every_s=1.0)
-    named_after_s = time.monotonic() - t0
-    faults.restore_speed(bed, slow)  # the rest of the job at full speed
+    named_after_s, named_at_step = time.monotonic() - t0, min(job.steps().values())
+    faults.restore_speed(bed, slow)
+    # The whole job slower next: every rank stopped 60% of each 200 ms, all together; then the rest at full speed.
+    pids = sorted({r["pid"] for r in job.records() if r["attempt"] == 0})
+    stop, slowed_at = threading.Event(), time.time()
+    threading.Thread(target=duty_cycle_together, args=(pids, 0.6, 120.0), kwargs={"stop": stop}, daemon=True).start()
+    try:
+        [uniform] = wait_for("a job slowdown incident", lambda: of_kind(job, "job_slowdown"), 150, every_s=1.0)
+    finally:
+        stop.set()
+    uniform_at_step = min(job.steps().values())
     text = job.finish(420)
 
     incident = next(i for i in job.incidents() if i["id"] == incident["id"])
-    print(f"\nslowed {slow}: named after {named_after_s:.1f} s by {incident['kind']} incident {incident['id']}; "
+    print(f"\nslowed {slow}: named after {named_after_s:.1f} s (step {named_at_step}) by {incident['kind']} incident {incident['id']}; "
           f"network-triage ran {incident['diagnosed_at'] - incident['detected_at']:.1f} s; {incident['summary']}")
     assert incident["kind"] in ("collective_slowdown", "straggler"), incident
     assert incident["suspect_nodes"] == [slow], incident
@@ -72,7 +89,14 @@ def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_a_slowed_link_
     # Its pairs with the other two training hosts, measured (GB/s) at about the link's rate.
     assert len(mine["pairs_gbps"]) == 2 and all(v < 2 * RATE_BIT_S / 8 / 1e9 for v in mine["pairs_gbps"].values()), mine
     assert {d["node"] for d in incident["diagnosis"]} == {h.name for h in bed.hosts[:3]}, "the job's hosts, at once"
-    assert job.attempts() == [0], "a slow link restarts nothing"
+    assert job.attempts() == [0], "a slow link restarts nothing, nor a slower job"
+    # The whole job slower: one incident naming the phase that grew, every rank alike, for a person to look at.
+    [uniform] = of_kind(job, "job_slowdown")
+    print(f"slowed the whole job from step {named_at_step}: named at step {uniform_at_step}: {uniform['summary']}")
+    ev = uniform["evidence"]
+    assert ev["phase"] == "compute" and ev["factor"] >= 1.5 and uniform["action"] == "notify", uniform
+    assert uniform["suspect_nodes"] == [], uniform
+    assert [i for i in of_kind(job, "straggler") if i["detected_at"] >= slowed_at] == [], job.incidents()
     assert "DRAIN" not in job.slurm_state(slow).state
     # The report: a row per host, the slowed one with the incident naming it, its Slurm state at the end, its link.
     hosts = {h["host"]: h for h in json.loads((job.run_dir / "report.json").read_text())["hosts"]}

@@ -83,3 +83,22 @@ def test_pairwise_names_the_node_whose_rank_sleeps_in_its_send_path(tmp_path) ->
     slow = {p for p, v in pairs.items() if "n2" in p}
     assert max(pairs[p] for p in slow) < min(v for p, v in pairs.items() if p not in slow)
     assert "node n2" in result.summary
+
+
+def test_a_slow_operation_is_timed_fewer_times_to_fit_the_budget_and_a_fast_one_as_often_as_asked(tmp_path) -> None:
+    # Rank 2 really sleeps 300 ms before each send: a send/recv takes that long at least, and 10 of them (and 2
+    # warm-ups) would take 3.6 s, past the 1 s budget: as many as fit, and the warm-ups no more.
+    runbook = load_runbook("network-triage", ["pairwise.inject_send_delay=300ms", "pairwise.inject_rank=2",
+                                              "pairwise.collectives=[sendrecv]", "pairwise.sizes=[1024]",
+                                              "pairwise.iters=10", "pairwise.budget=1s", "pairwise.pairwise=false"])
+    runbook.steps = [s for s in runbook.steps if s.name == "pairwise"]
+    result = run_runbook(runbook, CheckContext(nodes=("n0", "n1", "n2", "n3"), baselines_path=str(tmp_path / "b.json")))
+    [iters] = [m.value for m in result.measurements if m.name == "iterations"]
+    assert 1 <= iters <= 3, result.measurements
+    [seconds] = [m.value for m in result.measurements if m.name == "time"]
+    assert seconds >= 0.3, "each timed operation waited for the slowed send"
+    fast = load_runbook("collectives-quick", ["collectives.collectives=[all_reduce]", "collectives.sizes=[1024]",
+                                              "collectives.iters=4"])
+    result = run_runbook(fast, CheckContext(nodes=("n0", "n1", "n2", "n3"), baselines_path=str(tmp_path / "b.json")))
+    assert [m.value for m in result.measurements if m.name == "iterations"] == [4], result.summary
+

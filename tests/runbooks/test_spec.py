@@ -9,6 +9,7 @@ import pytest
 from ground.durations import format_duration
 from ground.typedconfig import ConfigError, parse_duration
 from runbooks.busbw import bus_factor, busbw, check_size
+from runbooks.checks.collective_job import iterations_in_budget
 from runbooks.checks.pairwise import attribute, round_robin
 from runbooks.registry import CheckContext, CheckRegistry, default_registry
 from runbooks.runner import run_runbook
@@ -141,3 +142,10 @@ def test_attribution_tells_a_slow_node_from_a_slow_link() -> None:
     # A run on a busy machine: healthy pairs spread 2x around each other, nobody is blamed.
     noisy = {(0, 1): 0.65e9, (0, 2): 1.08e9, (0, 3): 0.50e9, (1, 2): 0.88e9, (1, 3): 0.56e9, (2, 3): 0.59e9}
     assert attribute(noisy, names, fraction=0.5).suspects == []
+
+
+def test_iterations_in_budget_keeps_what_fits_and_cuts_the_rest() -> None:
+    assert iterations_in_budget(0.01, 1, 10, 3.0) == (1, 10)
+    assert iterations_in_budget(2.4, 1, 10, 3.0) == (0, 1)
+    assert iterations_in_budget(0.5, 1, 10, 3.0) == (0, 6)
+    assert iterations_in_budget(10.0, 1, 10, 3.0) == (0, 1), "one at least"

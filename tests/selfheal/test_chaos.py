@@ -117,6 +117,33 @@ def test_slow_stops_and_continues_a_real_process_for_its_duration(tmp_path: Path
         busy.wait()
 
 
+def test_slow_job_stops_and_continues_every_rank_together_and_leaves_them_running(tmp_path: Path) -> None:
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        schedule = load_schedule_text(tmp_path, "faults: [{at_step: 0, kind: slow-job, duty: 0.7, for: 2s}]")
+        with pytest.raises(ValueError, match="slow-job faults need the job's world size"):
+            Chaos(schedule, lambda rank, sig: 0, tmp_path)
+        chaos = Chaos(schedule, lambda rank, sig: (busy[rank].send_signal(sig), busy[rank].pid)[1], tmp_path,
+                      world_size=3)
+        chaos.tick(0)
+        assert chaos.fired[0]["pids"] == [p.pid for p in busy]
+        seen = []
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            seen.append(tuple(procfs.stat(p.pid).state for p in busy))  # type: ignore[union-attr]
+            time.sleep(0.01)
+        assert ("T", "T", "T") in seen and ("R", "R", "R") in seen, seen
+        # NOTE: a read of three stat files can fall between the first kill(2) of a loop and the last; not often.
+        mixed = [states for states in seen if len(set(states)) > 1]
+        assert len(mixed) <= len(seen) // 4, seen
+        time.sleep(1.0)
+        assert {procfs.stat(p.pid).state for p in busy} == {"R"}  # type: ignore[union-attr]
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
 def test_break_node_turns_the_scratch_directory_into_a_file_and_kills_the_rank(tmp_path: Path) -> None:
     scratch = tmp_path / "nodes" / "n2" / "tmp"
     (scratch / "cache").mkdir(parents=True)

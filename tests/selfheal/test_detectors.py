@@ -16,6 +16,7 @@ from healer.detect.crash import Crash
 from healer.detect.gpu_fault import GpuFault
 from healer.detect.hang import Hang
 from healer.detect.host_lost import HostLost
+from healer.detect.job_slowdown import JobSlowdown
 from healer.detect.logtail import classify
 from healer.detect.loss_spike import LossSpike, robust_z
 from healer.detect.nonfinite import PROGRAM_SETTLE, NonFinite
@@ -463,6 +464,102 @@ def test_a_machine_slower_as_a_whole_is_no_collective_slowdown() -> None:
     assert slowdown_steps(s, coll, 25, everything) == []
 
 
+# ---- the whole job slower ------------------------------------------------------------------------------------
+
+def job_slowdown_run(s: JobStream, change_at: int, change: Callable[[], None], steps: int = 70,
+                     undo_at: int | None = None, undo: Callable[[], None] | None = None
+                     ) -> tuple[list[int], list[int], list[int], JobSlowdown]:
+    """The steps at which job_slowdown, straggler and collective_slowdown fired, `change` applied at `change_at`."""
+    job = JobSlowdown(JobSlowdown.Config())
+    straggler = Straggler(Straggler.Config(window=5, consecutive=2))
+    coll = CollectiveSlowdown(CollectiveSlowdown.Config(window=5, baseline_windows=3, consecutive=2))
+    fired: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for i in range(steps):
+        if i == change_at:
+            change()
+        if i == undo_at and undo is not None:
+            undo()
+        s.advance()
+        for detector, out in zip((job, straggler, coll), fired):
+            if detector.evaluate(s.table, s.clock.now).firing:
+                out.append(s.step)
+    return (*fired, job)
+
+
+def test_a_machine_slower_as_a_whole_is_a_job_slowdown_named_by_its_phase_and_no_straggler_or_network() -> None:
+    s = stream()
+
+    def everything() -> None:
+        s.compute, s.transfer = 0.2 * 2.5, 0.02 * 2.5  # the CPUs (a power cap on every GPU), not one rank or the net
+
+    job, straggler, coll, detector = job_slowdown_run(s, 30, everything, steps=60)
+    assert job and job[0] > 30 and straggler == [] and coll == [], (job, straggler, coll)
+    f = detector.evaluate(s.table, s.clock.now).firing[0]
+    assert f.key == "job" and f.node is None and f.evidence["phase"] == "compute", f.evidence
+    assert f.evidence["factor"] == pytest.approx(2.5, rel=0.1) and f.evidence["throughput"] == pytest.approx(0.4, rel=0.1)
+    assert f.evidence["baseline_step_s"] == pytest.approx(0.227, rel=0.05) and f.evidence["windows"] >= 3
+    assert "throughput x0.4" in f.summary and "compute grew by" in f.summary, f.summary
+    s.compute, s.transfer = 0.2, 0.02
+    seen_healthy = False
+    for _ in range(12):
+        s.advance()
+        now = detector.evaluate(s.table, s.clock.now)
+        seen_healthy |= "job" in now.healthy
+    assert now.firing == () and seen_healthy
+
+
+def test_a_slower_data_pipeline_is_a_job_slowdown_in_data_wait() -> None:
+    s = stream(shape=lambda rank, step: {"data_wait": 0.3} if step > 30 else {})
+    job, straggler, coll, detector = job_slowdown_run(s, 0, lambda: None, steps=60)
+    assert job and straggler == [] and coll == [], (job, straggler, coll)
+    assert detector.evaluate(s.table, s.clock.now).firing[0].evidence["phase"] == "data_wait"
+
+
+def test_a_straggler_a_slow_network_saves_and_restarts_are_no_job_slowdown() -> None:
+    # One rank 3x slower: the straggler detector's.
+    s = stream()
+    s.shape = lambda rank, step: {"forward_backward": 0.6 * 3} if rank == 2 and step > 30 else {}
+    job, straggler, _, _ = job_slowdown_run(s, 0, lambda: None, steps=60)
+    assert job == [] and straggler, (job, straggler)
+    # The network 10x slower, compute flat: the collective slowdown's.
+    s = stream()
+
+    def network() -> None:
+        s.transfer = 0.2
+
+    job, _, coll, _ = job_slowdown_run(s, 30, network, steps=60)
+    assert job == [] and coll, (job, coll)
+    # ... and with compute 1.5x slower meanwhile (network-triage beside the training takes CPUs): the reduce grew most.
+    s = stream()
+
+    def network_and_busy_cpus() -> None:
+        s.transfer, s.compute = 0.2, 0.3
+
+    job, _, _, _ = job_slowdown_run(s, 30, network_and_busy_cpus, steps=60)
+    assert job == []
+    # A save every 4 steps that stalls its step 2 s: medians over the window's samples do not see it.
+    s = stream(shape=lambda rank, step: {"checkpoint": 2.0} if step % 4 == 0 else {})
+    job, _, _, _ = job_slowdown_run(s, 0, lambda: None, steps=60)
+    assert job == []
+    # A new attempt 3x slower from its start (another layout, fewer hosts): its own baseline, learned afresh.
+    s = stream()
+    s.table.processes.started("job", 0, tuple(s.nodes), s.clock.now)
+
+    def restarted() -> None:
+        s.table.processes.started("job", 1, tuple(s.nodes), s.clock.now)
+        s.step, s.compute = 0, 0.6
+
+    job, _, _, _ = job_slowdown_run(s, 30, restarted, steps=70)
+    assert job == []
+
+
+def test_job_slowdown_refuses_bad_settings() -> None:
+    with pytest.raises(ValueError, match="clear_factor"):
+        JobSlowdown.Config(factor=1.5, clear_factor=1.6)
+    with pytest.raises(ValueError, match="window must be >= 2"):
+        JobSlowdown.Config(window=1)
+
+
 # ---- NaN, loss spikes ------------------------------------------------------------------------------------
 
 def test_nonfinite_names_the_first_bad_step_and_ranks_and_clears_after_a_rollback() -> None:
@@ -552,13 +649,13 @@ def test_gpu_fault_fires_per_gpu_on_critical_xid_ecc_remap_and_recovery_action()
 # ---- registry and rules ----------------------------------------------------------------------------------
 
 def test_every_detector_is_registered_and_loads_from_a_rule_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    names = ["crash", "hang", "straggler", "nonfinite", "loss_spike", "gpu_fault", "collective_slowdown"]
+    names = ["crash", "hang", "straggler", "nonfinite", "loss_spike", "gpu_fault", "collective_slowdown", "job_slowdown"]
     assert set(names) <= set(default_registry().names())
     rules = "\n".join(f"- name: r-{n.replace('_', '-')}\n  when: {{detector: {n}}}\n" for n in names)
     rules += "- name: tuned\n  when: {detector: hang, floor: 30s, k: 4}\n"
     (tmp_path / "rules.yaml").write_text(rules)
     loaded = load_rules([tmp_path / "rules.yaml"])
-    assert [r.condition.detector for r in loaded][:7] == names  # type: ignore[union-attr]
+    assert [r.condition.detector for r in loaded][:len(names)] == names  # type: ignore[union-attr]
     assert loaded[-1].condition.params.floor == timedelta(seconds=30)  # type: ignore[union-attr]
     (tmp_path / "bad.yaml").write_text("- name: bad\n  when: {detector: straggler, windw: 3}\n")
     with pytest.raises(Exception, match="windw"):
