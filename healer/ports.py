@@ -73,6 +73,8 @@ class JobState:
     """Why the next restart cannot be warm; None: it can."""
     replica_hosts: dict[str, str] = field(default_factory=dict)
     """Per host, the host keeping its ranks' replicas in memory (healer.decide.plans.JobFacts.replica_hosts)."""
+    total_steps: int | None = None
+    """The steps the job trains in all, where the launcher knows them (megaheal's trainer); None: a program's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,9 @@ class FaultKind:
     """The job cannot go on (a rank is dead or hangs): its attempt is stopped as soon as the incident is acted on."""
     diagnose_first: bool = False
     """Suspect hosts run the rule's runbook before the decision (the attempt stopped first, see stops_job)."""
+    swaps_slow: bool = False
+    """Its finding measures what each step loses to one host: where that projects to cost more than a swap, the host
+    is replaced with a spare instead of notified (healer/decide/fail_slow.py)."""
     lemon: bool = False
     """Counts towards a host's lemon history (only faults that point at the host itself, never ones the job may
     cause, like a straggler without a failed diagnosis)."""
@@ -103,7 +106,7 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("loss_spike", "warning", Remedy.ROLLBACK, bad_step=BadStep.SPIKE, names_host=False,
               warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
               description="a loss far above its recent level"),
-    FaultKind("straggler", "warning", Remedy.NOTIFY, description="one rank holds the job up"),
+    FaultKind("straggler", "warning", Remedy.NOTIFY, swaps_slow=True, description="one rank holds the job up"),
     FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
               description="every rank slower in the collectives while compute stays flat"),
     FaultKind("job_slowdown", "warning", Remedy.NOTIFY,

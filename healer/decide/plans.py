@@ -65,10 +65,18 @@ class Limits:
     skip_steps: int = 2
     """Steps' batches skipped at a loss spike or NaN: the first bad step and the ones just before it (a batch that
     poisons the weights shows in the *next* step's loss, so 1 would skip an innocent batch)."""
+    swap_cost: timedelta = timedelta(minutes=2)
+    """What replacing a slow host with a spare is taken to cost until the job has a recovered restart of its own to
+    measure (healer/decide/fail_slow.py); a straggler that would cost more before the job ends is swapped."""
+    slow_horizon: timedelta | None = None
+    """How far ahead a straggler's cost is projected where the job's length is not known (a program's); None: not at
+    all, and such a job's stragglers are only notified (megaheal cannot tell how long a program will still run)."""
 
     def __post_init__(self) -> None:
         if self.lemon_window <= timedelta(0):
             raise ValueError(f"lemon_window must be > 0, got {self.lemon_window}")
+        if self.swap_cost <= timedelta(0) or (self.slow_horizon is not None and self.slow_horizon <= timedelta(0)):
+            raise ValueError(f"swap_cost and slow_horizon must be > 0, got {self.swap_cost}, {self.slow_horizon}")
         if self.lemon_incidents < 1 or self.min_nodes < 1 or self.skip_steps < 1:
             raise ValueError("lemon_incidents, min_nodes and skip_steps must be >= 1")
 
@@ -133,6 +141,11 @@ class JobFacts:
     stalled_rollbacks: int = 0
     """Rollbacks in a row before this one that brought no net progress: none of their failed attempts went past the
     highest step the job had reached (nor did the attempt this incident ended)."""
+    total_steps: int | None = None
+    """The steps the job trains in all, where its launcher knows them (megaheal's trainer); None: a program's."""
+    restart_cost_s: float | None = None
+    """The median seconds of this job's recovered restarts, from the decision to the new attempt's first step; None:
+    none yet."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,9 @@
     remediating  past the recovery deadline                                  -> escalate
     otherwise    wait: a person owns it, or it is over
 
+A straggler that would cost more before the job ends than a swap (healer.decide.fail_slow) is replaced with a spare
+instead of notified, once a checkpoint newer than its naming is saved (it waits for that checkpoint).
+
 Choosing the remedy (healer.decide.plans.choose) gives notify (remediating: told, waiting for the condition to
 clear), escalate, or a restart (remediating: restarted, waiting for the new attempt to train); a restart due
 later (backoff) waits. Without a launcher nothing can restart the job: the remedy becomes notify, said in the
@@ -26,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from healer.decide.catalogue import FaultKind, Remedy, fault
+from healer.decide.fail_slow import Slowdown, swap_or_bear
 from healer.decide.plans import (
     JobFacts,
     Limits,
@@ -44,6 +48,8 @@ from healer.decide.states import IncidentState
 S = IncidentState
 BUSY_RETRY = timedelta(seconds=1)
 """How soon an incident that waits for another one's remediation is looked at again."""
+CHECKPOINT_RETRY = timedelta(seconds=2)
+"""How soon a swap that waits for its checkpoint looks again."""
 LIVE_RUNBOOK = "node-health-live"
 """The diagnosis before a warm restart (runbooks/library/node-health-live.yaml): the suspect host's checks that
 leave its running processes alone."""
@@ -98,13 +104,16 @@ class IncidentFacts:
     job: JobNow | None = None
     failure: ProgramFailure | None = None
     """A crash's failure of the program (its signature), when the log names one."""
+    slowdown: Slowdown | None = None
+    """What a straggler costs each step, from its evidence (kinds that swap_slow)."""
 
 
 def facts_of(*, incident_id: int, kind: str, state: IncidentState, state_since: datetime, now: datetime,
              rule: Rule | None, rules: RuleSet, suspects: tuple[str, ...], attempt: int | None,
              first_bad_step: int | None, verdict: Verdict | None, job: JobNow | None,
              diagnoser: bool = False, suspect_ranks: tuple[int, ...] = (),
-             stuck_hosts: tuple[str, ...] = (), failure: ProgramFailure | None = None) -> IncidentFacts:
+             stuck_hosts: tuple[str, ...] = (), failure: ProgramFailure | None = None,
+             slowdown: Slowdown | None = None) -> IncidentFacts:
     """An incident's facts as the policy takes them, from the responder (healer/engine/respond.py) and the simulator
     (sim/decisions.py) alike. `job`: the job as its launcher sees it (None: no launcher acts on it); `diagnoser`:
     without a launcher, whether this healer can still run the rule's runbook."""
@@ -120,7 +129,7 @@ def facts_of(*, incident_id: int, kind: str, state: IncidentState, state_since: 
                          limits=rules.limits, budget=rules.budget(rule), suspects=suspects,
                          suspect_ranks=suspect_ranks, stuck_hosts=stuck_hosts, attempt=attempt,
                          first_bad_step=first_bad_step, verdict=verdict if state is IncidentState.DIAGNOSING else None,
-                         diagnosis_available=diagnosable, job=job, failure=failure)
+                         diagnosis_available=diagnosable, job=job, failure=failure, slowdown=slowdown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +218,19 @@ def _remedy(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         remedy = Remedy.ESCALATE if remedy is Remedy.ESCALATE else Remedy.NOTIFY
         basis = basis | {"launcher": "none: notify only"}
     job_facts = f.job.facts if f.job is not None else JobFacts(nodes=())
-    plan = restart_mode(choose(f.kind, remedy, f.suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget,
+    suspects = f.suspects
+    if f.kind.swaps_slow and remedy is None and f.slowdown is not None and f.job is not None:
+        call = swap_or_bear(f.slowdown, job_facts, f.limits)
+        basis = basis | {"fail_slow": call}
+        if call["swap"]:
+            newest = max(job_facts.checkpoint_steps, default=None)
+            if f.slowdown.step is not None and (newest is None or newest < f.slowdown.step):
+                return Decision(Action.WAIT, None, basis | {
+                    "reason": f"the swap waits for a checkpoint after step {f.slowdown.step} (the newest is at "
+                              f"{'none' if newest is None else f'step {newest}'}): a swap there redoes no step"},
+                    f.now + CHECKPOINT_RETRY)
+            remedy, suspects = Remedy.EXCLUDE_AND_RESTART, (f.slowdown.host,)
+    plan = restart_mode(choose(f.kind, remedy, suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget,
                                f.now, basis | ({"verdict": f.verdict.status.value} if f.verdict else {}),
                                f.stuck_hosts),
                         f.kind, job_facts, f.suspect_ranks if f.kind.replaces_named else ())

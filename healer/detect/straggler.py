@@ -70,26 +70,30 @@ def attribute(table: PhaseTable, rows: np.ndarray, ratio: float, share: float) -
     if compute_med > 0 and compute[top] > ratio * compute_med:
         return Attribution(int(rank[top]), "compute", {"compute_s": float(compute[top]),
                                                        "median_compute_s": compute_med,
-                                                       "ratio": float(compute[top]) / compute_med},
+                                                       "ratio": float(compute[top]) / compute_med,
+                                                       "excess_s": float(compute[top]) - compute_med},
                            strength=float(compute[top]) / compute_med)
     top = int(np.argmax(data))
     data_med = _median_without_top(data)
     if data[top] - data_med > share * step:
         return Attribution(int(rank[top]), "data", {"data_wait_s": float(data[top]), "median_data_wait_s": data_med,
-                                                    "step_s": step}, strength=(float(data[top]) - data_med) / step)
+                                                    "step_s": step, "excess_s": float(data[top]) - data_med},
+                           strength=(float(data[top]) - data_med) / step)
     reduce_med = float(np.median(reduce))
     low = int(np.argmin(reduce))
     others = reduce[rank != rank[low]]
     # Everyone else waits (their reduce is long) while one rank's is short: that rank arrives last.
     if reduce_med - reduce[low] > share * step and bool((others - reduce[low] > share * step).all()):
         return Attribution(int(rank[low]), "late-reduce", {"dp_reduce_s": float(reduce[low]),
-                                                           "median_dp_reduce_s": reduce_med, "step_s": step},
+                                                           "median_dp_reduce_s": reduce_med, "step_s": step,
+                                                           "excess_s": reduce_med - float(reduce[low])},
                            strength=(reduce_med - float(reduce[low])) / step)
     lags = table.reduce_lag_s[rows]
     if not np.isnan(lags).all():
         late = int(np.nanargmax(lags))
         if lags[late] > share * step:
-            return Attribution(int(rank[late]), "late-reduce", {"reduce_lag_s": float(lags[late]), "step_s": step},
+            return Attribution(int(rank[late]), "late-reduce", {"reduce_lag_s": float(lags[late]), "step_s": step,
+                                                                "excess_s": float(lags[late])},
                                strength=float(lags[late]) / step)
     return Attribution(None, "none", {"step_s": step, "median_compute_s": compute_med})
 
@@ -192,7 +196,11 @@ class Straggler(Detector):
             key=job, job=job, node=node,
             summary=f"rank {state.streak_rank} on {node} holds the job up ({state.last.cause}) "
                     f"for {state.streak} windows of {self.config.window} steps",
+            # NOTE: excess_s (what each step loses to the rank), the job's step time and the step it was named at:
+            # what a swap's decision weighs (healer/decide/fail_slow.py).
             evidence={"cause": state.last.cause,
+                      "excess_s": round(state.last.detail.get("excess_s", 0.0), 4),
+                      "step_s": round(float(np.median(state.rows.step_s)), 4), "step": state.window_end,
                       "windows": state.streak, "window_steps": self.config.window,
                       "detail": {k: round(v, 4) for k, v in state.last.detail.items()},
                       "phase_table": state.evidence,

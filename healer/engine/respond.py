@@ -11,12 +11,14 @@ or resolved as superseded) -> restarted (the new attempt started) -> recovered (
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from healer.decide.catalogue import Remedy, fault
+from healer.decide.fail_slow import slowdown_from
 from healer.decide.plans import JobFacts, ProgramFailure, Verdict
 from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide, facts_of
 from healer.decide.rules import DetectorCondition, Rule, RuleSet
@@ -133,7 +135,9 @@ class Responder:
                         attempt=incident.attempt, first_bad_step=incident.first_bad_step,
                         verdict=self._verdict(incident.id) if state is S.DIAGNOSING else None,
                         job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None,
-                        failure=self._failure(incident) if state is S.OPEN else None)
+                        failure=self._failure(incident) if state is S.OPEN else None,
+                        slowdown=slowdown_from(incident.evidence or {}, incident.node)
+                        if state is S.OPEN and fault(incident.kind).swaps_slow else None)
 
     def _failure(self, incident: Incident) -> ProgramFailure | None:
         """The program's failure a crash incident names (its log's signature), with the step its attempt failed in
@@ -171,6 +175,12 @@ class Responder:
         reached = r.highest_step(incident.attempt) if incident.attempt is not None else None
         return 0 if reached is not None and reached > high else stalled
 
+    def _restart_cost_s(self, job: str) -> float | None:
+        """The median seconds of the job's recovered restarts, from the decision to the new attempt's first step."""
+        took = [(x.resumed_at - x.requested_at).total_seconds() for x in self.jobs.restarts(job)
+                if x.outcome == "recovered" and x.resumed_at is not None]
+        return statistics.median(took) if took else None
+
     def _failures(self, job: str, incident_id: int) -> tuple[ProgramFailure, ...]:
         """The program's failures in the job's other crash incidents."""
         return tuple(f for other in self.store.of_job(job) if other.id != incident_id and other.kind == "crash"
@@ -191,7 +201,9 @@ class Responder:
                          failures=self._failures(r.job, incident.id) if incident.kind == "crash" and
                          incident.state == S.OPEN.value else (),
                          stalled_rollbacks=self._stalled_rollbacks(incident) if fault(incident.kind).remedy
-                         is Remedy.ROLLBACK and incident.state in (S.OPEN.value, S.DIAGNOSING.value) else 0)
+                         is Remedy.ROLLBACK and incident.state in (S.OPEN.value, S.DIAGNOSING.value) else 0,
+                         total_steps=st.total_steps,
+                         restart_cost_s=self._restart_cost_s(r.job) if fault(incident.kind).swaps_slow else None)
         return JobNow(facts=facts, attempt=st.attempt, busy_with=self._busy_with(r.job, incident.id))
 
     def _busy_with(self, job: str, incident_id: int) -> int | None:
@@ -396,7 +408,7 @@ class Responder:
         """The earlier incidents of the same failure whose restart only led into the loop: closed here, pointing at
         the loop's incident, which is the one that pages (their restarts never trained, so nothing else would ever
         close them once the job is stopped)."""
-        for other in self.store.of_job(loop.job, frozenset({S.REMEDIATING})):
+        for other in self.store.of_job(loop.job or "", frozenset({S.REMEDIATING})):
             if other.id != loop.id and (other.evidence or {}).get("signature") == signature:
                 reason = f"its restart ran into the crash loop of incident {loop.id}, which stopped the job"
                 if self.store.transition(other.id, S.REMEDIATING, S.RESOLVED, {"reason": reason}):

@@ -76,6 +76,8 @@ class AgentRemediator:
         """The job's data-parallel degree on `nodes`."""
         valid_dp: tuple[int, ...] = ()
         """Data-parallel degrees the training layout accepts (see train/layout.py); empty: any."""
+        total_steps: int | None = None
+        """The steps the job trains in all (megaheal's trainer's config); None: not known (a program's)."""
         fault_grace: timedelta = timedelta(seconds=0.5)
         """SIGTERM to SIGKILL when stopping an attempt after a fault: its ranks are stuck in a collective that will
         never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
@@ -199,7 +201,8 @@ class AgentRemediator:
                         running=a is not None and not a.done and not a.stopping,
                         succeeded=a is not None and a.succeeded, busy=self.busy,
                         warm_unavailable=self._warm_unavailable(),
-                        replica_hosts=keeper_hosts(self.nodes) if self.sup.warm is not None else {})
+                        replica_hosts=keeper_hosts(self.nodes) if self.sup.warm is not None else {},
+                        total_steps=self.cfg.total_steps)
 
     def _warm_unavailable(self) -> str | None:
         """Why the next restart cannot be warm, or None (healer.decide.plans.restart_mode)."""

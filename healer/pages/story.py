@@ -25,7 +25,7 @@ HAPPENED = {"crash": "crashed", "hang": "hung", "gpu_fault": "had a GPU fault", 
 BASIS_DONE = frozenset({"reason", "rule", "remediate", "remedy_from", "runbook", "kind", "verdict", "verdict_bad_nodes",
                         "lemons", "lemon_incidents", "lemon_window_s", "restart", "restarts_in_window",
                         "max_restarts", "window_s", "backoff_s", "backoff", "deadline_s", "live", "diagnosis",
-                        "launcher"})
+                        "launcher", "fail_slow"})
 """The basis keys said in sentences; any other is shown as it is."""
 
 
@@ -229,6 +229,11 @@ def decision_sentences(plan: dict[str, Any] | None, basis: dict[str, Any] | None
         out.append(f"The deadline it missed: {duration(float(b['deadline_s']))}.")
     if b.get("launcher"):
         out.append("This healer has no launcher for the job: it can notify, not restart.")
+    slow = b.get("fail_slow")
+    if isinstance(slow, dict) and slow.get("reason"):
+        sources = f" (steps left from {slow['steps_left_from']}; the swap's cost {slow['swap_cost_from']})" \
+            if slow.get("steps_left_from") and slow.get("swap_cost_from") else ""
+        out.append(f"Swap or bear: {slow['reason']}{sources}.")
     out += _plan_sentences(plan)
     rest = [(k, v) for k, v in b.items() if k not in BASIS_DONE]
     return out, rest

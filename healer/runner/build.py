@@ -161,22 +161,22 @@ def db_url_of(spec: JobSpec) -> str:
     return spec.db_url or RunPaths(spec.run_dir).database_url
 
 
-def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...]]:
-    """Ranks per host, the data-parallel degree and the degrees the job accepts. A program is taken to be
-    data-parallel across its hosts (one replica a host; torchrun's WORLD_SIZE tells it how many), shrinking no lower
-    than `min_nodes`; the trainer's config says its own."""
+def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...], int | None]:
+    """Ranks per host, the data-parallel degree, the degrees the job accepts and its steps in all (None: a program's,
+    not known). A program is taken to be data-parallel across its hosts (one replica a host; torchrun's WORLD_SIZE
+    tells it how many), shrinking no lower than `min_nodes`; the trainer's config says its own."""
     if spec.program is not None:
         n = len(spec.nodes)
         low = n if spec.min_nodes is None else spec.min_nodes
         if not 1 <= low <= n:
             raise ValueError(f"the fewest hosts must be between 1 and {n}, got {low}")
-        return spec.nproc_per_node, n, tuple(range(low, n + 1))
+        return spec.nproc_per_node, n, tuple(range(low, n + 1)), None
     assert spec.config is not None
     cfg = load_config(spec.config, list(spec.overrides))
     world = cfg.parallel.world_size
     if world % len(spec.nodes):
         raise ValueError(f"{world} ranks do not split over {len(spec.nodes)} hosts")
-    return world // len(spec.nodes), cfg.parallel.dp, valid_dp(cfg)
+    return world // len(spec.nodes), cfg.parallel.dp, valid_dp(cfg), cfg.steps
 
 
 def _answers(coordinator: Coordinator, node: str) -> bool:
@@ -188,7 +188,7 @@ def _answers(coordinator: Coordinator, node: str) -> bool:
 def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     """Everything `megaheal run` runs, wired; nothing started (the agents, and the endpoint their batches come to,
     start with the job). Raises ConfigError, DatabaseError, ValueError."""
-    nproc, dp, accepted = _layout(spec)
+    nproc, dp, accepted, total_steps = _layout(spec)
     rules = spec.rules or load_rule_set([DEFAULT_RULES])
     if spec.program is not None:
         rules = _settled_nonfinite(rules)
@@ -228,7 +228,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                                   table.processes, token, env=launched.rank_env, epoch=epoch)
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
         return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
-                                                      valid_dp=accepted), coordinator, token,
+                                                      valid_dp=accepted, total_steps=total_steps),
+                               coordinator, token,
                                drainer=Drainer(agents, store, spec.job, drain=spec.drain,
                                                agent_answers=lambda node: _answers(coordinator, node)),
                                across=across,

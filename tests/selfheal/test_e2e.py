@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, timedelta
@@ -24,7 +25,7 @@ from healer.ledger.goodput import compute
 from healer.oncall.alertmanager import AlertmanagerClient
 from healer.runner.build import JobSpec, build_job
 from healer.runner.build import shipped_rules as rule_set
-from healer.runner.chaos import break_scratch
+from healer.runner.chaos import break_scratch, duty_cycle
 from healer.runner.loop import SelfHealingJob
 from tests.conftest import REPO
 from tests.healer.services import Alertmanager
@@ -318,6 +319,41 @@ def test_a_gpu_off_the_bus_and_then_a_lemon_node_are_each_left_out_and_a_spare_t
     # The host history says who left n1 out and why, for the next job on this database.
     node = JobStore(loop.healer.store.engine).node("n1")
     assert node is not None and node["excluded_by"] == lemon.id and "exclude n1" in node["excluded_reason"]
+
+
+@pytest.mark.timeout(300)
+def test_a_straggler_that_costs_more_than_a_swap_is_replaced_by_the_spare_at_the_next_checkpoint(
+        tmp_path: Path) -> None:
+    # Rank 2 (on n2) stopped half of every 200 ms from step 3 on, for good: it would cost the job more before its end
+    # than a swap does (here taken as 0.5 s: the demo job is 36 steps of ~0.15 s, and the straggler costs it ~0.09 s
+    # a step), so n2 leaves and the spare n3 takes its place, at a checkpoint saved after the straggler was named. (A
+    # small slowdown is borne: tests/healer/test_fail_slow.py.)
+    shipped = rule_set(straggler={"window": 3, "consecutive": 2})
+    rules = replace(shipped, limits=replace(shipped.limits, swap_cost=timedelta(seconds=0.5)))
+    loop = make_loop(tmp_path, rules, spares=("n3",), overrides=(f"steps={LONG}",))
+    slowed: dict[str, float] = {}
+
+    def hook(lp: SelfHealingJob) -> None:
+        a = lp.sup.attempt
+        steps = [b.step for b in lp.table.ranks() if a and b.entry.pid in a.ranks and b.step is not None]
+        if not slowed and a is not None and a.number == 0 and len(steps) == 4 and min(steps) >= 3:
+            pid = next(p for p, r in a.ranks.items() if r.rank == 2)
+            threading.Thread(target=duty_cycle, args=(pid, 0.5, 600.0), daemon=True).start()  # ends with the rank
+            slowed["at"] = lp.healer.clock()
+
+    assert loop.run(timedelta(seconds=260), on_tick=hook) == "finished"
+    [swap] = [i for i in loop.incidents() if i.kind == "straggler" and i.action != "notify"]
+    assert swap.suspect_nodes == ["n2"] and swap.detected_at >= slowed["at"], swap.summary
+    assert swap.action == "exclude-node-and-restart" and swap.plan["exclude"] == ["n2"], swap.plan
+    assert swap.plan["nodes"] == ["n1", "n3"] and swap.state == "resolved", (swap.plan, swap.state)
+    call = swap.plan["decision_basis"]["fail_slow"]
+    print(f"\nstraggler named at step {swap.evidence['step']}, resumed from {swap.resume_step}: {call['reason']}")
+    assert call["swap"] and call["projected_loss_s"] > call["swap_cost_s"] == 0.5, call
+    assert call["steps_left"] == LONG - 1 - swap.evidence["step"] and call["excess_s"] == swap.evidence["excess_s"] > 0
+    # At a checkpoint saved after it was named: the restart resumed from there.
+    assert swap.resume_step is not None and swap.resume_step >= swap.evidence["step"], (swap.resume_step, swap.evidence)
+    assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"} and len(loop.sup.history) == 2
+    assert [i.action for i in loop.incidents() if i.action not in ("notify", None)] == ["exclude-node-and-restart"]
 
 
 @pytest.mark.timeout(240)
