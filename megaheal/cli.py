@@ -345,6 +345,7 @@ def run(
     launcher: Annotated[str, typer.Option("--launcher", help="local: the hosts are agents on this machine; slurm: the hosts of the Slurm allocation this runs in (sbatch, salloc), an agent per host via srun")] = "local",
     spares: Annotated[int, typer.Option("--spares", help="slurm: keep the allocation's last N hosts as spares")] = 1,
     drain: Annotated[Optional[bool], typer.Option("--drain/--no-drain", help="drain in the scheduler a host left out because it failed diagnosis or is a lemon [default: on under slurm]")] = None,
+    preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="screen every host and spare (the preflight runbook, ~1 s a host here, bounded at ~15 s) before the first attempt: a host that fails is left out, a spare that passed takes its place, and it is drained where the run drains")] = True,
     warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, and every host (spares too) keeps standbys, so a crashed or hung rank, a rollback, or a lost host replaced by a spare restarts from the state held in memory (a lost host's from its replicas on the next host) in seconds; cold: every restart starts new processes from the newest checkpoint; under both launchers; a take-over (--take-over) of a warm run restarts it cold")] = False,
     standbys: Annotated[int, typer.Option("--standbys", help="warm: idle workers each host keeps ready to take a crashed rank's place")] = 1,
     dcgm_url: Annotated[Optional[str], typer.Option("--dcgm-url", help="slurm: each host's agent reads its GPUs from the dcgm-exporter at this URL as that host sees it, e.g. http://127.0.0.1:9400/metrics [default: none: NVML]")] = None,
@@ -359,6 +360,7 @@ def run(
     from ground.shipped import shipped_config
     from ground.slurm import SlurmError
     from healer.errors import DatabaseError
+    from healer.launchers.preflight import PreflightError
     from healer.runner.run import run_job  # torch, rich: imported only here
     from healer.runner.shutdown import RunDirBusy
     from healer.service.config import read_db_password
@@ -376,8 +378,8 @@ def run(
                        resume=take_over, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
                        launcher=launcher, spares=spares, drain=drain,
                        standbys=standbys if warm else None, program=launch, db_password=password,
-                       dcgm_url=dcgm_url)
-    except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError) as exc:
+                       dcgm_url=dcgm_url, preflight=preflight)
+    except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError, PreflightError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from msgspec import Struct
@@ -107,7 +108,20 @@ class AgentRestarted(Struct, frozen=True, kw_only=True, tag_field="event", tag="
     attempt: None = None
 
 
-Event = Start | Launched | Ranks | End | WarmReady | Adopted | LeftoverStopped | AgentRestarted
+class Screened(_Event, frozen=True, tag="screened"):
+    """A host screened before it took work (runbooks/library/preflight.yaml): before the attempt `attempt` started,
+    or as an idle spare while it ran. A host that failed is left out of the job."""
+
+    node: str
+    status: str
+    """pass, degraded, fail or error (error: the runbook could not run; it blames no host)."""
+    summary: str = ""
+    seconds: float = 0.0
+    drain: dict[str, Any] | None = None
+    """A failed host's drain: the reason given, whether it was drained, and why not (healer/launchers/drain.py)."""
+
+
+Event = Start | Launched | Ranks | End | WarmReady | Adopted | LeftoverStopped | AgentRestarted | Screened
 _decode = msgspec.json.Decoder(Event).decode  # type: ignore[arg-type]
 KINDS = frozenset(str(t.__struct_config__.tag) for t in Event.__args__)  # type: ignore[attr-defined]
 

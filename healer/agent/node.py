@@ -195,7 +195,12 @@ class NodeAgent:
         """Start every part; the orders API's URL."""
         from healer.agent.api import serve
 
-        self.cfg.scratch_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.cfg.scratch_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # NOTE: a host whose local disk failed still gets its agent: it is the agent that lets the healer see
+            # the host is sick (preflight and node-health fail it by that disk) rather than a host that never came.
+            log.error("the scratch directory %s is unusable: %s", self.cfg.scratch_dir, exc)
         self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
         self.sidecar.start()
         self.orders.start()

@@ -126,6 +126,10 @@ class CoordinatorBase:
         not answer within seconds is taken as lost instead of holding up the stop of every other host."""
         return replace(self._client(node), timeout_s=min(self.agents[node].timeout_s, 2.0), attempts=2)
 
+    def journal_event(self, event: journal.Event) -> None:
+        """An event of another part of the launcher (a host screened) in the run's journal."""
+        self._journal(event)
+
     def _journal(self, event: journal.Event) -> None:
         if self.fence.by is not None:
             log.warning("fenced: not journalled (a newer healer keeps the journal): %s", event)

@@ -45,6 +45,14 @@ def drain_reason(incident_id: int, kind: str, why: str) -> str:
     return safe_reason(f"megaheal: incident {incident_id}: {kind} ({why})")
 
 
+def preflight_reason(why: str) -> str:
+    """"megaheal: preflight (WHY)", in the alphabet a drain reason may hold."""
+    why = safe_reason(why)
+    if len(why) > WHY_MAX:
+        why = why[:WHY_MAX - 3].rstrip() + "..."
+    return safe_reason(f"megaheal: preflight ({why})")
+
+
 def proven_bad(timeline: IncidentTimeline, node: str) -> str | None:
     """Why the incident proved `node` bad (its diagnosis failed, it was lost, or it is a lemon), in a few words; None when it
     did not."""
@@ -116,6 +124,13 @@ class Drainer:
         if evidence:
             self.store.update_evidence(incident_id, evidence)
         return done
+
+    def screened_out(self, node: str, why: str) -> dict[str, Any]:
+        """Drain `node`, which failed the preflight runbook (`why`: what failed), when the run drains; what was done."""
+        reason = preflight_reason(why)
+        if not self.drain:
+            return {"reason": reason, "drained": False, "error": "the run does not drain (--no-drain)"}
+        return self._drain(node, reason)
 
     def _timeline(self, incident_id: int) -> IncidentTimeline | None:
         return next((t for t in job_timelines(self.store.engine, self.job) if t.id == incident_id), None)

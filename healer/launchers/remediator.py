@@ -29,10 +29,11 @@ from healer.launchers.coordinator_base import program_resume
 from healer.launchers.drain import Drainer
 from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.placement import Placement
+from healer.launchers.preflight import PREFLIGHT_RUNBOOK, failed, screened_placement
 from healer.launchers.warm_control import WarmUnavailable
 from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
-from wire.journal import Journal
+from wire.journal import Journal, Screened
 from wire.run_paths import RunPaths
 from wire.verdict import Status
 from wire.warm_plan import keeper_hosts
@@ -78,6 +79,10 @@ class AgentRemediator:
         """Data-parallel degrees the training layout accepts (see train/layout.py); empty: any."""
         total_steps: int | None = None
         """The steps the job trains in all (megaheal's trainer's config); None: not known (a program's)."""
+        preflight: bool = False
+        """Screen every host and spare before the first attempt (healer/launchers/preflight.py)."""
+        preflight_timeout: timedelta = timedelta(seconds=30)
+        """A host's preflight runbook past this is an `error` verdict (its steps are bounded at ~15 s together)."""
         fault_grace: timedelta = timedelta(seconds=0.5)
         """SIGTERM to SIGKILL when stopping an attempt after a fault: its ranks are stuck in a collective that will
         never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
@@ -138,8 +143,34 @@ class AgentRemediator:
     # ---- lifecycle --------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The job's first attempt."""
+        """The job's first attempt, on the hosts that passed preflight where the run screens them (PreflightError:
+        it cannot start on them)."""
+        if self.cfg.preflight:
+            self.preflight()
         self.sup.start(self.token, self.nodes, dp=self.dp, spares=self.spares)
+
+    def preflight(self) -> dict[str, dict[str, Any]]:
+        """Every host and spare runs the preflight runbook on itself, at once; each verdict goes into the journal, and
+        those that failed leave the job (replaced by spares that passed, or the job smaller) and are drained where
+        the run drains. What was done with each failed host."""
+        hosts = [*self.nodes, *self.spares]
+        verdicts = diagnose_nodes(self.sup.run_runbook, hosts, PREFLIGHT_RUNBOOK, self.cfg.preflight_timeout)
+        bad = failed(verdicts)
+        # NOTE: drained (where the run drains) even when the job then cannot start: the host failed all the same.
+        done = {n: self.drainer.screened_out(n, why) if self.drainer is not None else
+                {"drained": False, "error": "no drainer"} for n, why in sorted(bad.items())}
+        attempt = self.sup.attempt.number + 1 if self.sup.attempt is not None else 0
+        for v in verdicts:
+            drain = done.get(v.node)
+            self.sup.journal_event(Screened(at=time.time(), attempt=attempt, node=v.node, status=v.status.value,
+                                            summary=v.summary, seconds=round(v.seconds, 2), drain=drain))
+            (log.warning if v.status in (Status.FAIL, Status.ERROR) else log.info)(
+                "preflight %s: %s: %s (%.1f s)", v.node, v.status.value, v.summary, v.seconds)
+        if bad:
+            self.placement = screened_placement(self.placement, bad, self.cfg.valid_dp)
+            log.warning("preflight left out %s: the job starts on %s (dp %d), spares %s", ", ".join(sorted(bad)),
+                        ", ".join(self.nodes), self.dp, ", ".join(self.spares) or "none")
+        return done
 
     def start_next(self, resume: str = "auto") -> None:
         """The next attempt on the current hosts, outside any incident (a take-over found nothing to finish)."""

@@ -82,6 +82,9 @@ class JobSpec:
     machine (the default), or an agent per host of the Slurm allocation this runs in, started with srun."""
     drain: bool = False
     """Drain in the scheduler the hosts a restart leaves out because they failed diagnosis or are lemons."""
+    preflight: bool = False
+    """Screen every host and spare before the first attempt; those that fail are left out (and drained where the
+    run drains): healer/launchers/preflight.py."""
     warm: WarmSettings | None = None
     """Run the attempts as generations of warm workers, so a crash of a rank or a rollback restarts warm (the
     survivors keep their processes and state, a standby takes a lost rank); None: a torchrun agent per attempt."""
@@ -228,7 +231,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                                   table.processes, token, env=launched.rank_env, epoch=epoch)
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
         return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
-                                                      valid_dp=accepted, total_steps=total_steps),
+                                                      valid_dp=accepted, total_steps=total_steps,
+                                                      preflight=spec.preflight),
                                coordinator, token,
                                drainer=Drainer(agents, store, spec.job, drain=spec.drain,
                                                agent_answers=lambda node: _answers(coordinator, node)),

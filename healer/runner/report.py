@@ -152,7 +152,9 @@ def render_hosts(hosts: list[dict[str, Any]]) -> None:
         drained = "-" if drain is None else (drain["reason"] if drain.get("drained") else f"no: {drain.get('error')}")
         slurm = h["slurm"]
         state = "-" if not slurm else f"{slurm.get('state')}" + (f" ({slurm['reason']})" if slurm.get("reason") else "")
-        table.add_row(h["host"], roles or "-", named or "-", drained, state, "; ".join(h["network"]) or "-")
+        failed = [f"preflight: {s['summary']}" for s in h.get("screening", []) if s["status"] == "fail"]
+        table.add_row(h["host"], roles or "-", ", ".join([*failed, *([named] if named else [])]) or "-", drained,
+                      state, "; ".join(h["network"]) or "-")
     console.print(table)
 
 

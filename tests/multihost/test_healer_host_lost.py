@@ -19,7 +19,7 @@ from tests.support import wait_for
 from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.multihost
-STEPS = 30
+STEPS = 22
 
 
 @pytest.mark.timeout(900)

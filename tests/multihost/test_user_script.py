@@ -40,7 +40,7 @@ def test_a_host_of_an_unchanged_fsdp2_script_dies_and_the_spare_takes_its_place(
     hosts = [h.name for h in bed.hosts]
     (tmp_path / "train.py").write_text(PLAIN_FSDP2)
     ckpt = tmp_path / "ckpt"
-    job = SlurmJob.submit_program(bed, tmp_path, ["train.py", "--steps", "40", "--ckpt", str(ckpt), "--sleep", "0.3"])
+    job = SlurmJob.submit_program(bed, tmp_path, ["train.py", "--steps", "26", "--ckpt", str(ckpt), "--sleep", "0.3"])
     submitted.append(job)
     wait_for("the script's checkpoint of step 10", lambda: saved_step(ckpt) >= 10 or job.proc.poll() is not None,
              300, every_s=0.5)

@@ -93,6 +93,7 @@ def test_every_shipped_runbook_loads_with_typed_params() -> None:
             "straggler-triage",
             "node-health",
             "node-health-live",
+            "preflight",
         ]
     )
     for name in names:

@@ -31,6 +31,7 @@ from tests.conftest import REPO
 from tests.healer.services import Alertmanager
 from tests.selfheal.straggler_crash_run import HealedRun
 from tests.support import free_port, wait_for
+from wire.journal import Journal, Screened
 from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.e2e
@@ -51,12 +52,13 @@ def _closed() -> Iterator[None]:
 
 def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, ...] = (),
               overrides: tuple[str, ...] = (), alertmanager_url: str | None = None,
-              before_start: object = None, nvml: dict[str, object] | None = None) -> SelfHealingJob:
+              before_start: object = None, nvml: dict[str, object] | None = None,
+              preflight: bool = False) -> SelfHealingJob:
     run_dir = tmp_path / "run"
     spec = JobSpec(job="e2e", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir, nodes=("n1", "n2"),
                    spares=spares, overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
                    rules=rules or rule_set(), alertmanager_url=alertmanager_url, grace=timedelta(seconds=20),
-                   launcher=LocalAgents.Config(nvml=dict(nvml or {})))
+                   launcher=LocalAgents.Config(nvml=dict(nvml or {})), preflight=preflight)
     job = build_job(spec)
     _built.append(job)
     if callable(before_start):
@@ -175,13 +177,22 @@ def test_a_spent_restart_budget_escalates_stops_instead_of_looping_and_pages_thr
 @pytest.mark.timeout(300)
 def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_one_the_job_comes_back_smaller(
         tmp_path: Path) -> None:
-    # n2 loses its local disk the tick its rank 2 dies: node-health fails it and the spare n3 takes its place. Then n3
-    # does the same, with no spare left: the job comes back on n1 alone, one data-parallel replica, from the dp-2
+    # The spare n4's local disk is broken before the job starts: preflight fails it, and it never takes work. n2 loses
+    # its local disk the tick its rank 2 dies: node-health fails it and the spare n3 takes its place. Then n3 does the
+    # same, with no spare left (n4 is out): the job comes back on n1 alone, one data-parallel replica, from the dp-2
     # checkpoint resharded.
     # NOTE: longer than the others: the second attempt trains ~3 steps a second, and the kill must land well before
     # its end (the heartbeats that show it past step 10 are a second or two old).
-    loop = make_loop(tmp_path, spares=("n3",), overrides=(f"steps={LONG}",))
+    def broken_spare(job: SelfHealingJob) -> None:
+        break_scratch(LocalAgents.scratch_dir(job.sup.cfg.run_dir, "n4"))
+
+    loop = make_loop(tmp_path, spares=("n3", "n4"), overrides=(f"steps={LONG}",), before_start=broken_spare,
+                     preflight=True)
     run_dir = loop.sup.cfg.run_dir
+    screened = {e.node: e for e in Journal.of(RunPaths(run_dir).journal).events if isinstance(e, Screened)}
+    assert {n: e.status for n, e in screened.items()} == {"n1": "pass", "n2": "pass", "n3": "pass", "n4": "fail"}
+    assert "scratch directory" in screened["n4"].summary and screened["n4"].attempt == 0, screened["n4"]
+    assert loop.remediator.spares == ("n3",) and "n4" in loop.remediator.excluded
     _, kill_first = kill_in_attempt(0, 9, rank=2, then=lambda lp: break_scratch(LocalAgents.scratch_dir(run_dir, "n2")))
     second, kill_second = kill_in_attempt(1, 10, rank=3,
                                           then=lambda lp: break_scratch(LocalAgents.scratch_dir(run_dir, "n3")))
@@ -212,6 +223,7 @@ def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_
     records = [json.loads(x) for x in (run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
     assert {r["world_size"] for r in records if r["time"] > smaller.remediated_at} == {2}
     check_resumed(loop, second, action="exclude-node-and-restart", steps=LONG)
+    assert all("n4" not in {r.node for r in a.ranks.values()} for a in loop.sup.history), "n4 never took work"
 
 
 @pytest.mark.timeout(300)

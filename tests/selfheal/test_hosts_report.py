@@ -179,3 +179,16 @@ def test_the_witnesses_asked_when_the_healer_acted_decide_not_a_later_answer(tmp
     answers["now"] = True
     drainer.left_out(incident, {"h2"}, doubts)
     assert fleet.drained == ["h2"]
+
+
+def test_a_host_that_failed_preflight_is_left_out_from_its_attempt_with_why_and_its_drain(tmp_path: Path) -> None:
+    run, incidents = a_run(tmp_path)
+    with RunPaths(run).journal.open("a") as out:  # h5, a spare, failed its screening before attempt 1
+        out.write(json.dumps({"event": "screened", "attempt": 1, "at": 205.0, "node": "h5", "status": "fail",
+                              "summary": "host: scratch directory /x is not a directory", "seconds": 1.2,
+                              "drain": {"reason": "megaheal: preflight (host: ...)", "drained": True}}) + "\n")
+    *_, h5 = host_table(run, incidents)  # type: ignore[arg-type]
+    assert h5["host"] == "h5" and h5["roles"] == {"0": "spare", "1": "left out"}
+    assert h5["screening"] == [{"attempt": 1, "status": "fail", "seconds": 1.2,
+                                "summary": "host: scratch directory /x is not a directory"}]
+    assert h5["drain"] == {"reason": "megaheal: preflight (host: ...)", "drained": True}
