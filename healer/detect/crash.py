@@ -50,11 +50,17 @@ class Crash(Detector):
         """How long a crash of peer echoes only is held back while a host of the attempt is silent (see above)."""
         silent_after: timedelta = timedelta(seconds=3)
         """A host is silent when its agent's last batch is older than this."""
+        signature_wait: timedelta = timedelta(seconds=2)
+        """A crash whose cause is the program's own exception (it has a signature, healer/detect/logtail.py) waits
+        this long after the first failed exit for the attempt's other ranks to exit: whether the same exception
+        struck other hosts too is what tells a crash loop (healer.decide.plans.crash_loop). NOTE: the ranks of a
+        data-parallel job reach a bug's step together, but whichever exits first was seen alone, and a loop on
+        two hosts went unseen for an attempt (a fresh make test's run, the first raiser on the same host twice)."""
 
         def __post_init__(self) -> None:
-            if min(self.settle, self.report_wait, self.silent_host_hold) < timedelta(0):
-                raise ValueError(f"settle, report_wait and silent_host_hold must be >= 0, got {self.settle}, "
-                                 f"{self.report_wait}, {self.silent_host_hold}")
+            if min(self.settle, self.report_wait, self.silent_host_hold, self.signature_wait) < timedelta(0):
+                raise ValueError(f"settle, report_wait, silent_host_hold and signature_wait must be >= 0, got "
+                                 f"{self.settle}, {self.report_wait}, {self.silent_host_hold}, {self.signature_wait}")
             if self.silent_after <= timedelta(0):
                 raise ValueError(f"silent_after must be > 0, got {self.silent_after}")
             if not 1 <= self.tail_lines <= 200:
@@ -94,6 +100,9 @@ class Crash(Detector):
             silent = self._silent_hosts(table, job, now) if echoes else []
             if silent and now - failed[0].waited_from < self.config.silent_host_hold.total_seconds():
                 continue  # the cause is on a host that went silent: host_lost names it
+            if not silent and now - failed[0].waited_from < self.config.signature_wait.total_seconds() and \
+                    _signed(failed):
+                continue  # the program's own exception: whether it struck other hosts too is on its way
             firing.append(self._finding(key, job, attempt, failed, silent))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
@@ -149,6 +158,16 @@ class Crash(Detector):
             labels={"suspect_node": node, "category": "host-lost"},
             suspects=(Suspect(node=node),),
         )
+
+
+def _signed(failed: list[ProcessExit]) -> bool:
+    """Whether the cause of a crash (its first exit that is not a peer's echo, as _finding picks it) is the
+    program's own exception."""
+    for e in failed:
+        cls = classify(e.exit_code, e.signal, e.log_tail)
+        if not cls.peer_failure and e.rank is not None:
+            return signature(cls, e.log_tail) is not None
+    return False
 
 
 def _finishing_ranks(table: Readings, job: str, ranks: set[int]) -> set[int]:

@@ -16,7 +16,8 @@ It leaves the other detectors' cases to them, so that one fault is one incident:
   factor: the network (NOTE: whatever compute did meanwhile: network-triage, run beside the training for that
   incident, takes CPUs too).
 The phase named is the one whose median grew the most in seconds: compute (forward, backward, optimizer), data
-wait, the reduce, or `other` (what the timed phases do not cover: the host's own work between them).
+wait, the reduce, or `other` (what those do not cover: waits for the other pipeline stages' activations, the
+gradient norm's all-reduce, a save's staging, the host's own work between phases).
 """
 
 from __future__ import annotations

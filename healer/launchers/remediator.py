@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,6 +83,8 @@ class AgentRemediator:
         """Screen every host and spare before the first attempt (healer/launchers/preflight.py)."""
         preflight_timeout: timedelta = timedelta(seconds=30)
         """A host's preflight runbook past this is an `error` verdict (its steps are bounded at ~15 s together)."""
+        rescreen_every: timedelta | None = timedelta(minutes=10)
+        """Where the run screens its hosts, how often its idle spares are screened again (None: never)."""
         fault_grace: timedelta = timedelta(seconds=0.5)
         """SIGTERM to SIGKILL when stopping an attempt after a fault: its ranks are stuck in a collective that will
         never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
@@ -115,6 +117,8 @@ class AgentRemediator:
         self.placement = Placement(nodes=tuple(cfg.nodes), spares=tuple(cfg.spares), dp=cfg.dp)
         """Where the job runs: replaced whole at each change (state() reads it from another thread)."""
         self._orders: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._screening = threading.Lock()
+        """Held while idle spares are screened again (rescreen_spares)."""
         self._pending = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="megaheal-remediator", daemon=True)
@@ -153,24 +157,55 @@ class AgentRemediator:
         """Every host and spare runs the preflight runbook on itself, at once; each verdict goes into the journal, and
         those that failed leave the job (replaced by spares that passed, or the job smaller) and are drained where
         the run drains. What was done with each failed host."""
-        hosts = [*self.nodes, *self.spares]
-        verdicts = diagnose_nodes(self.sup.run_runbook, hosts, PREFLIGHT_RUNBOOK, self.cfg.preflight_timeout)
-        bad = failed(verdicts)
+        verdicts = diagnose_nodes(self.sup.run_runbook, [*self.nodes, *self.spares], PREFLIGHT_RUNBOOK,
+                                  self.cfg.preflight_timeout)
         # NOTE: drained (where the run drains) even when the job then cannot start: the host failed all the same.
-        done = {n: self.drainer.screened_out(n, why) if self.drainer is not None else
-                {"drained": False, "error": "no drainer"} for n, why in sorted(bad.items())}
-        attempt = self.sup.attempt.number + 1 if self.sup.attempt is not None else 0
-        for v in verdicts:
-            drain = done.get(v.node)
-            self.sup.journal_event(Screened(at=time.time(), attempt=attempt, node=v.node, status=v.status.value,
-                                            summary=v.summary, seconds=round(v.seconds, 2), drain=drain))
-            (log.warning if v.status in (Status.FAIL, Status.ERROR) else log.info)(
-                "preflight %s: %s: %s (%.1f s)", v.node, v.status.value, v.summary, v.seconds)
+        bad, done = self._screened(verdicts, attempt=self.sup.attempt.number + 1 if self.sup.attempt is not None else 0)
         if bad:
             self.placement = screened_placement(self.placement, bad, self.cfg.valid_dp)
             log.warning("preflight left out %s: the job starts on %s (dp %d), spares %s", ", ".join(sorted(bad)),
                         ", ".join(self.nodes), self.dp, ", ".join(self.spares) or "none")
         return done
+
+    def rescreen_spares(self) -> None:
+        """Screen the idle spares again, on a thread of its own (a crash's restart must not wait behind it): a spare
+        that fails is a spare no more, and is drained where the run drains. One screening at a time."""
+        spares = list(self.spares)
+        if not spares or not self._screening.acquire(blocking=False):
+            return
+
+        def screen() -> None:
+            try:
+                verdicts = diagnose_nodes(self.sup.run_runbook, spares, PREFLIGHT_RUNBOOK, self.cfg.preflight_timeout)
+                # NOTE: applied on the order queue, as every change of the placement is; a spare a restart took
+                # meanwhile is in the job now, and its verdict no longer the placement's business.
+                self._submit(lambda: self._drop_spares(verdicts))
+            finally:
+                self._screening.release()
+
+        threading.Thread(target=self._guarded, args=(screen,), name="megaheal-rescreen", daemon=True).start()
+
+    def _drop_spares(self, verdicts: list[HostVerdict]) -> None:
+        idle = [v for v in verdicts if v.node in self.spares]
+        bad, _ = self._screened(idle, attempt=self.sup.attempt.number if self.sup.attempt is not None else 0)
+        if bad:
+            self.placement = replace(self.placement, spares=tuple(s for s in self.spares if s not in bad),
+                                     excluded=self.excluded | set(bad))
+            log.warning("re-screening left out spare(s) %s; spares now %s", ", ".join(sorted(bad)),
+                        ", ".join(self.spares) or "none")
+
+    def _screened(self, verdicts: list[HostVerdict], attempt: int) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        """The hosts that failed screening (host -> why), drained where the run drains, and every verdict in the
+        journal; and what was done with each failed host."""
+        bad = failed(verdicts)
+        done = {n: self.drainer.screened_out(n, why) if self.drainer is not None else
+                {"drained": False, "error": "no drainer"} for n, why in sorted(bad.items())}
+        for v in verdicts:
+            self.sup.journal_event(Screened(at=time.time(), attempt=attempt, node=v.node, status=v.status.value,
+                                            summary=v.summary, seconds=round(v.seconds, 2), drain=done.get(v.node)))
+            (log.warning if v.status in (Status.FAIL, Status.ERROR) else log.info)(
+                "screening %s: %s: %s (%.1f s)", v.node, v.status.value, v.summary, v.seconds)
+        return bad, done
 
     def start_next(self, resume: str = "auto") -> None:
         """The next attempt on the current hosts, outside any incident (a take-over found nothing to finish)."""

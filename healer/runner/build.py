@@ -85,6 +85,8 @@ class JobSpec:
     preflight: bool = False
     """Screen every host and spare before the first attempt; those that fail are left out (and drained where the
     run drains): healer/launchers/preflight.py."""
+    rescreen_every: timedelta | None = timedelta(minutes=10)
+    """With `preflight`, how often the idle spares are screened again while the job runs (None: never)."""
     warm: WarmSettings | None = None
     """Run the attempts as generations of warm workers, so a crash of a rank or a rollback restarts warm (the
     survivors keep their processes and state, a standby takes a lost rank); None: a torchrun agent per attempt."""
@@ -232,7 +234,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
         return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
                                                       valid_dp=accepted, total_steps=total_steps,
-                                                      preflight=spec.preflight),
+                                                      preflight=spec.preflight,
+                                                      rescreen_every=spec.rescreen_every),
                                coordinator, token,
                                drainer=Drainer(agents, store, spec.job, drain=spec.drain,
                                                agent_answers=lambda node: _answers(coordinator, node)),

@@ -71,7 +71,8 @@ class SelfHealingJob:
         self.cfg = cfg or LoopConfig()
         self.job = remediator.job
         self.outcome: str | None = None
-        self._background: list[Callable[[], object]] = [healer.tick_notify, *(background or [])]
+        self._background: list[Callable[[], object]] = [healer.tick_notify, self._rescreen_due, *(background or [])]
+        self._rescreen_at = time.monotonic() + self._rescreen_every_s()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._off_loop, name="megaheal-notify", daemon=True)
         self._epoch_read_at = -EPOCH_EVERY_S
@@ -108,6 +109,17 @@ class SelfHealingJob:
         self._start_agents()
         self.keeper.start()
         self.remediator.start()
+
+    def _rescreen_every_s(self) -> float:
+        every = self.remediator.cfg.rescreen_every
+        return every.total_seconds() if every is not None and self.remediator.cfg.preflight else float("inf")
+
+    def _rescreen_due(self) -> None:
+        """The idle spares screened again every rescreen_every (AgentRemediator.rescreen_spares), where the run
+        screens its hosts: a spare that broke while it waited is found before it is needed."""
+        if time.monotonic() >= self._rescreen_at:
+            self._rescreen_at = time.monotonic() + self._rescreen_every_s()
+            self.remediator.rescreen_spares()
 
     def take_over(self) -> list[int]:
         """Go on with a run whose previous healer died (`megaheal run --take-over`), instead of `start`: its agents outlived

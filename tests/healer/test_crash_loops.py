@@ -22,7 +22,11 @@ from healer.decide.plans import (
 from healer.decide.policy import Action, IncidentFacts, JobNow, decide
 from healer.decide.rules import AlertCondition, Rule
 from healer.decide.states import IncidentState
+from healer.detect.crash import Crash
 from healer.detect.logtail import classify, signature
+from healer.observe.heartbeats import HeartbeatTable
+from healer.observe.processes import ProcessExit
+from tests.healer.helpers import ManualClock
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -60,6 +64,28 @@ def test_signals_peer_echoes_and_out_of_memory_have_no_signature() -> None:
     assert signature(classify(1, None, oom), oom) is None
     no_frame = ["ValueError: bad config"]
     assert signature(classify(1, None, no_frame), no_frame) is None
+
+
+def test_a_programs_exception_waits_for_the_other_ranks_exits_to_see_every_host_it_struck() -> None:
+    # Every rank raises at the same step; the one on n1 is seen first, n2's a second later. Fired at once, the crash
+    # would name n1 alone, and a loop on two hosts would go unseen for an attempt.
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 0)
+    detector = Crash(Crash.Config())
+    view.record_exit(ProcessExit(job="job", attempt=0, node="n1", rank=0, pid=10, at=100.0, exit_code=1,
+                                 log_tail=tuple(TRACEBACK)))
+    assert detector.evaluate(table, 100.5).firing == ()
+    view.record_exit(ProcessExit(job="job", attempt=0, node="n2", rank=2, pid=12, at=101.0, exit_code=1,
+                                 log_tail=tuple(f"[rank2]: {line}" for line in TRACEBACK)))
+    assert detector.evaluate(table, 101.5).firing == ()
+    (f,) = detector.evaluate(table, 102.5).firing
+    assert f.node == "n1" and f.evidence["signature_nodes"] == ["n1", "n2"], f.evidence
+    # A signal has no signature: it fires at once, as before.
+    view.started("job", 1)
+    view.record_exit(ProcessExit(job="job", attempt=1, node="n1", rank=0, pid=20, at=200.0, exit_code=None,
+                                 signal=9, log_tail=()))
+    assert [f.key for f in detector.evaluate(table, 200.1).firing] == ["job/attempt-1"]
 
 
 SIG = "ValueError at blocks.py:212 in forward"

@@ -4,7 +4,7 @@ the healing loop: one training host's link slowed with tbf while the job trains,
 a collective slowdown whose evidence is network-triage's verdict (run once across the job's hosts, beside the
 training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it. Then, the link restored,
 the whole job slowed (every rank stopped and continued together, as under a power cap on every GPU): a job slowdown
-naming compute, no straggler, nothing restarted."""
+naming the phase that grew, no straggler, nothing restarted."""
 
 from __future__ import annotations
 
@@ -94,7 +94,10 @@ def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_a_slowed_link_
     [uniform] = of_kind(job, "job_slowdown")
     print(f"slowed the whole job from step {named_at_step}: named at step {uniform_at_step}: {uniform['summary']}")
     ev = uniform["evidence"]
-    assert ev["phase"] == "compute" and ev["factor"] >= 1.5 and uniform["action"] == "notify", uniform
+    # (every phase stretched alike: compute, or the waits for the other pipeline stage's ranks, stopped too, that the
+    # timed phases do not cover, whichever is the larger; 2 fresh runs here named each once)
+    assert ev["phase"] in ("compute", "other") and ev["factor"] >= 1.5 and uniform["action"] == "notify", uniform
+    assert f"{ev['phase']} grew by" in uniform["summary"], uniform["summary"]
     assert uniform["suspect_nodes"] == [], uniform
     assert [i for i in of_kind(job, "straggler") if i["detected_at"] >= slowed_at] == [], job.incidents()
     assert "DRAIN" not in job.slurm_state(slow).state

@@ -10,6 +10,7 @@ import json
 import math
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, timedelta
@@ -53,12 +54,13 @@ def _closed() -> Iterator[None]:
 def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, ...] = (),
               overrides: tuple[str, ...] = (), alertmanager_url: str | None = None,
               before_start: object = None, nvml: dict[str, object] | None = None,
-              preflight: bool = False) -> SelfHealingJob:
+              preflight: bool = False, rescreen_every: timedelta | None = None) -> SelfHealingJob:
     run_dir = tmp_path / "run"
     spec = JobSpec(job="e2e", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir, nodes=("n1", "n2"),
                    spares=spares, overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
                    rules=rules or rule_set(), alertmanager_url=alertmanager_url, grace=timedelta(seconds=20),
-                   launcher=LocalAgents.Config(nvml=dict(nvml or {})), preflight=preflight)
+                   launcher=LocalAgents.Config(nvml=dict(nvml or {})), preflight=preflight,
+                   rescreen_every=rescreen_every)
     job = build_job(spec)
     _built.append(job)
     if callable(before_start):
@@ -177,28 +179,35 @@ def test_a_spent_restart_budget_escalates_stops_instead_of_looping_and_pages_thr
 @pytest.mark.timeout(300)
 def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_one_the_job_comes_back_smaller(
         tmp_path: Path) -> None:
-    # The spare n4's local disk is broken before the job starts: preflight fails it, and it never takes work. n2 loses
-    # its local disk the tick its rank 2 dies: node-health fails it and the spare n3 takes its place. Then n3 does the
-    # same, with no spare left (n4 is out): the job comes back on n1 alone, one data-parallel replica, from the dp-2
-    # checkpoint resharded.
+    # The spare n4's local disk is broken before the job starts: preflight fails it. The first spare, n5, loses its disk
+    # while it waits: screened again (every 2 s here), it is a spare no more. Neither ever takes work. n2 loses its
+    # local disk the tick its rank 2 dies: node-health fails it and the spare n3 takes its place. Then n3 does the
+    # same, with no spare left: the job comes back on n1 alone, one data-parallel replica, from the dp-2 checkpoint
+    # resharded.
     # NOTE: longer than the others: the second attempt trains ~3 steps a second, and the kill must land well before
     # its end (the heartbeats that show it past step 10 are a second or two old).
     def broken_spare(job: SelfHealingJob) -> None:
         break_scratch(LocalAgents.scratch_dir(job.sup.cfg.run_dir, "n4"))
 
-    loop = make_loop(tmp_path, spares=("n3", "n4"), overrides=(f"steps={LONG}",), before_start=broken_spare,
-                     preflight=True)
+    loop = make_loop(tmp_path, spares=("n5", "n3", "n4"), overrides=(f"steps={LONG}",), before_start=broken_spare,
+                     preflight=True, rescreen_every=timedelta(seconds=2))
     run_dir = loop.sup.cfg.run_dir
     screened = {e.node: e for e in Journal.of(RunPaths(run_dir).journal).events if isinstance(e, Screened)}
-    assert {n: e.status for n, e in screened.items()} == {"n1": "pass", "n2": "pass", "n3": "pass", "n4": "fail"}
+    assert {n: e.status for n, e in screened.items()} == {n: "fail" if n == "n4" else "pass" for n in
+                                                           ("n1", "n2", "n3", "n4", "n5")}
     assert "scratch directory" in screened["n4"].summary and screened["n4"].attempt == 0, screened["n4"]
-    assert loop.remediator.spares == ("n3",) and "n4" in loop.remediator.excluded
+    assert loop.remediator.spares == ("n5", "n3") and "n4" in loop.remediator.excluded
     _, kill_first = kill_in_attempt(0, 9, rank=2, then=lambda lp: break_scratch(LocalAgents.scratch_dir(run_dir, "n2")))
     second, kill_second = kill_in_attempt(1, 10, rank=3,
                                           then=lambda lp: break_scratch(LocalAgents.scratch_dir(run_dir, "n3")))
+    broke: dict[str, float] = {}
 
     def hook(lp: SelfHealingJob) -> None:
-        kill_first(lp)
+        if not broke:
+            broke["n5"] = time.time()
+            break_scratch(LocalAgents.scratch_dir(run_dir, "n5"))
+        if "n5" not in lp.remediator.spares:  # NOTE: the first spare: a crash before its screening would take it
+            kill_first(lp)
         kill_second(lp)
 
     assert loop.run(timedelta(seconds=280), on_tick=hook) == "finished"
@@ -223,7 +232,10 @@ def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_
     records = [json.loads(x) for x in (run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
     assert {r["world_size"] for r in records if r["time"] > smaller.remediated_at} == {2}
     check_resumed(loop, second, action="exclude-node-and-restart", steps=LONG)
-    assert all("n4" not in {r.node for r in a.ranks.values()} for a in loop.sup.history), "n4 never took work"
+    assert all(not {"n4", "n5"} & {r.node for r in a.ranks.values()} for a in loop.sup.history), "never took work"
+    n5 = [e for e in Journal.of(RunPaths(run_dir).journal).events if isinstance(e, Screened) and e.node == "n5"]
+    assert n5[0].status == "pass" and n5[-1].status == "fail" and n5[-1].at >= broke["n5"], n5
+    assert "scratch directory" in n5[-1].summary and "n5" in loop.remediator.excluded
 
 
 @pytest.mark.timeout(300)
