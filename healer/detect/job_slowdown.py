@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from healer.detect.base import Detector, Evaluation, Finding
-from healer.detect.phases import PhaseTable, evidence_rows, shared_phase_table
+from healer.detect.phases import PhaseTable, closed_windows, evidence_rows
 from healer.observe.history import RankHistory, median, prune
 from healer.observe.jobview import Readings
 
@@ -103,16 +103,8 @@ class JobSlowdown(Detector):
         self.history.update(table, now)
         prune(self._jobs, self.history.job_names(), self.history.restarted)
         firing, healthy = [], set()
-        for job, samples in self.history.jobs().items():
-            if len(samples.known()) < 1:
-                continue
-            low = self.history.low_step(job)
-            state = self._jobs.setdefault(job, _Job(window_end=low))
-            state.window_end = min(state.window_end, low)
-            if low - state.window_end < self.config.window:
-                continue
-            rows = shared_phase_table(self.history, job, self.config.window * 2, state.window_end)
-            state.window_end = low
+        for job, state, rows in closed_windows(self.history, self._jobs, lambda low: _Job(window_end=low),
+                                               self.config.window):
             if not len(rows):
                 continue
             state.seen += 1

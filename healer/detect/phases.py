@@ -11,8 +11,9 @@ starts late) has the longest compute and the *shortest* collective time: everyon
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -23,8 +24,8 @@ from msgspec import Struct
 
 from healer.observe.history import COMPUTE_PHASES, JobSamples, RankHistory
 
-__all__ = ["COMPUTE_PHASES", "EVIDENCE_ROWS", "PhaseTable", "RankRow", "evidence_rows", "masked_median",
-           "phase_table", "shared_phase_table"]
+__all__ = ["COMPUTE_PHASES", "EVIDENCE_ROWS", "PhaseTable", "RankRow", "closed_windows", "evidence_rows",
+           "masked_median", "phase_table", "shared_phase_table"]
 
 EVIDENCE_ROWS = 64
 """The most phase-table rows an incident's evidence holds (hang's per-rank list holds as many)."""
@@ -206,3 +207,31 @@ def evidence_rows(table: PhaseTable, named: Collection[int] = (),
     by_unusual = others[np.argsort(-unusual[others], kind="stable")][: keep - len(chosen)]
     picked = np.sort(np.concatenate([chosen, by_unusual]))  # rows are by rank
     return [r.to_payload() for r in table.rows(picked)]
+
+
+class Windowed(Protocol):
+    """A detector's per-job state that closes windows of job steps: where the last one ended."""
+
+    window_end: int
+
+
+W = TypeVar("W", bound=Windowed)
+
+
+def closed_windows(history: RankHistory, jobs: dict[str, W], make: Callable[[int], W], window: int,
+                   min_ranks: int = 1) -> Iterator[tuple[str, W, PhaseTable]]:
+    """Per job of `history` whose lowest rank has gone `window` steps past its state's last window (a rollback
+    moves that back), the job, its state (made by `make(low step)` the first time) and the phase table of the
+    window just closed (each rank's last 2 x `window` samples after it): what collective_slowdown and job_slowdown
+    each read once a window."""
+    for job, samples in history.jobs().items():
+        if len(samples.known()) < min_ranks:
+            continue
+        low = history.low_step(job)
+        state = jobs.setdefault(job, make(low))
+        state.window_end = min(state.window_end, low)
+        if low - state.window_end < window:
+            continue
+        rows = shared_phase_table(history, job, window * 2, state.window_end)
+        state.window_end = low
+        yield job, state, rows
