@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ground import procfs
+from wire.rerun import EVENT as RERUN_EVENT
 from wire.telemetry import PHASE_ORDER, Event, EventBody, Hello, Message, StepBody, StepRecord
 
 # Events counted per rank in the metrics; any other kind is kept for the heartbeat only, so that
@@ -103,12 +104,20 @@ class RankState:
     totals: StepTotals = field(default_factory=StepTotals)
     events: Counter[str] = field(default_factory=Counter)
     last_event: EventBody | None = None
+    held_events: list[EventBody] = field(default_factory=list)
+    """Events a heartbeat must carry (HELD_EVENTS), oldest first, each until one did: a batch carries a rank's last
+    event only, and a checkpoint's or the next verdict's would replace a re-run's verdict before it left."""
     # Filled in by snapshots only:
     age_seconds: float = 0.0
     alive: bool = True
     proc_state: str | None = None
     """The kernel's state letter of the rank's process (T: stopped); None when it is gone."""
     reduce_lag_seconds: float | None = None
+
+
+HELD_EVENTS = frozenset({RERUN_EVENT})
+"""Events every one of which the healer must see (a re-run's verdict), not only the last of a heartbeat's interval."""
+MAX_HELD_EVENTS = 16
 
 
 class RankTable:
@@ -176,16 +185,21 @@ class RankTable:
             elif isinstance(message, Event):
                 state.events[message.body.name] += 1
                 state.last_event = message.body
+                if message.body.name in HELD_EVENTS and len(state.held_events) < MAX_HELD_EVENTS:
+                    state.held_events.append(message.body)
 
     def heartbeat_snapshot(self) -> list[RankState]:
         """snapshot() as a heartbeat batch reports it: a rank whose loss turned non-finite since the last batch is
-        reported at the step it turned (RankState.first_nonfinite, released here); its newer steps go in the next."""
+        reported at the step it turned (RankState.first_nonfinite, released here); its newer steps go in the next.
+        A held event (HELD_EVENTS) is its last event in one batch, the oldest first."""
         with self._lock:
             held = {key: s.first_nonfinite for key, s in self._ranks.items() if s.first_nonfinite is not None}
             for key in held:
                 self._ranks[key].first_nonfinite = None
+            events = {key: s.held_events.pop(0) for key, s in self._ranks.items() if s.held_events}
         states = self.snapshot()
-        return [replace(s, last_step=held[(s.job, s.rank)]) if (s.job, s.rank) in held else s for s in states]
+        out = [replace(s, last_step=held[(s.job, s.rank)]) if (s.job, s.rank) in held else s for s in states]
+        return [replace(s, last_event=events[(s.job, s.rank)]) if (s.job, s.rank) in events else s for s in out]
 
     def snapshot(self) -> list[RankState]:
         """Copies of every rank's state, with age, liveness and dp-reduce lag filled in; forgets silent ranks."""

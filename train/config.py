@@ -17,6 +17,8 @@ from train.layout import ParallelConfig
 from train.model import ModelConfig
 from train.optim import OptimConfig
 from train.replica_faults import ReplicaFlip
+from train.rerun import RerunConfig
+from train.sdc_faults import MatmulFlip
 
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -50,7 +52,16 @@ class TrainConfig:
     next batch instead, and the data position in later checkpoints includes the skip."""
     inject_nan_at_sample: int | None = None
     """Fault injection: after training on the batch that starts at this global sample index, the weights
-    are set to NaN (a poisoned batch). Skipping that batch (skip_steps) is what cures it."""
+    are set to NaN (a batch whose update poisoned the model: every replica's next step is NaN, so the re-runs call it
+    `state`). A rollback that skips that batch (skip_steps) is what cures it."""
+    inject_bad_sample: int | None = None
+    """Fault injection: the batch holding this global sample index trains to a NaN loss on whichever ranks compute
+    it (a poisoned batch, caught before its update: the re-runs call it `data` and the step is skipped)."""
+    inject_matmul_flips: list[MatmulFlip] = field(default_factory=list)
+    """Fault injection (silent data corruption, train/sdc_faults.py): a host's ranks flip a bit of a matmul output,
+    e.g. `--set 'inject_matmul_flips=[{node: n2, from_step: 8, rate: 1.0}]'`."""
+    rerun: RerunConfig = field(default_factory=RerunConfig)
+    """Every step checked, and a suspect one re-run before its update (train/rerun.py)."""
     inject_spike_at_sample: int | None = None
     """Fault injection: after training on the batch that starts at this global sample index, every weight is
     multiplied by 4 (a bad batch that throws the model off without a NaN): the loss spikes, finite."""
@@ -88,7 +99,7 @@ class TrainConfig:
             raise ValueError(f"peak_flops must be > 0 or unset, got {self.peak_flops}")
         if any(not isinstance(x, int) or x < 0 for x in self.skip_steps):
             raise ValueError(f"skip_steps must be step indices >= 0, got {self.skip_steps}")
-        for name in ("inject_nan_at_sample", "inject_spike_at_sample"):
+        for name in ("inject_nan_at_sample", "inject_spike_at_sample", "inject_bad_sample"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dist_timeout_s <= 0:

@@ -26,7 +26,7 @@ from ground.names import derive_name
 from train.checkpoint.manager import Checkpointer
 from train.checkpoint.state import ModelParts, capture, config_hash, layout_hash, load_template, model_hash, restore
 from train.config import TrainConfig
-from train.data import PrefetchLoader, TokenStream, build_source
+from train.data import PrefetchLoader, TokenSource, TokenStream, build_source
 from exporters.flight_recorder import FlightRecorderDumper
 from train.hang_faults import HangInjector
 from train.layout import stage_ids, stage_layers, validate_layout
@@ -37,12 +37,16 @@ from train.parallelize import apply_data_parallel, apply_tensor_parallel
 from train.pipeline import build_schedule
 from train.records import StepRecordWriter, StepTable
 from train.replica_faults import ReplicaFlipper
+from train.rerun import Layout, Outcome, Rerunner
+from train.sdc_faults import MatmulFlipper, this_node
 from train.timing import PhaseTimer, TimedAllGather, TimedPipelineWaits, TimedReduceScatter
 from train.warm.replicas import Replicas
 from train.warm.snapshot import Snapshot
 from wire import rank_env
 from wire.phase_now import ENV as PHASE_DIR_ENV
 from wire.phase_now import PhaseBeacon
+from wire.rerun import EVENT as RERUN_EVENT
+from wire.rerun import RerunVerdict, event_fields
 from wire.run_paths import RunPaths
 from wire.step_record import StepRecord, to_line
 
@@ -90,8 +94,17 @@ class Trainer:
         self.reduce_timer = TimedReduceScatter(self.device)
         self.gather_timer = TimedAllGather(self.device)
         self.reduce_timer.beacon = self.gather_timer.beacon = self.beacon
+        self._poisoned = False
+        """The coming pass trains on the batch with inject_bad_sample in it: its loss is NaN."""
         self.chunks, self.stage_indices = self._build_chunks()
         self.schedule = self._build_schedule()
+        self.flipper = MatmulFlipper(cfg.inject_matmul_flips, self.place.rank, list(self.chunks))
+        par = cfg.parallel
+        self.rerun = (Rerunner(cfg.rerun, Layout(pp=par.pp, dp=par.dp, tp=par.tp), list(self.chunks), self.device,
+                               this_node(), pipelined=self.schedule is not None)
+                      if cfg.rerun.enabled and world > 1 else None)
+        self._other_batches: TokenSource | None = None
+        """Where a re-run's moved batches come from (made at the first one)."""
         self.pipeline_waits = TimedPipelineWaits(self.device) if self.schedule is not None else None
         if self.pipeline_waits is not None:
             self.pipeline_waits.activate()
@@ -180,7 +193,7 @@ class Trainer:
             self.cfg.parallel,
             self.mesh["pp"].get_group(),
             self.device,
-            cross_entropy_loss,
+            self._loss,
         )
 
     def _agree_on_peak(self) -> Peak:
@@ -238,24 +251,38 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
+        self._prepare_pass(batch_start, self.place.dp)
+        if self.rerun is not None:
+            self.rerun.begin()
         with timer.phase("forward_backward"):
             loss = self._forward_backward(inputs, targets)
         reduce_enter_ns = self.reduce_timer.drain_into(timer)
         self.gather_timer.drain_into(timer)
         if self.pipeline_waits is not None:
             self.pipeline_waits.drain_into(timer)
-        with timer.phase("grad_norm_clip"):
-            grad_norm = self._clip_gradients()
-        with timer.phase("optimizer"):
-            self.optimizer.step()
+        checked = self._check(loss, inputs, targets, batch_start)
+        if checked.skip:
+            # NOTE: the gradients left are a re-run's (other batches on other ranks) or the suspect step's: no
+            # update is made of them. The schedule still steps, so the learning rate stays the step's.
+            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm = torch.zeros((), device=self.device)
             lr = self.lr_scheduler.get_last_lr()[0]
             self.lr_scheduler.step()
+        else:
+            with timer.phase("grad_norm_clip"):
+                grad_norm = self._clip_gradients()
+            with timer.phase("optimizer"):
+                self.optimizer.step()
+                lr = self.lr_scheduler.get_last_lr()[0]
+                self.lr_scheduler.step()
         if batch_start == self.cfg.inject_nan_at_sample:
             self._corrupt_weights(float("nan"), "set to NaN")
         elif batch_start == self.cfg.inject_spike_at_sample:
             self._corrupt_weights(4.0, "multiplied by 4")
         with self.beacon.inside("global_scalars") if self.beacon is not None else nullcontext():
-            loss_value, grad_norm_value = self._global_scalars(loss, grad_norm)
+            loss_value, grad_norm_value = self._global_scalars(checked.loss, grad_norm, checked.reported)
+        if self.rerun is not None and not checked.skip:
+            self.rerun.note(loss_value)
         with timer.phase("checkpoint", host=True):
             self._maybe_save(self.step_index + 1)
             self._maybe_snapshot(self.step_index + 1)
@@ -268,7 +295,8 @@ class Trainer:
         # NOTE: on either device: the pipeline's waits block the stream forward/backward is timed on.
         phases["forward_backward"] -= phases.get("pp_wait", 0.0)
         step_seconds = time.perf_counter() - t0
-        record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns)
+        record = self._record(loss_value, grad_norm_value, lr, step_seconds, phases, reduce_enter_ns,
+                              checked.verdict)
         line = to_line(record)
         self.writer.write(line)
         # NOTE: an async save (the default) of this step commits only now (Checkpointer.release): a kill between
@@ -277,6 +305,8 @@ class Trainer:
         # step's checkpoint phase holds all of it.
         self.checkpointer.release()
         self.telemetry.step(line)
+        if checked.verdict is not None:
+            self._tell_verdict(checked.verdict)
         self._tell(record.checkpoint_events)
         if self.stopping and self.checkpointer.cfg.save_on_sigterm:
             # The job is about to exit: the stop's save must be committed first. Its event comes after the
@@ -294,6 +324,68 @@ class Trainer:
     def _tell(self, checkpoint_events: list[dict[str, Any]]) -> None:
         for event in checkpoint_events:
             self.telemetry.event(event["event"], **{k: v for k, v in event.items() if k != "event"})
+
+    def _tell_verdict(self, verdict: RerunVerdict) -> None:
+        """Rank 0 reports a re-run's verdict (every rank reached the same one from the same fingerprints)."""
+        if self.place.rank != 0:
+            return
+        self.telemetry.event(RERUN_EVENT, **event_fields(verdict))
+        print(f"step {verdict.step} re-run ({verdict.what}, {verdict.seconds:.2f} s): {verdict.verdict}"
+              + (f", ranks {verdict.ranks}" if verdict.ranks else "")
+              + (f", samples {verdict.samples}" if verdict.verdict == "data" else "")
+              + ("; its update skipped" if verdict.skipped else ""), flush=True)
+
+    # ------------------------------------------------------------ re-runs (train/rerun.py)
+
+    def _check(self, loss: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor,
+               batch_start: int) -> Outcome:
+        """The step's check, and its re-runs when it is suspect."""
+        if self.rerun is None:
+            return Outcome(loss)
+        local = self.cfg.global_batch // self.cfg.parallel.dp
+        with self.timer.phase("rerun", host=True):
+            checked = self.rerun.check(
+                self.step_index, loss, lambda shift: self._rerun_pass(shift, inputs, targets, batch_start),
+                lambda replica: (batch_start + replica * local, batch_start + (replica + 1) * local), self.attempt)
+        if checked.verdict is not None or checked.skip:
+            # The re-runs' collectives are the re-run's time (the `rerun` phase), not the step's reduce.
+            scratch = PhaseTimer(self.device)
+            self.reduce_timer.drain_into(scratch)
+            self.gather_timer.drain_into(scratch)
+            if self.pipeline_waits is not None:
+                self.pipeline_waits.drain_into(scratch)
+        return checked
+
+    def _rerun_pass(self, shift: int, inputs: torch.Tensor, targets: torch.Tensor, batch_start: int
+                    ) -> torch.Tensor | None:
+        """The step's forward and backward again, on the batch of the replica `shift` further on."""
+        self.optimizer.zero_grad(set_to_none=True)
+        replica = (self.place.dp + shift) % self.cfg.parallel.dp
+        if shift:
+            inputs, targets = self._batch_of(replica, batch_start)
+        self._prepare_pass(batch_start, replica)
+        return self._forward_backward(inputs, targets)
+
+    def _batch_of(self, replica: int, batch_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        if self._other_batches is None:
+            self._other_batches = build_source(cfg.data, cfg.model.vocab_size)
+        stream = TokenStream(self._other_batches, cfg.model.seq_len, cfg.global_batch, dp_rank=replica,
+                             dp_degree=cfg.parallel.dp, start_sample=batch_start)
+        inputs, targets = stream.next_batch()
+        return inputs.to(self.device), targets.to(self.device)
+
+    def _prepare_pass(self, batch_start: int, replica: int) -> None:
+        """Before a forward pass on the batch of `replica`: the fault injections that may strike it."""
+        self.flipper.arm(self.step_index)
+        bad, local = self.cfg.inject_bad_sample, self.cfg.global_batch // self.cfg.parallel.dp
+        first = batch_start + replica * local
+        self._poisoned = bad is not None and first <= bad < first + local
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = cross_entropy_loss(logits, targets)
+        # Fault injection (inject_bad_sample): a batch the model cannot train on, on any rank.
+        return loss * float("nan") if self._poisoned else loss
 
     def _corrupt_weights(self, factor: float, what: str) -> None:
         """Fault injection (inject_nan_at_sample, inject_spike_at_sample): every weight of this rank is multiplied
@@ -328,7 +420,7 @@ class Trainer:
             if self.cfg.parallel.dp > 1:
                 chunk.set_requires_gradient_sync(i == n - 1)
             with autocast:
-                loss = cross_entropy_loss(chunk(x), y) / n
+                loss = self._loss(chunk(x), y) / n
             loss.backward()
             total += loss.detach()
         return total
@@ -348,9 +440,11 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(params, self.cfg.optim.grad_clip, norm, foreach=True)
         return norm
 
-    def _global_scalars(self, loss: torch.Tensor | None, grad_norm: torch.Tensor) -> tuple[float, float]:
-        """The batch's mean loss on every rank (the last stage's tp-rank-0 values, averaged over dp),
-        and whether any rank was asked to stop, agreed in the same all-reduce."""
+    def _global_scalars(self, loss: torch.Tensor | None, grad_norm: torch.Tensor,
+                        reported: float | None = None) -> tuple[float, float]:
+        """The batch's mean loss on every rank (the last stage's tp-rank-0 values, averaged over dp; `reported`
+        instead where the step's check gave one), and whether any rank was asked to stop, agreed in the same
+        all-reduce."""
         if self.place.world_size == 1:
             self.stopping = self._stop_requested
             return float(loss), float(grad_norm)
@@ -360,7 +454,7 @@ class Trainer:
         value[1] = float(self._stop_requested)
         dist.all_reduce(value)
         self.stopping = bool(value[1] > 0)
-        return float(value[0]), float(grad_norm)
+        return float(value[0]) if reported is None else reported, float(grad_norm)
 
     def _maybe_save(self, steps_done: int) -> None:
         ckpt = self.checkpointer
@@ -391,6 +485,7 @@ class Trainer:
         step_seconds: float,
         phases: dict[str, float],
         reduce_enter_ns: int | None,
+        verdict: RerunVerdict | None = None,
     ) -> StepRecord:
         tokens = self.cfg.global_batch * self.cfg.model.seq_len
         tps = tokens / step_seconds
@@ -405,7 +500,8 @@ class Trainer:
             # Linux reports ru_maxrss in KiB: the process's peak resident memory so far.
             max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             rank=self.place.rank, local_rank=self.place.local_rank, world_size=self.place.world_size,
-            mesh=self.place.coords(), node=self._host, pid=os.getpid(), attempt=self.attempt)
+            mesh=self.place.coords(), node=self._host, pid=os.getpid(), attempt=self.attempt,
+            rerun=verdict.verdict if verdict is not None else None)
 
     # ------------------------------------------------------------ the loop
 
@@ -435,6 +531,9 @@ class Trainer:
             self.flight_recorder.close()
         if self.pipeline_waits is not None:
             self.pipeline_waits.close()
+        self.flipper.close()
+        if self.rerun is not None:
+            self.rerun.close()
         if self.beacon is not None:
             self.beacon.close()
         self.checkpointer.close(wait=not abandon)

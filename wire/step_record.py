@@ -55,6 +55,9 @@ class StepRecord(Struct, kw_only=True):
     attempt: int | None = None
     """The job's attempt the step is of (MEGAHEAL_ATTEMPT; None outside a launcher): a warm worker's process trains
     in one attempt after another, and a step of the attempt it is leaving may end after the next one began."""
+    rerun: str | None = None
+    """The verdict of the step's re-runs, when it was suspect (wire/rerun.py): transient, persistent, data, state or
+    inconclusive; every verdict but transient skipped the step's update."""
 
 
 def to_line(record: StepRecord) -> dict[str, Any]:

@@ -82,6 +82,9 @@ class FaultKind:
     """A rollback's first bad step, read from rank 0's every record; None: the kind rolls nothing back."""
     drains_suspects: bool = False
     """Its suspect hosts count as proven bad for the scheduler (drained), without a diagnosis they could not answer."""
+    proof: str = ""
+    """What proved a drained suspect bad, for the drain's reason; empty: its silence, which witnesses must confirm
+    (healer/launchers/drain.py)."""
     names_host: bool = True
     """The fault is a host's (False: a bad batch, which names none)."""
     description: str = ""
@@ -106,6 +109,15 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("loss_spike", "warning", Remedy.ROLLBACK, bad_step=BadStep.SPIKE, names_host=False,
               warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
               description="a loss far above its recent level"),
+    FaultKind("sdc", "critical", Remedy.EXCLUDE_AND_RESTART, lemon=True, evicts_suspects=True, drains_suspects=True,
+              proof="silent data corruption, convicted by re-runs",
+              warm="the convicted host leaves and the ranks elsewhere are intact: the re-runs kept every update it "
+                   "was caught in out of their state",
+              description="silent data corruption: a host convicted by re-running suspect steps (its ranks gave "
+                          "other results for the same work)"),
+    FaultKind("rerun", "info", Remedy.NOTIFY, names_host=False,
+              description="a suspect step re-run and mended in the trainer: a batch judged bad data and skipped, or a "
+                          "one-off fault whose re-run came out clean"),
     FaultKind("straggler", "warning", Remedy.NOTIFY, swaps_slow=True, description="one rank holds the job up"),
     FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
               description="every rank slower in the collectives while compute stays flat"),

@@ -22,6 +22,8 @@ _BUILTIN: dict[str, str] = {
     "job_slowdown": "healer.detect.job_slowdown:JobSlowdown",
     "host_lost": "healer.detect.host_lost:HostLost",
     "healer_blind": "healer.detect.blind:HealerBlind",
+    "sdc": "healer.detect.sdc:Sdc",
+    "rerun": "healer.detect.sdc:RerunNotice",
 }
 
 

@@ -1,6 +1,6 @@
 """Draining the hosts a restart leaves out, when the run allows it (`megaheal run --drain`, on by default under
-Slurm): a host that failed its diagnosis, a host lost (silent while its peers stopped), or a lemon, is kept out of every other job's way too, with the incident
-as the reason (`sinfo -R`: "megaheal: incident 7: crash (failed node-health: disk: ...)"). A host left out for
+Slurm): a host that failed its diagnosis, a host lost (silent while its peers stopped), a host convicted of silent
+data corruption, or a lemon, is kept out of every other job's way too, with the incident as the reason (`sinfo -R`: "megaheal: incident 7: crash (failed node-health: disk: ...)"). A host left out for
 any other reason (a rule that excludes the suspects of a fault on sight) is not drained: nothing proved it bad.
 
 A host proven bad by its silence alone (host lost) is drained only once that is confirmed by two other witnesses:
@@ -59,7 +59,10 @@ def proven_bad(timeline: IncidentTimeline, node: str) -> str | None:
     for host in timeline.diagnosis:
         if isinstance(host, dict) and host.get("node") == node and host.get("status") == Status.FAIL.value:
             return f"failed diagnosis: {host.get('summary') or 'no summary'}"
-    if fault(timeline.kind).drains_suspects and node in timeline.suspect_nodes:
+    kind = fault(timeline.kind)
+    if kind.drains_suspects and node in timeline.suspect_nodes and kind.proof:
+        return kind.proof
+    if kind.drains_suspects and node in timeline.suspect_nodes:
         # Silent while its peers stopped: dead, cut off or its agent unable to run; nothing should land on it until
         # someone has looked (Slurm marks a host DOWN only when its slurmd is gone too, not when a link is).
         silent = timeline.evidence.get("silent_s")
@@ -88,7 +91,7 @@ class Drainer:
         not after the restart: a link that comes back by then must not make a host cut off at the time look fine."""
         def ask() -> dict[str, str | None]:
             timeline = self._timeline(incident_id)
-            if timeline is None or not fault(timeline.kind).drains_suspects:
+            if timeline is None or not fault(timeline.kind).drains_suspects or fault(timeline.kind).proof:
                 return {}
             return {n: self._doubt(timeline, n) for n in timeline.suspect_nodes}
         return self._witnesses.submit(ask)

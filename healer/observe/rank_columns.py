@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wire.relay import MISSING
+from wire.rerun import EVENT as RERUN_EVENT
+from wire.rerun import RerunVerdict
+from wire.rerun import parse as parse_verdict
 
 if TYPE_CHECKING:
     from healer.observe.heartbeats import RankBeat
@@ -70,10 +73,13 @@ _pack = _RECORD.pack_into
 class JobColumns:
     """One job's columns, as ingest writes them (under the table's lock)."""
 
-    def __init__(self, job: str, capacity: int = 64, saved: set[int] | None = None) -> None:
+    def __init__(self, job: str, capacity: int = 64, saved: set[int] | None = None,
+                 verdicts: dict[tuple[int | None, int], RerunVerdict] | None = None) -> None:
         self.job = job
         self.saved = set() if saved is None else saved
         """The steps whose checkpoints its ranks said they saved (RankColumns.saved: kept when the columns go)."""
+        self.verdicts = {} if verdicts is None else verdicts
+        """Its re-runs' verdicts by (attempt, step) (RankColumns.verdicts: kept when the columns go)."""
         self.epoch = next(_epochs)
         self.n = 0
         self.slot_of: dict[int, int] = {}
@@ -124,6 +130,7 @@ class JobColumns:
             if finishing_after(e.last_event, step):
                 flags |= FINISHING
             note_saved(self.saved, e.last_event)
+            note_verdict(self.verdicts, e.last_event)
         # NOTE: in the order of FLOATS, then INTS, flags, present
         _pack(self._buffer, slot * _SIZE, beat.received_at - e.last_seen_age_s,
               _NAN if e.step_time is None else e.step_time, _NAN if e.step_seconds is None else e.step_seconds,
@@ -169,7 +176,8 @@ class JobColumns:
             for name, column in arrays.items():
                 column[start: start + len(block)] = block[name]
         return JobView(job=self.job, epoch=self.epoch, n=self.n, arrays=arrays,
-                       counts=arrays.pop("present").astype(bool), beats=tuple(self.beats), node_names=node_names)
+                       counts=arrays.pop("present").astype(bool), beats=tuple(self.beats), node_names=node_names,
+                       verdicts=tuple(self.verdicts.values()))
 
 
 class RankColumns:
@@ -181,6 +189,8 @@ class RankColumns:
         """Per job, the steps of the checkpoints its ranks said they saved (a `checkpoint_saved` event with its
         `step`): a user's program keeps its checkpoints where megaheal cannot list them, and this is what a rollback
         can go back to. Kept across the job's columns coming and going between attempts."""
+        self.verdicts: dict[str, dict[tuple[int | None, int], RerunVerdict]] = {}
+        """Per job, its re-runs' verdicts (a `rerun` event, wire/rerun.py) by (attempt, step); kept likewise."""
         self.node_names: list[str] = []
         self._node_ids: dict[str, int] = {}
 
@@ -194,7 +204,8 @@ class RankColumns:
     def job(self, job: str) -> JobColumns:
         cols = self.jobs.get(job)
         if cols is None:
-            cols = self.jobs[job] = JobColumns(job, saved=self.saved.setdefault(job, set()))
+            cols = self.jobs[job] = JobColumns(job, saved=self.saved.setdefault(job, set()),
+                                               verdicts=self.verdicts.setdefault(job, {}))
         return cols
 
     def write_rows(self, rows: Rows, received: np.ndarray, node_ids: np.ndarray,
@@ -211,7 +222,9 @@ class RankColumns:
         job_of = rows.columns["job"]
         for row, extra in rows.extras.items():
             if extra.last_event is not None and stored[row]:
-                note_saved(self.job(rows.jobs[int(job_of[row])]).saved, extra.last_event)
+                cols = self.job(rows.jobs[int(job_of[row])])
+                note_saved(cols.saved, extra.last_event)
+                note_verdict(cols.verdicts, extra.last_event)
         if len(rows.jobs) == 1:
             self.job(rows.jobs[0]).write_rows(rank, np.flatnonzero(stored), values, row_beats)
             return
@@ -241,6 +254,22 @@ def note_saved(saved: set[int], event: EventBody) -> None:
     step = event.fields.get("step") if event.name == "checkpoint_saved" else None
     if type(step) is int and step >= 0:
         saved.add(step)
+
+
+MAX_VERDICTS = 256
+"""Verdicts kept per job (the oldest go first): a host that keeps failing its re-runs is convicted long before."""
+
+
+def note_verdict(verdicts: dict[tuple[int | None, int], RerunVerdict], event: EventBody) -> None:
+    """Keep the verdict of a `rerun` event (its fields are a rank's: checked, a bad one logged and dropped)."""
+    if event.name != RERUN_EVENT:
+        return
+    verdict = parse_verdict(event.fields)
+    if verdict is None:
+        return
+    verdicts[(verdict.attempt, verdict.step)] = verdict
+    while len(verdicts) > MAX_VERDICTS:
+        del verdicts[next(iter(verdicts))]
 
 
 def finishing_after(event: EventBody | None, step: int | None) -> bool:
@@ -297,6 +326,8 @@ class JobView:
     beats: tuple[RankBeat | None, ...]
     """By slot: the RankBeat each slot's numbers came from (None: absent)."""
     node_names: list[str]
+    verdicts: tuple[RerunVerdict, ...] = ()
+    """The job's re-run verdicts so far (the trainer's `rerun` events), oldest first."""
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:
@@ -306,7 +337,8 @@ class JobView:
 
     def only(self, keep: np.ndarray) -> JobView:
         """The same columns with only the slots in `keep` (a boolean array) counted."""
-        return JobView(self.job, self.epoch, self.n, self.arrays, self.counts & keep, self.beats, self.node_names)
+        return JobView(self.job, self.epoch, self.n, self.arrays, self.counts & keep, self.beats, self.node_names,
+                       self.verdicts)
 
     def counted_beats(self) -> list[RankBeat]:
         """The RankBeats of the slots that count (a pass in Python: for a finding's evidence, not for every cycle)."""

@@ -28,6 +28,7 @@ from markupsafe import Markup
 from healer.pages.axes import LABEL_ROW_H, duration
 from healer.pages.cost import PARTS, Cost
 from healer.pages.evidence import hang_evidence, phase_evidence
+from healer.pages.reruns import rerun_sentences
 from healer.pages.story import decision_of, decision_sentences, headline, lost_steps, status_said
 from healer.pages.views import STATES, Filters, IncidentList, IncidentView, JobView, stage_lengths, stage_list
 
@@ -138,7 +139,8 @@ def environment() -> Environment:
                        lost_steps=lost_steps)
     env.globals.update(cost_parts=PARTS, states=STATES, stage_list=stage_list, stage_lengths=stage_lengths,
                        headline=headline, decision_of=decision_of, decision_sentences=decision_sentences,
-                       hang_evidence=hang_evidence, phase_evidence=phase_evidence, row_h=LABEL_ROW_H)
+                       hang_evidence=hang_evidence, phase_evidence=phase_evidence,
+                       rerun_sentences=rerun_sentences, row_h=LABEL_ROW_H)
     return env
 
 

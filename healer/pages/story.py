@@ -18,7 +18,8 @@ from healer.pages.axes import duration
 HAPPENED = {"crash": "crashed", "hang": "hung", "gpu_fault": "had a GPU fault", "straggler": "held the job up",
             "host_lost": "was lost", "heartbeat_stale": "stopped reporting", "nonfinite": "hit a NaN or Inf",
             "loss_spike": "had a loss spike", "collective_slowdown": "slowed down in its collectives",
-            "job_slowdown": "trained slower as a whole",
+            "job_slowdown": "trained slower as a whole", "sdc": "computed wrong results (silent data corruption)",
+            "rerun": "had a suspect step re-run",
             "healer_blind": "went silent to the healer", "node_down": "went down",
             "telemetry_absent": "lost its telemetry"}
 """Per catalogue kind, the verb of the headline."""

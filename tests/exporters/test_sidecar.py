@@ -222,3 +222,20 @@ def test_a_ranks_first_nonfinite_step_is_held_for_the_next_heartbeat_whatever_co
     assert second[0].last_step.step == 13  # released: the next batch goes on from the newest
     table.observe(build_record("step", "job-a", 1, 4242, 0, step_record(14, rank=1, loss=float("inf"))))
     assert table.heartbeat_snapshot()[0].last_step.step == 14  # a new onset after finite steps is held again
+
+
+def test_every_rerun_verdict_is_carried_by_a_heartbeat_though_a_later_event_came_before_it_left() -> None:
+    from exporters.ranks import RankTable
+    from wire.telemetry import build_record
+
+    table = RankTable(process_state=lambda pid: "S", start_time=lambda pid: 1.0)
+
+    def event(name: str, **fields: object) -> None:
+        table.observe(build_record("event", "job-a", 0, 4242, 0, {"name": name, "time": 1.0, "fields": fields}))
+
+    event("rerun", step=4, verdict="data")
+    event("rerun", step=9, verdict="persistent")
+    event("checkpoint_saved", step=10)
+    said = [s.last_event for s in (table.heartbeat_snapshot()[0], table.heartbeat_snapshot()[0],
+                                   table.heartbeat_snapshot()[0])]
+    assert [(e.name, e.fields["step"]) for e in said] == [("rerun", 4), ("rerun", 9), ("checkpoint_saved", 10)]

@@ -77,7 +77,8 @@ def test_the_shipped_rules_enable_every_detector_with_the_catalogues_remedies() 
      r"rules\[0\]\.when: after must be > 0.* \(line 4\)"),
     ("- name: a\n  when: {detector: gpu_magic}\n",
      r"rules\[0\]\.when\.detector: unknown detector 'gpu_magic'; known detectors: collective_slowdown, crash, gpu_fault, hang, "
-     r"healer_blind, heartbeat_stale, host_lost, job_slowdown, loss_spike, nonfinite, straggler \(line 2\)"),
+     r"healer_blind, heartbeat_stale, host_lost, job_slowdown, loss_spike, nonfinite, rerun, sdc, straggler "
+     r"\(line 2\)"),
     ("- name: a\n  when:\n    promql: up == 0\n    for: forever\n",
      r"rules\[0\]\.when\.for: expected a duration .* \(line 4\)"),
     ("- name: a\n  when: {promql: up, alert: X}\n", r"rules\[0\]\.when: give exactly one of detector, promql, alert"),

@@ -43,6 +43,8 @@ class JobStream:
     (None: the steps say nothing of their time)."""
     attempt: int | None = None
     """The attempt each step says it is of (None: the steps do not say)."""
+    events: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """rank -> the last event its next batch carries ({"name": ..., "time": ..., "fields": {...}}), sent once."""
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +85,7 @@ class JobStream:
                 entries.append({
                     "job": self.job, "rank": r, "pid": 1000 + r, "local_rank": r % len(rs), "world_size": world,
                     "mesh": self.mesh(r, world) if self.mesh else {"pp": 1, "dp": world, "tp": 1}, "alive": True, "last_seen_age_s": age, "dropped": 0,
-                    "events": {}, "last_event": None, "step": self.step, "step_seconds": sum(ranks[r].values()) + self.late.get(r, 0.0),
+                    "events": {}, "last_event": self.events.pop(r, None), "step": self.step, "step_seconds": sum(ranks[r].values()) + self.late.get(r, 0.0),
                     "phases": ranks[r], "loss": None if bad else loss, "grad_norm": 1.0,
                     "nonfinite": {"loss": "nan"} if bad else {}, "dp_reduce_lag_s": None,
                     "proc_state": "T" if r in self.stopped else "S",

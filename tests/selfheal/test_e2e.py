@@ -54,13 +54,13 @@ def _closed() -> Iterator[None]:
 def make_loop(tmp_path: Path, rules: RuleSet | None = None, spares: tuple[str, ...] = (),
               overrides: tuple[str, ...] = (), alertmanager_url: str | None = None,
               before_start: object = None, nvml: dict[str, object] | None = None,
-              preflight: bool = False, rescreen_every: timedelta | None = None) -> SelfHealingJob:
+              preflight: bool = False, rescreen_every: timedelta | None = None, drain: bool = False) -> SelfHealingJob:
     run_dir = tmp_path / "run"
     spec = JobSpec(job="e2e", config=str(REPO / "configs" / "demo.yaml"), run_dir=run_dir, nodes=("n1", "n2"),
                    spares=spares, overrides=(f"steps={STEPS}", "checkpoint.every_steps=4", *overrides),
                    rules=rules or rule_set(), alertmanager_url=alertmanager_url, grace=timedelta(seconds=20),
                    launcher=LocalAgents.Config(nvml=dict(nvml or {})), preflight=preflight,
-                   rescreen_every=rescreen_every)
+                   rescreen_every=rescreen_every, drain=drain)
     job = build_job(spec)
     _built.append(job)
     if callable(before_start):
@@ -378,6 +378,46 @@ def test_a_straggler_that_costs_more_than_a_swap_is_replaced_by_the_spare_at_the
     assert swap.resume_step is not None and swap.resume_step >= swap.evidence["step"], (swap.resume_step, swap.evidence)
     assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"} and len(loop.sup.history) == 2
     assert [i.action for i in loop.incidents() if i.action not in ("notify", None)] == ["exclude-node-and-restart"]
+
+
+@pytest.mark.timeout(240)
+def test_a_host_whose_matmuls_flip_bits_is_convicted_by_re_runs_left_out_and_drained_and_a_bad_batch_only_skipped(
+        tmp_path: Path) -> None:
+    # The demo layout: n1 holds pipeline stage 0 of both replicas (ranks 0-1), n2 stage 1 (ranks 2-3). Sample 74 is in
+    # replica 1's half of step 4's batch (samples 64-79): that half trains to NaN on whichever ranks run it, so the
+    # re-runs judge it data and skip the step, restarting nothing. From step 10 on, every forward pass of n2's ranks
+    # flips the top exponent bit of one element of a matmul output: the re-runs convict n2 at its first suspect step,
+    # the spare n3 takes its place, and n2 is drained with the incident as reason (the local launcher has no
+    # scheduler: the reason is recorded, not sent).
+    loop = make_loop(tmp_path, spares=("n3",), drain=True, overrides=(
+        "inject_bad_sample=74", "inject_matmul_flips=[{node: n2, from_step: 10, rate: 1.0}]"))
+    assert loop.run(timedelta(seconds=200)) == "finished"
+    bad_batch, sdc = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    assert bad_batch.kind == "rerun" and bad_batch.evidence["verdict"] == "data", bad_batch.evidence
+    assert bad_batch.evidence["step"] == 4 and bad_batch.evidence["samples"] == [[72, 80]], bad_batch.evidence
+    assert bad_batch.action == "notify" and bad_batch.state == "resolved"
+    assert sdc.kind == "sdc" and sdc.suspect_nodes == ["n2"], sdc.summary
+    [verdict] = sdc.evidence["verdicts"]
+    assert verdict["verdict"] == "persistent" and verdict["step"] >= 10 and verdict["nodes"] == ["n2"], verdict
+    assert set(verdict["ranks"]) <= {2, 3} and verdict["skipped"], verdict
+    assert sdc.action == "exclude-node-and-restart" and sdc.plan["exclude"] == ["n2"], sdc.plan
+    assert sdc.plan["nodes"] == ["n1", "n3"] and sdc.state == "resolved", (sdc.plan, sdc.state)
+    drained = sdc.evidence["drain"]["n2"]
+    assert "sdc (silent data corruption, convicted by re-runs)" in drained["reason"], drained
+    assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"} and len(loop.sup.history) == 2
+    # Nothing paged: a convicted host with a spare to take its place is the healer's to mend.
+    assert all(i.state != "escalated" for i in loop.incidents())
+    records = [json.loads(x) for x in (loop.sup.cfg.run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
+    assert [r["rerun"] for r in records if r["step"] == 4] == ["data"]
+    assert [r["sample_index"] for r in records if r["step"] in (4, 5)][:2] == [80, 96]  # nothing repeated
+    curve = losses(loop.sup.cfg.run_dir)
+    assert sorted(curve) == list(range(STEPS)) and all(math.isfinite(v) for v in curve.values())
+    # Each verdict's evidence is said on its incident's page (here in the run's one-file report).
+    from healer.pages.onefile import write_report
+
+    page = write_report(loop.sup.cfg.run_dir, loop.healer.store.engine, "e2e", tmp_path / "report.html").read_text()
+    assert "What the re-runs showed" in page and "the host is faulty." in page, page[-3000:]
+    assert "the batch is bad, not a host." in page and "Samples 72-79 were passed over." in page
 
 
 @pytest.mark.timeout(240)

@@ -140,8 +140,9 @@ def test_limits_and_budgets_are_validated() -> None:
 @pytest.mark.parametrize("kind", sorted(CATALOGUE))
 def test_only_faults_that_stop_the_job_or_poison_its_weights_are_critical(kind: str) -> None:
     entry: FaultKind = CATALOGUE[kind]
-    # (and what leaves the job unwatched: a healer that hears none of its hosts, no telemetry)
-    critical = entry.stops_job or entry.name in ("gpu_fault", "nonfinite", "heartbeat_stale", "node_down",
+    # (and what leaves the job unwatched: a healer that hears none of its hosts, no telemetry; and a host whose
+    # arithmetic is wrong, sdc)
+    critical = entry.stops_job or entry.name in ("gpu_fault", "sdc", "nonfinite", "heartbeat_stale", "node_down",
                                                  "telemetry_absent", "healer_blind")
     assert (entry.severity == "critical") == critical
 
