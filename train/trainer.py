@@ -127,7 +127,8 @@ class Trainer:
             info={"layout": {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
                              "world_size": self.place.world_size},
                   "model_hash": model_hash(cfg.model),
-                  "config_hash": config_hash(cfg)},
+                  "config_hash": config_hash(cfg),
+                  "writers": _writers(self.device, self.place.world_size)},
         )
         self.replicas = replicas
         self.layout = layout_hash(cfg)
@@ -540,6 +541,30 @@ class Trainer:
         self.loader.close()
         self.writer.close()
         self.telemetry.close()
+
+
+def _writers(device: torch.device, world: int) -> dict[str, dict[str, list[Any]]]:
+    """Who writes this job's checkpoints, for every manifest: per host, its ranks and their devices (a GPU by its
+    UUID): a host later convicted of silent data corruption is named in the checkpoints it wrote."""
+    mine = (this_node(), dist.get_rank() if world > 1 else 0, _device_name(device))
+    every: list[Any] = [None] * world
+    if world > 1:
+        dist.all_gather_object(every, mine)
+    else:
+        every = [mine]
+    out: dict[str, dict[str, list[Any]]] = {}
+    for node, rank, name in every:
+        entry = out.setdefault(node, {"ranks": [], "devices": []})
+        entry["ranks"].append(rank)
+        entry["devices"].append(name)
+    return out
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"cuda:{device.index} GPU-{uuid}" if uuid is not None else f"cuda:{device.index}"
 
 
 def _rank_device(kind: str) -> torch.device:

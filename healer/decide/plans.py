@@ -215,7 +215,10 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
         return gate(_rollback(kind, first_bad_step, job, limits, basis), job, budget, now)
     targets = proven | (set(suspects) if chosen is Remedy.EXCLUDE_AND_RESTART else set())
     if targets & set(job.nodes):
-        return gate(_exclude(tuple(sorted(targets)), job, limits, basis), job, budget, now)
+        plan = _exclude(tuple(sorted(targets)), job, limits, basis)
+        if kind.taints and first_bad_step is not None and plan.remedy is Remedy.EXCLUDE_AND_RESTART:
+            plan = untainted(plan, first_bad_step, job, tuple(n for n in job.nodes if n in targets))
+        return gate(plan, job, budget, now)
     why = "no host found at fault" if chosen is Remedy.RESTART else "the hosts to leave out are not in the job"
     return gate(Plan(Remedy.RESTART, basis | {"reason": f"{kind.name} with {why}: restart in place"},
                      nodes=job.nodes, dp=job.dp), job, budget, now)
@@ -246,6 +249,29 @@ STALLED_ROLLBACKS = 2
 CRASH_LOOP_EXIT = 78
 """`megaheal run`'s exit status when it stopped a crash loop: the program fails the same way wherever it runs, so a
 scheduler must not run it again as it is (deploy/slurm/megaheal.sbatch passes it on; 78 is sysexits' EX_CONFIG)."""
+
+
+def untainted(plan: Plan, first_bad_step: int, job: JobFacts, leaving: tuple[str, ...]) -> Plan:
+    """`plan`, resuming from the newest checkpoint saved before `leaving` could have spoiled the state: their first
+    suspect step is `first_bad_step`, and a checkpoint of more steps holds updates they took part in (the checks
+    keep out what they caught, not what they did not). Without one that old, it resumes from the newest and says
+    what is exposed."""
+    tainted = sorted(s for s in job.checkpoint_steps if s > first_bad_step)
+    if not tainted:
+        return plan
+    clean = [s for s in job.checkpoint_steps if s <= first_bad_step]
+    hosts = ", ".join(leaving)
+    said = ", ".join(map(str, tainted))
+    if not clean:
+        return replace(plan, basis=plan.basis | {
+            "tainted_checkpoints": tainted, "exposure": f"every checkpoint (steps {said}) was saved after {hosts}'s "
+                                                        f"first suspect step {first_bad_step}: none is known clean, "
+                                                        "the newest is resumed"})
+    resume = max(clean)
+    return replace(plan, resume_step=resume, basis=plan.basis | {
+        "tainted_checkpoints": tainted,
+        "reason": f"{plan.basis['reason']}; the checkpoints of steps {said}, saved since {hosts}'s first suspect step "
+                  f"{first_bad_step}, are tainted: resume from the checkpoint of step {resume}"})
 
 
 def _exclude(bad: tuple[str, ...], job: JobFacts, limits: Limits, basis: dict[str, Any]) -> Plan:

@@ -113,7 +113,9 @@ class Sdc(Detector):
             evidence={"verdicts": host.verdicts, "transients": host.transients,
                       "convict_after": self.config.convict_after},
             labels={"verdict": last["verdict"]},
-            suspects=(*on_hosts([node]), *(Suspect(rank=r, node=node) for r in ranks)))
+            suspects=(*on_hosts([node]), *(Suspect(rank=r, node=node) for r in ranks)),
+            # The first step the host was seen at fault: the checkpoints saved since are tainted (plans.untainted).
+            first_bad_step=min(v["step"] for v in host.verdicts))
 
 
 class RerunNotice(Detector):

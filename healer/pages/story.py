@@ -26,7 +26,7 @@ HAPPENED = {"crash": "crashed", "hang": "hung", "gpu_fault": "had a GPU fault", 
 BASIS_DONE = frozenset({"reason", "rule", "remediate", "remedy_from", "runbook", "kind", "verdict", "verdict_bad_nodes",
                         "lemons", "lemon_incidents", "lemon_window_s", "restart", "restarts_in_window",
                         "max_restarts", "window_s", "backoff_s", "backoff", "deadline_s", "live", "diagnosis",
-                        "launcher", "fail_slow"})
+                        "launcher", "fail_slow", "tainted_checkpoints", "exposure"})
 """The basis keys said in sentences; any other is shown as it is."""
 
 
@@ -235,6 +235,10 @@ def decision_sentences(plan: dict[str, Any] | None, basis: dict[str, Any] | None
         sources = f" (steps left from {slow['steps_left_from']}; the swap's cost {slow['swap_cost_from']})" \
             if slow.get("steps_left_from") and slow.get("swap_cost_from") else ""
         out.append(f"Swap or bear: {slow['reason']}{sources}.")
+    tainted = b.get("tainted_checkpoints")
+    if isinstance(tainted, list) and tainted:
+        out.append(f"Tainted: the checkpoints of steps {', '.join(map(str, tainted))} were saved after the host's first "
+                   "suspect step" + (f"; {b['exposure']}" if b.get("exposure") else "") + ".")
     out += _plan_sentences(plan)
     rest = [(k, v) for k, v in b.items() if k not in BASIS_DONE]
     return out, rest

@@ -10,6 +10,8 @@
       - {at_step: 56, kind: break-node, rank: 2}                # rank 2's node loses its local disk, rank 2 dies
       - {at_step: 60, kind: hang-spin, rank: 1}                 # a hang that is not SIGSTOP (train/hang_faults.py)
       - {at_step: 70, kind: freeze, rank: 3}                    # stuck in the kernel (cgroup freezer): state D
+      - {at_step: 74, kind: bad-batch}                          # a batch that trains to NaN anywhere: judged data
+      - {at_step: 80, kind: bit-flip, rank: 2, rate: 1.0}       # rank 2's host flips matmul bits: silent corruption
 
 A fault fires once, when every rank of the running attempt has reported `at_step`; a rollback that takes the job
 back before a fault's step only delays it (it fires when the job gets there again), and one that took the job back
@@ -25,6 +27,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -40,7 +43,10 @@ from wire import phase_now
 log = logging.getLogger(__name__)
 HANG_KINDS = {"hang-spin": "spin", "hang-data": "data", "hang-collective": "collective", "hang-syscall": "syscall"}
 """Hangs the rank itself plays (train/hang_faults.py), set when the job starts like a nan fault."""
-KINDS = ("kill", "stop", "slow", "slow-job", "corrupt-checkpoint", "nan", "break-node", "freeze", *HANG_KINDS)
+START_KINDS = ("nan", "bad-batch", "bit-flip", *HANG_KINDS)
+"""Faults the trainer plays itself, set by a training override when the job starts."""
+KINDS = ("kill", "stop", "slow", "slow-job", "corrupt-checkpoint", "nan", "bad-batch", "bit-flip", "break-node",
+         "freeze", *HANG_KINDS)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,7 +64,11 @@ class Fault:
     and `rank` dies with SIGKILL as a process losing its disk would; the node then fails its diagnostics),
     hang-spin, hang-data, hang-collective, hang-syscall (`rank` hangs as it reaches `at_step`, once per run:
     spinning in compute, blocked in data loading, waiting in a collective no peer enters, blocked in a read(2);
-    set when the job starts, TrainConfig.inject_hangs), freeze (`rank` is frozen by the cgroup v1 freezer: state D,
+    set when the job starts, TrainConfig.inject_hangs), bad-batch (the first sample of step `at_step`'s batch trains
+    to NaN on whichever ranks compute it: TrainConfig.inject_bad_sample, judged data by the re-runs; set when the job
+    starts, at most one), bit-flip (from `at_step` on, the forward passes of the ranks on `rank`'s host flip a bit
+    of a matmul output at `rate`: TrainConfig.inject_matmul_flips, silent data corruption; set when the job starts),
+    freeze (`rank` is frozen by the cgroup v1 freezer: state D,
     and SIGKILL waits; as a rank stuck in a driver or on a dead mount; root, and hosts on this machine, only; not
     while the rank is in a save or a restore, as its phase file says: it waits for the rank to leave it; it is
     thawed, and so dies, when the run ends)."""
@@ -68,6 +78,8 @@ class Fault:
     """slow, slow-job: the share of each 200 ms period the rank spends stopped."""
     for_: timedelta = timedelta(seconds=30)
     """slow, slow-job: how long (YAML key `for`)."""
+    rate: float = 1.0
+    """bit-flip: the chance that a forward pass of the host's ranks flips a bit."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -78,6 +90,8 @@ class Fault:
             raise ValueError(f"duty must be in (0, 1), got {self.duty}")
         if self.for_ <= timedelta(0):
             raise ValueError(f"for must be > 0, got {self.for_}")
+        if not 0 < self.rate <= 1:
+            raise ValueError(f"rate must be in (0, 1], got {self.rate}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,8 +100,9 @@ class Schedule:
     """Faults in the order they fire."""
 
     def __post_init__(self) -> None:
-        if sum(f.kind == "nan" for f in self.faults) > 1:
-            raise ValueError("at most one nan fault (it is set when the job starts)")
+        for kind in ("nan", "bad-batch"):
+            if sum(f.kind == kind for f in self.faults) > 1:
+                raise ValueError(f"at most one {kind} fault (it is set when the job starts)")
         steps = [f.at_step for f in self.faults]
         if steps != sorted(steps):
             raise ValueError(f"faults must be in at_step order, got {steps}")
@@ -96,18 +111,26 @@ class Schedule:
         """ConfigError naming `source`, the fault and its `rank` when a fault hits a rank the job does not have
         (known only once the job's layout is: a schedule is written for one job and may be played on another)."""
         for i, f in enumerate(self.faults):
-            # NOTE: a nan fault poisons a batch of every rank: its `rank` (0 unless given) names no process.
-            if f.kind != "nan" and f.rank >= world_size:
+            # NOTE: a nan or bad-batch fault poisons a batch: its `rank` (0 unless given) names no process.
+            if f.kind not in ("nan", "bad-batch") and f.rank >= world_size:
                 raise ConfigError(f"{source}: faults[{i}].rank: {f.rank} is not a rank of a {world_size}-rank job "
                                   f"(ranks 0-{world_size - 1})")
 
-    def start_overrides(self, global_batch: int) -> tuple[str, ...]:
-        """Training overrides the schedule needs from the start (the poisoned batch of a nan fault, the hang a rank
-        plays)."""
+    def start_overrides(self, global_batch: int, node_of_rank: Callable[[int], str] | None = None
+                        ) -> tuple[str, ...]:
+        """Training overrides the schedule needs from the start (the poisoned batch of a nan or bad-batch fault,
+        the hang a rank plays, the host whose matmuls flip bits: `node_of_rank(rank)` names it)."""
         nan = tuple(f"inject_nan_at_sample={f.at_step * global_batch}" for f in self.faults if f.kind == "nan")
+        bad = tuple(f"inject_bad_sample={f.at_step * global_batch}" for f in self.faults if f.kind == "bad-batch")
         hangs = [f"{{mode: {HANG_KINDS[f.kind]}, at_step: {f.at_step}, rank: {f.rank}}}"
                  for f in self.faults if f.kind in HANG_KINDS]
-        return nan + ((f"inject_hangs=[{', '.join(hangs)}]",) if hangs else ())
+        flipping = [f for f in self.faults if f.kind == "bit-flip"]
+        if flipping and node_of_rank is None:
+            raise ValueError("bit-flip faults need the job's hosts (node_of_rank)")
+        flips = [f"{{node: {node_of_rank(f.rank)}, from_step: {f.at_step}, rate: {f.rate}}}"  # type: ignore[misc]
+                 for f in flipping]
+        return (nan + bad + ((f"inject_hangs=[{', '.join(hangs)}]",) if hangs else ())
+                + ((f"inject_matmul_flips=[{', '.join(flips)}]",) if flips else ()))
 
 
 def load_schedule(path: str | Path) -> Schedule:
@@ -178,6 +201,10 @@ class Chaos:
         entry: dict[str, Any] = {"kind": fault.kind, "rank": fault.rank, "at_step": fault.at_step, "at": time.time()}
         if fault.kind == "nan":
             entry["note"] = "the poisoned batch was set at start (inject_nan_at_sample)"
+        elif fault.kind == "bad-batch":
+            entry["note"] = "the bad sample was set at start (inject_bad_sample)"
+        elif fault.kind == "bit-flip":
+            entry["note"] = "the host's flips were set at start (inject_matmul_flips)"
         elif fault.kind in HANG_KINDS:
             entry["note"] = "the rank plays the hang itself, set at start (inject_hangs)"
         elif fault.kind == "corrupt-checkpoint":

@@ -235,7 +235,11 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
                 db_url: str | None, alertmanager_url: str | None, rules: RuleSet | None, placement: Placement,
                 warm: WarmSettings | None, db_password: str | None = None, preflight: bool = False) -> int:
     """`cfg` and `what` (its path) for megaheal's trainer; None and the program's launch for a user's program."""
-    start_overrides = schedule.start_overrides(cfg.global_batch) if schedule and cfg else ()
+    # NOTE: a host holds world // hosts consecutive ranks (the launchers' placement), which a bit-flip fault names.
+    per_host = cfg.parallel.world_size // max(1, len(placement.nodes)) if cfg else 1
+    start_overrides = schedule.start_overrides(
+        cfg.global_batch, lambda rank: placement.nodes[min(rank // per_host, len(placement.nodes) - 1)]
+    ) if schedule and cfg else ()
     common = dict(run_dir=run_dir, nodes=placement.nodes, spares=placement.spares,
                   rules=rules, db_url=db_url, db_password=db_password,
                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain,

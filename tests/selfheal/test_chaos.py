@@ -199,3 +199,19 @@ def test_a_freeze_waits_while_the_rank_saves_and_then_leaves_it_stuck_in_the_ker
         rank.kill()
         chaos.close()  # thawed: the SIGKILL lands
         rank.wait(timeout=10)
+
+
+def test_a_bad_batch_and_a_hosts_bit_flips_are_set_at_start_as_overrides_the_trainer_reads(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("faults: [{at_step: 4, kind: bad-batch}, {at_step: 9, kind: bit-flip, rank: 3, "
+                                     "rate: 0.5}]")
+    schedule = load_schedule(tmp_path / "c.yaml")
+    overrides = schedule.start_overrides(16, lambda rank: f"n{1 + rank // 2}")
+    assert overrides == ("inject_bad_sample=64", "inject_matmul_flips=[{node: n2, from_step: 9, rate: 0.5}]")
+    cfg = load_config(str(REPO / "configs" / "demo.yaml"), list(overrides))
+    assert cfg.inject_bad_sample == 64 and [(f.node, f.from_step, f.rate) for f in cfg.inject_matmul_flips] == [
+        ("n2", 9, 0.5)]
+    with pytest.raises(ValueError, match="need the job's hosts"):
+        schedule.start_overrides(16)
+    (tmp_path / "c.yaml").write_text("faults: [{at_step: 4, kind: bit-flip, rate: 0}]")
+    with pytest.raises(ConfigError, match="rate must be in"):
+        load_schedule(tmp_path / "c.yaml")

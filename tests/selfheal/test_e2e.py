@@ -402,6 +402,10 @@ def test_a_host_whose_matmuls_flip_bits_is_convicted_by_re_runs_left_out_and_dra
     assert set(verdict["ranks"]) <= {2, 3} and verdict["skipped"], verdict
     assert sdc.action == "exclude-node-and-restart" and sdc.plan["exclude"] == ["n2"], sdc.plan
     assert sdc.plan["nodes"] == ["n1", "n3"] and sdc.state == "resolved", (sdc.plan, sdc.state)
+    # The checkpoints saved since n2's first suspect step are tainted: the restart resumed from one before it.
+    first = verdict["step"]
+    assert sdc.evidence["first_step"] == first and sdc.resume_step is not None and sdc.resume_step <= first
+    assert all(s > first for s in sdc.plan["decision_basis"].get("tainted_checkpoints", [])), sdc.plan
     drained = sdc.evidence["drain"]["n2"]
     assert "sdc (silent data corruption, convicted by re-runs)" in drained["reason"], drained
     assert {r.node for r in loop.sup.history[-1].ranks.values()} == {"n1", "n3"} and len(loop.sup.history) == 2

@@ -112,6 +112,18 @@ def test_a_loss_spike_rolls_back_before_the_first_bad_step_and_skips_its_batches
     assert plan("nonfinite").remedy is Remedy.ESCALATE  # without the step it began at
 
 
+def test_a_host_convicted_of_sdc_leaves_and_the_checkpoints_saved_since_its_first_suspect_step_are_tainted() -> None:
+    p = plan("sdc", suspects=("n2",), first_bad_step=9)
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",) and p.nodes == ("n1", "n3")
+    assert p.resume_step == 8 and p.basis["tainted_checkpoints"] == [12]
+    assert "the checkpoints of steps 12, saved since n2's first suspect step 9, are tainted: resume from the " \
+           "checkpoint of step 8" in p.basis["reason"]
+    assert plan("sdc", suspects=("n2",), first_bad_step=12).resume_step is None  # nothing saved since: the newest
+    exposed = plan("sdc", suspects=("n2",), first_bad_step=2)
+    assert exposed.resume_step is None and "none is known clean" in exposed.basis["exposure"]
+    assert plan("gpu_fault", suspects=("n2",), first_bad_step=9).resume_step is None  # only kinds that taint
+
+
 def test_restarts_back_off_exponentially_and_a_spent_budget_escalates() -> None:
     budget = RestartBudget(max_restarts=3, window=timedelta(minutes=10), backoff=timedelta(seconds=10))
     one = (NOW - timedelta(seconds=5),)
