@@ -141,6 +141,7 @@ BUILTIN_CHECKS: dict[str, str] = {
     "gpu_health": "runbooks.checks.gpu_health:GpuHealthCheck",
     "gpu_compute": "runbooks.checks.gpu_compute:GpuComputeCheck",
     "host": "runbooks.checks.host:HostCheck",
+    "dcgm_diag": "runbooks.checks.dcgm_diag:DcgmDiagCheck",
 }
 
 
