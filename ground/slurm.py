@@ -213,6 +213,20 @@ def drain(node: str, reason: str) -> None:
         raise SlurmError(f"draining {node}: {exc}") from exc
 
 
+def resume(node: str) -> None:
+    """Give `node` back to the scheduler (a drained host that was repaired). SlurmError when slurmctld refuses (it
+    needs a Slurm operator) or does not answer."""
+    try:
+        _run(resume_argv(node))
+    except SlurmError as exc:
+        raise SlurmError(f"resuming {node}: {exc}") from exc
+
+
+def resume_argv(node: str) -> list[str]:
+    check_name(node, "node")
+    return ["scontrol", "update", f"NodeName={node}", "State=RESUME"]
+
+
 def drain_argv(node: str, reason: str) -> list[str]:
     check_name(node, "node")
     return ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={safe_reason(reason)}"]

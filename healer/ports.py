@@ -95,6 +95,9 @@ class RestartOrder:
     """Healthy hosts of the job this restart leaves idle: spares again, never drained (healer.decide.plans.Plan)."""
     replace_ranks: tuple[int, ...] = ()
     """Ranks whose live processes a warm restart replaces (healer.decide.plans.Plan.replace_ranks)."""
+    keep_out: tuple[str, ...] = ()
+    """Hosts this restart leaves out that no screening takes back (a lemon, a host convicted of silent data
+    corruption): only a person returns them."""
 
 
 @dataclass(frozen=True, slots=True)

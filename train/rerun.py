@@ -126,7 +126,7 @@ def unstable(layout: Layout, first: Pass, second: Pass) -> list[int]:
     in each replica (pipeline order): deterministic hardware repeats itself, a faulty one need not."""
     differ = ~same(first.values, second.values)
     return sorted({r for d in range(layout.dp)
-                   for r in _origin(layout, d, lambda s, t, d=d: bool(differ[layout.rank(s, d, t)]))})
+                   for r in _origin(layout, d, lambda s, t, d: bool(differ[layout.rank(s, d, t)]))})
 
 
 def judge(layout: Layout, first: Pass, second: Pass, moved: Pass | None, shift: int) -> Judgement:
@@ -165,11 +165,12 @@ def judge(layout: Layout, first: Pass, second: Pass, moved: Pass | None, shift: 
     return Judgement("persistent", tuple(sorted(set(blamed))), suspects)
 
 
-def _origin(layout: Layout, replica: int, differs: Callable[[int, int], bool]) -> list[int]:
-    """The ranks of the first stage (pipeline order) of `replica` where `differs(stage, tp_rank)` holds for one of
-    its tensor-parallel ranks: all of that stage's (a tensor-parallel group shares its outputs through its reduce)."""
+def _origin(layout: Layout, replica: int, differs: Callable[[int, int, int], bool]) -> list[int]:
+    """The ranks of the first stage (pipeline order) of `replica` where `differs(stage, tp_rank, replica)` holds for
+    one of its tensor-parallel ranks: all of that stage's (a tensor-parallel group shares its outputs through its
+    reduce)."""
     for s in range(layout.pp):
-        if any(differs(s, t) for t in range(layout.tp)):
+        if any(differs(s, t, replica) for t in range(layout.tp)):
             return [layout.rank(s, replica, t) for t in range(layout.tp)]
     return []
 

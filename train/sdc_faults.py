@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,7 +84,7 @@ class MatmulFlipper:
         due = [f for f in self.faults if step >= f.from_step]
         self._armed = next((f for f in due if self._rng.random() < f.rate), None)
 
-    def _hook(self, name: str):  # noqa: ANN202 - a forward hook
+    def _hook(self, name: str) -> Callable[[nn.Module, object, torch.Tensor], None]:
         def flip(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
             fault = self._armed
             if fault is None:

@@ -121,7 +121,27 @@ class Screened(_Event, frozen=True, tag="screened"):
     """A failed host's drain: the reason given, whether it was drained, and why not (healer/launchers/drain.py)."""
 
 
-Event = Start | Launched | Ranks | End | WarmReady | Adopted | LeftoverStopped | AgentRestarted | Screened
+class Returned(_Event, frozen=True, tag="returned"):
+    """A host the healer had left out passed its screening again (a repaired host): a spare from now on, and given
+    back to the scheduler where megaheal had drained it (`scheduler`: what was done there)."""
+
+    node: str
+    scheduler: dict[str, Any] | None = None
+
+
+class Grown(_Event, frozen=True, tag="grown"):
+    """A planned change, not an incident: the job that came back smaller grows back onto spares again, attempt
+    `attempt` on `nodes` at `dp` (it ran on `from_nodes` at `from_dp`), from the checkpoint of `resume_step`."""
+
+    nodes: list[str]
+    dp: int
+    from_nodes: list[str]
+    from_dp: int
+    resume_step: int | None = None
+
+
+Event = (Start | Launched | Ranks | End | WarmReady | Adopted | LeftoverStopped | AgentRestarted | Screened | Returned
+         | Grown)
 _decode = msgspec.json.Decoder(Event).decode  # type: ignore[arg-type]
 KINDS = frozenset(str(t.__struct_config__.tag) for t in Event.__args__)  # type: ignore[attr-defined]
 

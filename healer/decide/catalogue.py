@@ -82,6 +82,9 @@ class FaultKind:
     """A rollback's first bad step, read from rank 0's every record; None: the kind rolls nothing back."""
     drains_suspects: bool = False
     """Its suspect hosts count as proven bad for the scheduler (drained), without a diagnosis they could not answer."""
+    keeps_out: bool = False
+    """A host it leaves out stays out until a person returns it: the screening that takes a repaired host back
+    cannot see this fault (silent data corruption shows only under load, now and then)."""
     taints: bool = False
     """Its suspects may have spoiled the job's state before it showed, from the finding's first bad step on: the
     checkpoints saved since are tainted, and the restart resumes from the newest saved before it (plans.untainted)."""
@@ -113,7 +116,7 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
               warm="a bad batch, not a bad process: every rank rolls back to a state it holds in memory",
               description="a loss far above its recent level"),
     FaultKind("sdc", "critical", Remedy.EXCLUDE_AND_RESTART, lemon=True, evicts_suspects=True, drains_suspects=True,
-              proof="silent data corruption, convicted by re-runs", taints=True,
+              proof="silent data corruption, convicted by re-runs", taints=True, keeps_out=True,
               warm="the convicted host leaves and the ranks elsewhere are intact: the re-runs kept every update it "
                    "was caught in out of their state",
               description="silent data corruption: a host convicted by re-running suspect steps (its ranks gave "

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from healer.decide.catalogue import FaultKind, Remedy
+from healer.decide.catalogue import FaultKind, Remedy, fault
 from wire.verdict import Status
 
 
@@ -249,6 +249,13 @@ STALLED_ROLLBACKS = 2
 CRASH_LOOP_EXIT = 78
 """`megaheal run`'s exit status when it stopped a crash loop: the program fails the same way wherever it runs, so a
 scheduler must not run it again as it is (deploy/slurm/megaheal.sbatch passes it on; 78 is sysexits' EX_CONFIG)."""
+
+
+def kept_out(kind: str, plan: Plan) -> tuple[str, ...]:
+    """The hosts `plan` leaves out that no screening takes back: lemons, and every one a kind that keeps its hosts out
+    leaves (FaultKind.keeps_out). The others come back once they pass their screening again (a repaired host)."""
+    lemons = set(plan.basis.get("lemons") or {})
+    return tuple(sorted(n for n in plan.exclude if fault(kind).keeps_out or n in lemons))
 
 
 def untainted(plan: Plan, first_bad_step: int, job: JobFacts, leaving: tuple[str, ...]) -> Plan:

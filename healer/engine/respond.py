@@ -19,7 +19,7 @@ from typing import Any
 
 from healer.decide.catalogue import Remedy, fault
 from healer.decide.fail_slow import slowdown_from
-from healer.decide.plans import JobFacts, ProgramFailure, Verdict
+from healer.decide.plans import JobFacts, ProgramFailure, Verdict, kept_out
 from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide, facts_of
 from healer.decide.rules import DetectorCondition, Rule, RuleSet
 from healer.decide.signals import Signal
@@ -365,7 +365,7 @@ class Responder:
         order = RestartOrder(incident_id=incident.id, restart_id=restart_id, nodes=plan.nodes,
                              dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
                              skip_steps=skip, warm=plan.warm, released=plan.released,
-                             replace_ranks=plan.replace_ranks,
+                             replace_ranks=plan.replace_ranks, keep_out=kept_out(incident.kind, plan),
                              mode_why=str((plan.basis.get("restart") or {}).get("why", "")))
         r.restart(order, lambda result: self.restarted(incident.id, remediation_id, restart_id, result,
                                                         incident.attempt))

@@ -29,6 +29,8 @@ from wire.verdict import Status
 
 log = logging.getLogger(__name__)
 WHY_MAX = 100
+MEGAHEAL_REASON = "megaheal: "
+"""How every drain reason megaheal gives begins (drain_reason, preflight_reason): what it may clear again."""
 SILENT = "host lost"
 """How proven_bad begins the reason of a host proven bad by its silence alone."""
 SHARED_WITHIN_S = 10.0
@@ -134,6 +136,24 @@ class Drainer:
         if not self.drain:
             return {"reason": reason, "drained": False, "error": "the run does not drain (--no-drain)"}
         return self._drain(node, reason)
+
+    def returned(self, node: str) -> dict[str, Any]:
+        """`node` passed its screening again and is taken back: where the scheduler holds it drained with one of
+        megaheal's reasons (this healer's or one before it on the same run: "megaheal: ..."), it is resumed there.
+        A host drained by anyone else stays as they left it: their reason is not megaheal's to clear."""
+        state = self.fleet.host_states([node]).get(node) or {}
+        reason = state.get("reason") or ""
+        if "DRAIN" not in str(state.get("state") or "").upper():
+            return {"resumed": False, "why": "not drained in the scheduler" if state else "no scheduler to ask"}
+        if not reason.startswith(MEGAHEAL_REASON):
+            return {"resumed": False, "why": f"drained by someone else ({reason[:80]!r}): left as it is"}
+        try:
+            resumed = self.fleet.resume(node)
+        except (SlurmError, OSError) as exc:
+            log.warning("resuming %s failed: %s", node, exc)
+            return {"resumed": False, "error": str(exc), "reason_was": reason}
+        log.warning("resumed %s in the scheduler (it was drained: %s)", node, reason)
+        return {"resumed": resumed, "reason_was": reason}
 
     def _timeline(self, incident_id: int) -> IncidentTimeline | None:
         return next((t for t in job_timelines(self.store.engine, self.job) if t.id == incident_id), None)

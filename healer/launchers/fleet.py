@@ -58,6 +58,10 @@ class AgentFleet(Protocol):
         """Keep other work off `node` (the scheduler's drain); False where the launcher has no scheduler to tell."""
         ...
 
+    def resume(self, node: str) -> bool:
+        """Give a drained `node` back to the scheduler; False where the launcher has no scheduler to tell."""
+        ...
+
     def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
         """What the scheduler says of each of `nodes` now: {"state": ..., "reason": ...} (Slurm: IDLE, MIXED,
         IDLE+DRAIN, DOWN*, ... and the drain reason); empty where the launcher has no scheduler to ask or it did not

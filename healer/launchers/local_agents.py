@@ -120,6 +120,10 @@ class LocalAgents(AgentSettings):
         """No scheduler here to keep other work off a host: the healer's own exclusion is all there is."""
         return False
 
+    def resume(self, node: str) -> bool:
+        """No scheduler here: a host the healer takes back needs nothing else."""
+        return False
+
     def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
         """No scheduler here: nothing to say of a host beyond what the healer itself knows."""
         return {}

@@ -4,6 +4,7 @@ whole at each change (another thread reads it: `state()`), each change a method 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ground.names import check_name
@@ -20,6 +21,8 @@ class Placement:
     """Hosts the healer left out of this job: their faults are known and no longer the job's."""
     skip_steps: frozenset[int] = frozenset()
     """Steps whose batches every later attempt passes over (rollbacks accumulate)."""
+    kept_out: frozenset[str] = frozenset()
+    """Those of `excluded` that no screening takes back (a lemon, a host convicted of silent data corruption)."""
 
     def __post_init__(self) -> None:
         if not self.nodes or set(self.nodes) & set(self.spares):
@@ -29,10 +32,31 @@ class Placement:
         if self.dp < 1:
             raise ValueError(f"dp must be >= 1, got {self.dp}")
 
-    def leaving_out(self, nodes: tuple[str, ...], released: tuple[str, ...]) -> Placement:
+    def leaving_out(self, nodes: tuple[str, ...], released: tuple[str, ...], kept_out: tuple[str, ...] = ()
+                    ) -> Placement:
         """A restart onto `nodes` is ordered: the current hosts it neither keeps nor releases are out from now on
-        (not once the old attempt is stopped: a lasting fault of such a host must not read as no job's meanwhile)."""
-        return replace(self, excluded=self.excluded | (set(self.nodes) - set(nodes) - set(released)))
+        (not once the old attempt is stopped: a lasting fault of such a host must not read as no job's meanwhile);
+        `kept_out` of them for good."""
+        return replace(self, excluded=self.excluded | (set(self.nodes) - set(nodes) - set(released)),
+                       kept_out=self.kept_out | frozenset(kept_out))
+
+    def returnable(self) -> tuple[str, ...]:
+        """The hosts left out that a passing screening takes back (a repaired host)."""
+        return tuple(sorted(self.excluded - self.kept_out))
+
+    def taking_back(self, nodes: Iterable[str]) -> Placement:
+        """`nodes`, left out before, passed their screening: spares again."""
+        back = [n for n in sorted(nodes) if n in self.excluded and n not in self.kept_out]
+        return replace(self, spares=self.spares + tuple(back), excluded=self.excluded - set(back))
+
+    def grown(self, full: int, full_dp: int, valid_dp: tuple[int, ...]) -> tuple[tuple[str, ...], int] | None:
+        """(hosts, dp) of the largest job this one can grow back to with its idle spares, up to the `full` hosts at
+        `full_dp` it was meant to run on; None when it cannot grow (it is whole, no spare, no larger valid degree)."""
+        for n in range(min(full, len(self.nodes) + len(self.spares)), len(self.nodes), -1):
+            dp, rest = divmod(full_dp * n, full)
+            if rest == 0 and dp > self.dp and (not valid_dp or dp in valid_dp):
+                return self.nodes + self.spares[:n - len(self.nodes)], dp
+        return None
 
     def skipping(self, steps: tuple[int, ...] | frozenset[int]) -> Placement:
         return replace(self, skip_steps=self.skip_steps | frozenset(steps))

@@ -2,9 +2,11 @@
 (runbooks/library/preflight.yaml: node-health's fast checks, ~15 s at most) on itself, through its node agent, all
 at once, before the first attempt starts. A host that fails is left out before it costs anything: a spare is no
 longer one, and a host of the job gives its place to a spare that passed (or, with none, the job starts smaller where
-its layout allows). While the job runs, its idle spares are screened again now and then (AgentRemediator.
-rescreen_spares): one that fails is a spare no more. A host whose runbook could not run (`error`) is not blamed:
-screening must not take a healthy host out on a guess, as no diagnosis does.
+its layout allows). While the job runs, its idle spares are screened again now and then (AgentRemediator.rescreen):
+one that fails is a spare no more; so are the hosts it left out, but a lemon or a host convicted of silent data
+corruption (which no screening can clear): one that passes is a spare again, and a job that came back smaller grows
+back onto it (AgentRemediator.grow). A host whose runbook could not run (`error`) is not blamed: screening must not
+take a healthy host out on a guess, as no diagnosis does.
 
 NOTE: HyperPod, NVRx and NVSentinel screen a node before it takes work for the same reason: a broken spare found
 only when it joins costs a second incident and a second restart.

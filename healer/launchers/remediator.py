@@ -33,7 +33,7 @@ from healer.launchers.preflight import PREFLIGHT_RUNBOOK, failed, screened_place
 from healer.launchers.warm_control import WarmUnavailable
 from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
-from wire.journal import Journal, Screened
+from wire.journal import Grown, Journal, Returned, Screened
 from wire.run_paths import RunPaths
 from wire.verdict import Status
 from wire.warm_plan import keeper_hosts
@@ -84,7 +84,13 @@ class AgentRemediator:
         preflight_timeout: timedelta = timedelta(seconds=30)
         """A host's preflight runbook past this is an `error` verdict (its steps are bounded at ~15 s together)."""
         rescreen_every: timedelta | None = timedelta(minutes=10)
-        """Where the run screens its hosts, how often its idle spares are screened again (None: never)."""
+        """Where the run screens its hosts, how often its idle spares, and the hosts it left out that a screening can
+        take back, are screened again (None: never)."""
+        grow: bool = True
+        """A job that came back smaller grows back onto spares again (a repaired host that passed its screening)."""
+        grow_grace: timedelta = timedelta(seconds=60)
+        """SIGTERM to SIGKILL when stopping an attempt to grow it back: megaheal's trainer saves at the step it is in
+        and exits, so that no step is lost."""
         fault_grace: timedelta = timedelta(seconds=0.5)
         """SIGTERM to SIGKILL when stopping an attempt after a fault: its ranks are stuck in a collective that will
         never complete, so no final checkpoint is possible and waiting longer only adds to the time to recover."""
@@ -118,7 +124,7 @@ class AgentRemediator:
         """Where the job runs: replaced whole at each change (state() reads it from another thread)."""
         self._orders: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._screening = threading.Lock()
-        """Held while idle spares are screened again (rescreen_spares)."""
+        """Held while idle spares and left-out hosts are screened again (rescreen)."""
         self._pending = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="megaheal-remediator", daemon=True)
@@ -167,23 +173,71 @@ class AgentRemediator:
                         ", ".join(self.nodes), self.dp, ", ".join(self.spares) or "none")
         return done
 
-    def rescreen_spares(self) -> None:
-        """Screen the idle spares again, on a thread of its own (a crash's restart must not wait behind it): a spare
-        that fails is a spare no more, and is drained where the run drains. One screening at a time."""
-        spares = list(self.spares)
-        if not spares or not self._screening.acquire(blocking=False):
+    def rescreen(self) -> None:
+        """Screen the idle spares again, and the hosts left out that a passing screening takes back, on a thread of
+        its own (a crash's restart must not wait behind it): a spare that fails is a spare no more, and is drained
+        where the run drains; a host left out that passes is a spare again, given back to the scheduler where
+        megaheal drained it. One screening at a time."""
+        hosts = [*self.spares, *self.placement.returnable()]
+        if not hosts or not self._screening.acquire(blocking=False):
             return
 
         def screen() -> None:
             try:
-                verdicts = diagnose_nodes(self.sup.run_runbook, spares, PREFLIGHT_RUNBOOK, self.cfg.preflight_timeout)
+                verdicts = diagnose_nodes(self.sup.run_runbook, hosts, PREFLIGHT_RUNBOOK, self.cfg.preflight_timeout)
                 # NOTE: applied on the order queue, as every change of the placement is; a spare a restart took
                 # meanwhile is in the job now, and its verdict no longer the placement's business.
-                self._submit(lambda: self._drop_spares(verdicts))
+                self._submit(lambda: self._rescreened(verdicts))
             finally:
                 self._screening.release()
 
         threading.Thread(target=self._guarded, args=(screen,), name="megaheal-rescreen", daemon=True).start()
+
+    def _rescreened(self, verdicts: list[HostVerdict]) -> None:
+        self._drop_spares(verdicts)
+        out = set(self.placement.returnable())
+        attempt = self.sup.attempt.number if self.sup.attempt is not None else 0
+        back = []
+        for v in (v for v in verdicts if v.node in out):
+            # NOTE: a host left out was drained when it was: a failure now is no news, and is not drained again.
+            self.sup.journal_event(Screened(at=time.time(), attempt=attempt, node=v.node, status=v.status.value,
+                                            summary=v.summary, seconds=round(v.seconds, 2)))
+            if v.status is Status.PASS:
+                back.append(v.node)
+        for node in back:
+            done = self.drainer.returned(node) if self.drainer is not None else None
+            self.sup.journal_event(Returned(at=time.time(), attempt=attempt, node=node, scheduler=done))
+        if back:
+            self.placement = self.placement.taking_back(back)
+            log.warning("%s passed screening again: spare(s) now %s", ", ".join(back), ", ".join(self.spares))
+
+    def grow_target(self) -> tuple[tuple[str, ...], int] | None:
+        """The hosts and dp the job can grow back to with its spares now (healer/launchers/placement.py), or None."""
+        if not self.cfg.grow:
+            return None
+        return self.placement.grown(len(self.cfg.nodes), self.cfg.dp, self.cfg.valid_dp)
+
+    def grow(self, nodes: tuple[str, ...], dp: int) -> None:
+        """A planned restart onto more hosts: the attempt is stopped as a preemption is (megaheal's trainer saves at
+        the step it is in and exits), and the next starts cold on `nodes` at `dp` from the newest checkpoint,
+        resharded: the samples go on from where the stop left them. The journal says so (`Grown`)."""
+        self.sup.view.stopping(self.job)
+        before, before_dp = self.nodes, self.dp
+
+        def run() -> None:
+            self.sup.stop(self.token, self.cfg.grow_grace)
+            choice = choose_resume(RunPaths(Path(self.sup.cfg.run_dir)).checkpoints) \
+                if self.sup.cfg.program is None else None
+            self.placement, _ = self.placement.moved_to(nodes, dp, ())
+            attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume="auto",
+                                     extra=self.placement.skip_override(), spares=self.spares)
+            step = choice.checkpoint.step if choice is not None and choice.checkpoint is not None else None
+            self.sup.journal_event(Grown(at=time.time(), attempt=attempt.number, nodes=list(nodes), dp=dp,
+                                         from_nodes=list(before), from_dp=before_dp, resume_step=step))
+            log.warning("grew the job back onto %s (dp %d, was %d on %s) from the checkpoint of step %s",
+                        ", ".join(nodes), dp, before_dp, ", ".join(before), step)
+
+        self._submit(run)
 
     def _drop_spares(self, verdicts: list[HostVerdict]) -> None:
         idle = [v for v in verdicts if v.node in self.spares]
@@ -360,7 +414,7 @@ class AgentRemediator:
         # NOTE: the hosts it leaves out are out from the order on, not once the old attempt is stopped: while it is
         # (its ranks hidden from the detectors), a host's lasting fault (a GPU that keeps its Xid) reads as no job's
         # and opened an incident of its own.
-        self.placement = self.placement.leaving_out(order.nodes, order.released)
+        self.placement = self.placement.leaving_out(order.nodes, order.released, order.keep_out)
 
         def run() -> None:
             try:

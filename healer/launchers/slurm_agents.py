@@ -195,6 +195,11 @@ class SlurmAgents(AgentSettings):
         slurm.drain(node, reason)
         return True
 
+    def resume(self, node: str) -> bool:
+        """`scontrol update NodeName=NODE State=RESUME`; SlurmError saying why when slurmctld refuses or is silent."""
+        slurm.resume(node)
+        return True
+
     def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
         """`scontrol show node` of each host: its state and reason; a host Slurm does not know (or a slurmctld that
         does not answer) is left out."""

@@ -66,6 +66,9 @@ class Ledger:
     lost_steps: int
     attempts: int
     incidents: list[dict[str, Any]] = field(default_factory=list)
+    degraded_s: float = 0.0
+    """Of `productive`, the steps trained with fewer ranks than the run's most: a job that came back smaller (a host
+    left out with no spare) until it grew back."""
 
     def to_payload(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,7 +106,15 @@ def compute(run_dir: Path, incidents: list[dict[str, Any]]) -> Ledger:
     wall = spans[-1].end - spans[0].start if spans else 0.0
     return Ledger(wall_s=wall, seconds={k: round(v, 3) for k, v in seconds.items()},
                   ettr=round(seconds["productive"] / wall, 4) if wall > 0 else 0.0, steps_done=final,
-                  lost_steps=lost_steps, attempts=len(run.starts), incidents=run.incidents)
+                  lost_steps=lost_steps, attempts=len(run.starts), incidents=run.incidents,
+                  degraded_s=round(_degraded(run.records), 3))
+
+
+def _degraded(records: list[dict[str, Any]]) -> float:
+    """The seconds of the steps that count trained at fewer ranks than the run's most."""
+    full = max((r.get("world_size") or 1 for r in records), default=1)
+    final = {r["step"]: r for r in records}
+    return sum(r.get("step_seconds", 0.0) for r in final.values() if (r.get("world_size") or 1) < full)
 
 
 # ---- reading and splitting -----------------------------------------------------------------------------------

@@ -115,11 +115,12 @@ class SelfHealingJob:
         return every.total_seconds() if every is not None and self.remediator.cfg.preflight else float("inf")
 
     def _rescreen_due(self) -> None:
-        """The idle spares screened again every rescreen_every (AgentRemediator.rescreen_spares), where the run
-        screens its hosts: a spare that broke while it waited is found before it is needed."""
+        """The idle spares and the hosts left out screened again every rescreen_every (AgentRemediator.rescreen),
+        where the run screens its hosts: a spare that broke while it waited is found before it is needed, a host
+        repaired since it was left out is a spare again."""
         if time.monotonic() >= self._rescreen_at:
             self._rescreen_at = time.monotonic() + self._rescreen_every_s()
-            self.remediator.rescreen_spares()
+            self.remediator.rescreen()
 
     def take_over(self) -> list[int]:
         """Go on with a run whose previous healer died (`megaheal run --take-over`), instead of `start`: its agents outlived
@@ -232,6 +233,7 @@ class SelfHealingJob:
             view = self.healer.tick_detect()
             self.healer.tick_respond()
             self.healer.tick_recovery(view)
+            self._grow_due()
         except (SQLAlchemyError, DatabaseError) as exc:
             # NOTE: the store is the healer's memory: without it nothing can be decided; the next tick tries again.
             log.warning("the healer's database failed this tick: %s", str(exc).splitlines()[0])
@@ -244,6 +246,20 @@ class SelfHealingJob:
         if state.succeeded and not self.remediator.busy:
             self._finished()
             self.outcome = "finished"
+
+    def _grow_due(self) -> None:
+        """A job that came back smaller grows back once spares are there again (AgentRemediator.grow): a planned
+        change, not an incident, made only while the attempt trains and nothing else is being mended."""
+        r = self.remediator
+        target = r.grow_target()
+        if target is None or r.busy or self.healer.responder.halted is not None:
+            return
+        a = self.sup.attempt
+        if a is None or a.done or a.stopping or r.first_step(a.number) is None:
+            return  # not training yet: a start that fails must be the crash detector's, not lost in a grow
+        if self.healer.store.of_job(self.job, OPEN_STATES):
+            return
+        r.grow(*target)
 
     def _check_epoch(self) -> None:
         """Trip the fence when a newer healer claimed the job's epoch (every EPOCH_EVERY_S): its agents report to

@@ -124,6 +124,9 @@ def render(ledger: Ledger) -> None:
         split.add_row(name, f"{value:.1f}", f"{100 * value / ledger.wall_s:.1f}%" if ledger.wall_s else "-")
     console.print(split)
     console.print(f"ETTR (productive / wall): [bold]{100 * ledger.ettr:.1f}%[/bold]")
+    if ledger.degraded_s:
+        console.print(f"degraded (trained on fewer ranks than the job's most, within productive): "
+                      f"{ledger.degraded_s:.1f} s")
     modes = restart_modes(ledger.incidents)
     if any(modes.values()):
         console.print("restarts: " + ", ".join(f"{n} {mode}" for mode, n in modes.items()) + "; "

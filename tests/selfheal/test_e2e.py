@@ -32,7 +32,7 @@ from tests.conftest import REPO
 from tests.healer.services import Alertmanager
 from tests.selfheal.straggler_crash_run import HealedRun
 from tests.support import free_port, wait_for
-from wire.journal import Journal, Screened
+from wire.journal import Grown, Journal, Returned, Screened
 from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.e2e
@@ -183,7 +183,8 @@ def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_
     # while it waits: screened again (every 2 s here), it is a spare no more. Neither ever takes work. n2 loses its
     # local disk the tick its rank 2 dies: node-health fails it and the spare n3 takes its place. Then n3 does the
     # same, with no spare left: the job comes back on n1 alone, one data-parallel replica, from the dp-2 checkpoint
-    # resharded.
+    # resharded. Then n3's disk is mended: screened again, it passes, is a spare again, and the job grows back onto
+    # it (a planned change, no incident): n1 and n3 at dp 2, from the checkpoint its stop saved.
     # NOTE: longer than the others: the second attempt trains ~3 steps a second, and the kill must land well before
     # its end (the heartbeats that show it past step 10 are a second or two old).
     def broken_spare(job: SelfHealingJob) -> None:
@@ -209,6 +210,12 @@ def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_
         if "n5" not in lp.remediator.spares:  # NOTE: the first spare: a crash before its screening would take it
             kill_first(lp)
         kill_second(lp)
+        if "mended" not in broke and lp.remediator.dp == 1 and lp.sup.attempt is not None \
+                and lp.sup.attempt.number == 2:
+            scratch = LocalAgents.scratch_dir(run_dir, "n3")
+            scratch.unlink()
+            scratch.mkdir()
+            broke["mended"] = time.time()
 
     assert loop.run(timedelta(seconds=280), on_tick=hook) == "finished"
     replaced, smaller = sorted(loop.incidents(), key=lambda i: i.detected_at)
@@ -226,12 +233,33 @@ def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_
     assert smaller.suspect_nodes == ["n3"] and smaller.verdict == "fail" and smaller.plan["exclude"] == ["n3"]
     assert smaller.plan["nodes"] == ["n1"] and smaller.plan["dp"] == 1
     assert "no spare left" in smaller.plan["decision_basis"]["reason"]
-    last = loop.sup.history[-1]
+    shrunk = loop.sup.history[2]
     # The same 2 pipeline stages, one data-parallel replica: 2 ranks on n1, resumed from the dp-2 checkpoint.
-    assert {r.node for r in last.ranks.values()} == {"n1"} and len(last.ranks) == 2 and loop.remediator.dp == 1
+    assert {r.node for r in shrunk.ranks.values()} == {"n1"} and len(shrunk.ranks) == 2
     records = [json.loads(x) for x in (run_dir / "ranks" / "0.jsonl").read_text().splitlines()]
-    assert {r["world_size"] for r in records if r["time"] > smaller.remediated_at} == {2}
-    check_resumed(loop, second, action="exclude-node-and-restart", steps=LONG)
+    assert 2 in {r["world_size"] for r in records if r["time"] > smaller.remediated_at}
+    # Four attempts: the growth is the fourth, a planned one (no incident: its stop saved the step it was in).
+    run = HealedRun(run_dir=run_dir, incidents=[replaced, smaller], fired={"killed": second["at"]},
+                    attempts=len(loop.sup.history), last_attempt_succeeded=loop.sup.history[-1].succeeded)
+    check_resumed_after(run, smaller, "exclude-node-and-restart", attempts=4, steps=LONG)
+    # Grown back: n3 passed its screening again after its disk was mended, and the job came back whole on it.
+    events = Journal.of(RunPaths(run_dir).journal).events
+    [returned] = [e for e in events if isinstance(e, Returned)]
+    assert returned.node == "n3" and returned.at >= broke["mended"], returned
+    [grown] = [e for e in events if isinstance(e, Grown)]
+    assert (grown.nodes, grown.dp, grown.from_nodes, grown.from_dp) == (["n1", "n3"], 2, ["n1"], 1), grown
+    last = loop.sup.history[-1]
+    assert last.number == grown.attempt == 3 and {r.node for r in last.ranks.values()} == {"n1", "n3"}
+    assert loop.remediator.dp == 2 and [i.id for i in loop.incidents()] == [replaced.id, smaller.id]  # no incident
+    # Its stop saved the step it was in: the next attempt goes on from there, no sample skipped or trained twice.
+    shrunk_steps = [r["step"] for r in records if r.get("attempt") == 2]
+    grown_steps = [r["step"] for r in records if r.get("attempt") == 3]
+    assert max(shrunk_steps) + 1 == grown.resume_step == min(grown_steps), (shrunk_steps, grown_steps, grown)
+    counted = {r["step"]: r for r in records}
+    assert [counted[s]["sample_index"] for s in sorted(counted)] == [16 * (s + 1) for s in range(LONG)]
+    assert {counted[s]["world_size"] for s in range(grown.resume_step, LONG)} == {4}
+    ledger = compute(run_dir, [])
+    assert ledger.degraded_s > 0 and ledger.seconds["productive"] > ledger.degraded_s
     assert all(not {"n4", "n5"} & {r.node for r in a.ranks.values()} for a in loop.sup.history), "never took work"
     n5 = [e for e in Journal.of(RunPaths(run_dir).journal).events if isinstance(e, Screened) and e.node == "n5"]
     assert n5[0].status == "pass" and n5[-1].status == "fail" and n5[-1].at >= broke["n5"], n5

@@ -43,6 +43,10 @@ class SlurmSays:
     def host_states(self, nodes: list[str]) -> dict[str, dict[str, str | None]]:
         return {n: self.states[n] for n in nodes if n in self.states}
 
+    def resume(self, node: str) -> bool:
+        self.states[node] = {"state": "IDLE", "reason": None}
+        return True
+
 
 def lost_host_incident(store: IncidentStore, host: str) -> int:
     incident_id, _ = store.record(Signal(rule="host-lost", kind="host_lost", severity="critical", page="on-escalation",
@@ -66,6 +70,22 @@ def test_a_lost_host_left_out_is_drained_and_its_slurm_state_and_reason_go_into_
     evidence = store.row(incident).evidence
     assert evidence["drain"]["h2"]["drained"] is True
     assert evidence["slurm"] == {"h2": {"state": "MIXED+DRAIN", "reason": evidence["drain"]["h2"]["reason"]}}
+
+
+def test_a_repaired_host_is_given_back_to_slurm_only_where_megaheal_drained_it(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    incident = lost_host_incident(store, "h2")
+    fleet = SlurmSays({"h2": {"state": "MIXED", "reason": None},
+                       "h3": {"state": "IDLE+DRAIN", "reason": "bad fan (ops ticket 12)"}, "h4": {"state": "IDLE"}})
+    drainer = Drainer(fleet, store, "j")  # type: ignore[arg-type]
+    drainer.left_out(incident, {"h2"})
+    said = drainer.returned("h2")
+    assert said["resumed"] is True and said["reason_was"].startswith("megaheal: incident") and \
+        fleet.states["h2"]["state"] == "IDLE"
+    assert drainer.returned("h3") == {"resumed": False,
+                                      "why": "drained by someone else ('bad fan (ops ticket 12)'): left as it is"}
+    assert fleet.states["h3"]["state"] == "IDLE+DRAIN"
+    assert drainer.returned("h4") == {"resumed": False, "why": "not drained in the scheduler"}
 
 
 @pytest.mark.parametrize(("agent_answers", "scheduler_reaches", "doubt"), [

@@ -65,10 +65,10 @@ def test_a_bad_batch_is_a_notice_naming_its_samples_and_convicts_no_one() -> Non
     assert not sdc.evaluate(s.table, s.clock.now).firing
     (n,) = notice.evaluate(s.table, s.clock.now).firing
     assert n.evidence["samples"] == [[72, 80]] and "samples 72-79" in n.summary and "judged data" in n.summary
-    assert rerun_sentences(n.evidence) == [
+    assert rerun_sentences(n.evidence) == [(
         "Step 4: a NaN in its first run (rank 3). Run again, it was the same; moved to other ranks, the same batches "
         "gave the same results: the batch is bad, not a host. Samples 72-79 were passed over. The re-runs took "
-        "0.00 s."]
+        "0.00 s.")]
 
 
 def test_a_verdict_that_does_not_fit_is_dropped_and_a_state_verdict_is_the_rollbacks() -> None:
@@ -88,10 +88,10 @@ def test_the_page_says_what_each_re_run_showed() -> None:
                   "rerun_s": 0.25}
     transient = {**persistent, "verdict": "transient", "reproduced": False, "skipped": False, "step": 7}
     assert rerun_sentences({"verdicts": [transient, persistent]}) == [
-        "Step 7 (attempt 0): non-finite gradients in its first run (ranks 0, 1, 2, 3). Run again on the same ranks "
-        "and batches, it came out clean; the first run differed first at rank 2 on n2: a one-off fault: the clean "
-        "run's result was used, and nothing was lost. The re-runs took 0.25 s.",
-        "Step 12 (attempt 0): non-finite gradients in its first run (ranks 0, 1, 2, 3). Run again on the same ranks "
-        "and batches, it was anomalous again, and rank 2 on n2 gave other results for the same work: the host is "
-        "faulty. Its update was skipped. The re-runs took 0.25 s."]
+        ("Step 7 (attempt 0): non-finite gradients in its first run (ranks 0, 1, 2, 3). Run again on the same ranks "
+         "and batches, it came out clean; the first run differed first at rank 2 on n2: a one-off fault: the clean "
+         "run's result was used, and nothing was lost. The re-runs took 0.25 s."),
+        ("Step 12 (attempt 0): non-finite gradients in its first run (ranks 0, 1, 2, 3). Run again on the same ranks "
+         "and batches, it was anomalous again, and rank 2 on n2 gave other results for the same work: the host is "
+         "faulty. Its update was skipped. The re-runs took 0.25 s.")]
     assert rerun_sentences({"verdict": "x"}) == [] and rerun_sentences({"verdicts": "x"}) == []
