@@ -72,9 +72,9 @@ class RankCollector(Collector):
             registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
-        ranks = self._table.snapshot()
+        ranks, histograms = self._table.metrics_snapshot()
         yield from self._step_families(ranks)
-        yield from self._total_families(ranks, self._table.step_histograms())
+        yield from self._total_families(ranks, histograms)
         yield from self._liveness_families(ranks)
 
     def _labels(self, s: RankState) -> list[str]:

@@ -18,7 +18,7 @@ from train.model import ModelConfig
 from train.optim import OptimConfig
 from train.replica_faults import ReplicaFlip
 from train.rerun import RerunConfig
-from train.sdc_faults import MatmulFlip
+from train.sdc_faults import MatmulFlip, ParamFlip
 
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -60,6 +60,10 @@ class TrainConfig:
     inject_matmul_flips: list[MatmulFlip] = field(default_factory=list)
     """Fault injection (silent data corruption, train/sdc_faults.py): a host's ranks flip a bit of a matmul output,
     e.g. `--set 'inject_matmul_flips=[{node: n2, from_step: 8, rate: 1.0}]'`."""
+    inject_param_flips: list[ParamFlip] = field(default_factory=list)
+    """Fault injection (train/sdc_faults.py): data-parallel rank `rank` flips a bit of its gathered copy of a weight
+    at step `at_step`, once per run, e.g. `--set 'inject_param_flips=[{rank: 3, at_step: 6}]'`: the replica
+    checksum names it that step (rerun.replica_checksum)."""
     rerun: RerunConfig = field(default_factory=RerunConfig)
     """Every step checked, and a suspect one re-run before its update (train/rerun.py)."""
     inject_spike_at_sample: int | None = None

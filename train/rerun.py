@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from inprocess import waits
+from train.param_checksum import ReplicaChecksum
 from wire.rerun import RerunVerdict
 
 CHECKSUM_MODULUS = 1 << 52
@@ -51,6 +52,9 @@ class RerunConfig:
     """Check every step and re-run a suspect one (one all-reduce of one number a step when nothing is suspect)."""
     spike_ratio: float = 3.0
     """A loss over this many times the step before's is suspect (0: only NaN and infinities are)."""
+    replica_checksum: bool = True
+    """Every step, each data-parallel rank's gathered weights are checked against the shards they came from
+    (train/param_checksum.py): a replica that trains on other weights is named that step (dp > 1)."""
 
     def __post_init__(self) -> None:
         if self.spike_ratio != 0 and self.spike_ratio <= 1:
@@ -83,10 +87,13 @@ class Pass:
     values: np.ndarray
     forward: np.ndarray
     gradients: np.ndarray
+    diverged: np.ndarray | None = None
+    """Which ranks' gathered weights were not their replica group's (train/param_checksum.py); None: not checked."""
 
     @classmethod
     def of(cls, gathered: np.ndarray) -> Pass:
-        return cls(values=gathered[:, :2], forward=gathered[:, 2] > 0, gradients=gathered[:, 3] > 0)
+        return cls(values=gathered[:, :2], forward=gathered[:, 2] > 0, gradients=gathered[:, 3] > 0,
+                   diverged=gathered[:, 4] > 0)
 
     @property
     def flagged(self) -> np.ndarray:
@@ -210,9 +217,11 @@ class Rerunner:
     """The check of every step and the re-runs of a suspect one, on one rank (module docstring)."""
 
     def __init__(self, cfg: RerunConfig, layout: Layout, chunks: list[nn.Module], device: torch.device,
-                 node: str, pipelined: bool = False) -> None:
-        """`pipelined`: the chunks are pipeline stages (their first forward is a shape inference)."""
+                 node: str, pipelined: bool = False, checksum: ReplicaChecksum | None = None) -> None:
+        """`pipelined`: the chunks are pipeline stages (their first forward is a shape inference); `checksum`: the
+        data-parallel replicas' weights compared every step (None: not)."""
         self.cfg, self.layout, self.device, self.node = cfg, layout, device, node
+        self.checksum = checksum
         self.last_loss: float | None = None
         """The last clean step's loss (what a spike is measured against)."""
         self.known: str | None = None
@@ -241,6 +250,8 @@ class Rerunner:
         """A forward pass begins: its fingerprint starts from nothing."""
         self._bits.zero_()
         self._finite.fill_(True)
+        if self.checksum is not None:
+            self.checksum.begin()
 
     def check(self, step: int, loss: torch.Tensor | None, rerun: Callable[[int], torch.Tensor | None],
               batch_samples: Callable[[int], tuple[int, int]], attempt: int | None) -> Outcome:
@@ -253,8 +264,15 @@ class Rerunner:
             return Outcome(loss)
         started = time.perf_counter()
         first = self._gather(mine)
-
-
+        if first.diverged is not None and first.diverged.any():
+            # A replica's weights were not its peers': no re-run is needed to name it, and the reduce already took
+            # its gradients into every shard.
+            ranks = [int(r) for r in np.flatnonzero(first.diverged)]
+            verdict = RerunVerdict(
+                step=step, verdict="diverged", what=_what(first) if first.flagged.any() else "weights",
+                ranks=ranks, flagged=ranks, replicas=sorted({self.layout.replica_of(r) for r in ranks}),
+                skipped=True, seconds=round(time.perf_counter() - started, 4), attempt=attempt)
+            return Outcome(loss, skip=True, reported=self._reported(first), verdict=verdict)
         if self.known is not None:
             return Outcome(loss, skip=True, reported=self._reported(first))
         second_loss = self._again(rerun, 0)
@@ -297,10 +315,12 @@ class Rerunner:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self.checksum is not None:
+            self.checksum.close()
 
     def _fingerprint(self, loss: torch.Tensor | None) -> torch.Tensor:
-        """(output sum, loss, forward anomalous, gradients anomalous) of this rank's pass."""
-        value = torch.zeros(4, dtype=torch.float64, device=self.device)
+        """(output sum, loss, forward anomalous, gradients anomalous, weights diverged) of this rank's pass."""
+        value = torch.zeros(5, dtype=torch.float64, device=self.device)
         # NOTE: within 2^52, a float64 holds the checksum exactly.
         value[0] = (self._bits % CHECKSUM_MODULUS).double()
         if loss is not None:
@@ -315,6 +335,8 @@ class Rerunner:
         if grads:
             # NOTE: the local shards only (the reduce already ran): one norm a tensor, no collective.
             value[3] = (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).double()
+        if self.checksum is not None:
+            value[4] = self.checksum.diverged().double()
         return value
 
     def _gather(self, mine: torch.Tensor) -> Pass:

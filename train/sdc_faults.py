@@ -18,6 +18,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -113,3 +114,68 @@ class MatmulFlipper:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+@dataclass(kw_only=True, slots=True)
+class ParamFlip:
+    rank: int
+    """The data-parallel rank whose gathered copy of the weights goes bad."""
+    at_step: int
+    """The step it happens in (once per run)."""
+    bit: int = 12
+    """The bit flipped; by default a mantissa bit of a float32: a change no NaN or spike check sees."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.at_step < 0:
+            raise ValueError(f"rank and at_step must be >= 0, got {self.rank}, {self.at_step}")
+        if not 0 <= self.bit < 32:
+            raise ValueError(f"bit must be in [0, 32), got {self.bit}")
+
+    @property
+    def mark(self) -> str:
+        return f"param-flip-step{self.at_step}-rank{self.rank}.fired"
+
+
+class ParamFlipper:
+    """A bit flipped in one element of a rank's gathered weights (after FSDP's all-gather, before the matmul that
+    reads them): memory or a link that corrupted the copy, for one step (the next step gathers afresh). Each fires
+    once per run: its rank leaves a mark in the run directory's chaos folder."""
+
+    def __init__(self, faults: list[ParamFlip], rank: int, modules: list[nn.Module], run_dir: Path) -> None:
+        self.marks = run_dir / "chaos"
+        self.faults = [f for f in faults if f.rank == rank and not (self.marks / f.mark).exists()]
+        self.rank = rank
+        self._armed: ParamFlip | None = None
+        self._step = 0
+        self._handle: RemovableHandle | None = None
+        first = next((m for c in modules for m in c.modules() if isinstance(m, nn.Linear)), None)
+        if self.faults and first is not None:
+            self._handle = first.register_forward_pre_hook(self._flip)
+
+    def arm(self, step: int) -> None:
+        self._step = step
+        self._armed = next((f for f in self.faults if f.at_step == step), None)
+
+    def _flip(self, module: nn.Module, inputs: object) -> None:
+        fault = self._armed
+        weight = module.weight
+        local = (weight.to_local() if isinstance(weight, DTensor) else weight).detach()
+        if fault is None or local.dtype not in _INT_OF or local.numel() == 0:
+            return
+        self._armed = None
+        self.faults.remove(fault)
+        with torch.no_grad():
+            element = local.view(-1)[:1]
+            before = float(element)
+            element.view(_INT_OF[local.dtype]).bitwise_xor_(1 << min(fault.bit, torch.finfo(local.dtype).bits - 2))
+            after = float(element)
+        said = (f"rank {self.rank} flipped bit {fault.bit} of its gathered copy of a weight at step {self._step} "
+                f"({before:.9g} -> {after:.9g})")
+        self.marks.mkdir(parents=True, exist_ok=True)
+        (self.marks / fault.mark).write_text(said + "\n")
+        print(f"fault injection: {said}", flush=True)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

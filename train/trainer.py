@@ -38,7 +38,8 @@ from train.pipeline import build_schedule
 from train.records import StepRecordWriter, StepTable
 from train.replica_faults import ReplicaFlipper
 from train.rerun import Layout, Outcome, Rerunner
-from train.sdc_faults import MatmulFlipper, this_node
+from train.param_checksum import ReplicaChecksum
+from train.sdc_faults import MatmulFlipper, ParamFlipper, this_node
 from train.timing import PhaseTimer, TimedAllGather, TimedPipelineWaits, TimedReduceScatter
 from train.warm.replicas import Replicas
 from train.warm.snapshot import Snapshot
@@ -99,10 +100,8 @@ class Trainer:
         self.chunks, self.stage_indices = self._build_chunks()
         self.schedule = self._build_schedule()
         self.flipper = MatmulFlipper(cfg.inject_matmul_flips, self.place.rank, list(self.chunks))
-        par = cfg.parallel
-        self.rerun = (Rerunner(cfg.rerun, Layout(pp=par.pp, dp=par.dp, tp=par.tp), list(self.chunks), self.device,
-                               this_node(), pipelined=self.schedule is not None)
-                      if cfg.rerun.enabled and world > 1 else None)
+        self.param_flipper = ParamFlipper(cfg.inject_param_flips, self.place.rank, list(self.chunks), run_dir)
+        self.rerun = self._rerunner(world)
         self._other_batches: TokenSource | None = None
         """Where a re-run's moved batches come from (made at the first one)."""
         self.pipeline_waits = TimedPipelineWaits(self.device) if self.schedule is not None else None
@@ -184,6 +183,18 @@ class Trainer:
                 apply_data_parallel(chunk, self.mesh["dp"], self.reduce_timer, self.gather_timer)
             chunks.append(chunk)
         return chunks, indices
+
+    def _rerunner(self, world: int) -> Rerunner | None:
+        """Every step's check and the re-runs of a suspect one (train/rerun.py), with the replicas' weights compared
+        where the data-parallel ranks gather them (train/param_checksum.py)."""
+        cfg, par = self.cfg.rerun, self.cfg.parallel
+        if not cfg.enabled or world == 1:
+            return None
+        pipelined = self.schedule is not None
+        checksum = (ReplicaChecksum(list(self.chunks), self.mesh["dp"].get_group(), self.device, pipelined)
+                    if cfg.replica_checksum and par.dp > 1 and self.mesh is not None else None)
+        return Rerunner(cfg, Layout(pp=par.pp, dp=par.dp, tp=par.tp), list(self.chunks), self.device, this_node(),
+                        pipelined=pipelined, checksum=checksum)
 
     def _build_schedule(self):
         if self.cfg.parallel.pp == 1:
@@ -379,6 +390,7 @@ class Trainer:
     def _prepare_pass(self, batch_start: int, replica: int) -> None:
         """Before a forward pass on the batch of `replica`: the fault injections that may strike it."""
         self.flipper.arm(self.step_index)
+        self.param_flipper.arm(self.step_index)
         bad, local = self.cfg.inject_bad_sample, self.cfg.global_batch // self.cfg.parallel.dp
         first = batch_start + replica * local
         self._poisoned = bad is not None and first <= bad < first + local
@@ -533,6 +545,7 @@ class Trainer:
         if self.pipeline_waits is not None:
             self.pipeline_waits.close()
         self.flipper.close()
+        self.param_flipper.close()
         if self.rerun is not None:
             self.rerun.close()
         if self.beacon is not None:

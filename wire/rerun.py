@@ -13,6 +13,9 @@ The verdicts:
   skipped; nothing else changes.
 - `state`: every replica gave the anomaly, reproducibly, on any ranks: the model's state is already bad (a batch
   before this one poisoned it). The update was skipped; the step's loss is reported as it was, for a rollback.
+- `diverged`: the gathered weights of some data-parallel ranks (`ranks`) were not what their group's shards sum to
+  (train/param_checksum.py): their copy went bad in their memory or on its way to them. Named the step it happens,
+  without a re-run; the update was skipped (their gradients reached every shard at the reduce).
 - `inconclusive`: the runs disagreed in a way none of the above explains (both sides of a comparison anomalous, or
   no rank to compare with). The update was skipped.
 """
@@ -30,8 +33,8 @@ log = logging.getLogger(__name__)
 EVENT = "rerun"
 """The event's name (EventBody.name)."""
 
-Verdict = Literal["transient", "persistent", "data", "state", "inconclusive"]
-VERDICTS: tuple[str, ...] = ("transient", "persistent", "data", "state", "inconclusive")
+Verdict = Literal["transient", "persistent", "data", "state", "inconclusive", "diverged"]
+VERDICTS: tuple[str, ...] = ("transient", "persistent", "data", "state", "inconclusive", "diverged")
 Count = Annotated[int, Meta(ge=0, le=2**31)]
 Ranks = Annotated[list[Count], Meta(max_length=4096)]
 
@@ -40,7 +43,7 @@ class RerunVerdict(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     step: Count
     """The step that was re-run (0-based)."""
     verdict: Verdict
-    what: Literal["nan", "inf", "spike", "gradient"]
+    what: Literal["nan", "inf", "spike", "gradient", "weights"]
     """What made the step suspect: a NaN or an infinity in a rank's output or loss, a loss far above the step before
     (a spike), or a finite forward with a non-finite gradient."""
     ranks: Ranks = []

@@ -1,11 +1,12 @@
 """The re-run verdicts of megaheal's trainer (train/rerun.py, wire/rerun.py), as two detectors:
 
 - `sdc`: a host convicted of silent data corruption: a `persistent` verdict blamed its ranks, or `convict_after`
-  `transient` ones did (a host whose arithmetic fails now and then is not cured by a second try that happened to
-  pass). One finding per convicted host, with every verdict that counted against it; the catalogue's remedy leaves
+  strikes did: `transient` verdicts (a host whose arithmetic fails now and then is not cured by a second try that
+  happened to pass) and `diverged` ones (its rank's gathered copy of the weights was not its peers'). One finding per convicted host, with every verdict that counted against it; the catalogue's remedy leaves
   the host out, drains it, and a spare takes its place.
 - `rerun`: what the trainer mended in place and no host is convicted of yet: a batch judged `data` (its update
-  skipped), a `transient` fault (the re-run's result used), an `inconclusive` re-run. One finding per verdict, seen
+  skipped), a `transient` fault (the re-run's result used), a `diverged` copy of the weights (its step skipped), an
+  `inconclusive` re-run. One finding per verdict, seen
   once: a notice, resolved at the next cycle (nothing is left to mend).
 
 A `state` verdict is neither's: the model itself went bad, every rank reports the anomalous loss, and the nonfinite or
@@ -25,8 +26,10 @@ from healer.observe.jobview import Readings
 from healer.observe.rank_columns import JobView
 from wire.rerun import RerunVerdict
 
-CONVICTING = ("persistent", "transient")
-NOTICED = ("transient", "data", "inconclusive")
+CONVICTING = ("persistent", "transient", "diverged")
+STRIKES = ("transient", "diverged")
+"""Verdicts that convict a host only together (convict_after of them)."""
+NOTICED = ("transient", "data", "inconclusive", "diverged")
 
 
 def rank_nodes(cols: JobView) -> dict[int, str]:
@@ -49,7 +52,7 @@ def evidence_of(verdict: RerunVerdict, nodes: dict[int, str]) -> dict[str, Any]:
 @dataclass(slots=True)
 class _Host:
     verdicts: list[dict[str, Any]] = field(default_factory=list)
-    transients: int = 0
+    strikes: int = 0
     convicted_in: int | None = None
     """The attempt it was convicted in (None: not yet, or outside a launcher)."""
     convicted: bool = False
@@ -61,7 +64,7 @@ class Sdc(Detector):
     @dataclass(kw_only=True, slots=True)
     class Config:
         convict_after: int = 2
-        """Transient verdicts on one host that convict it (a persistent one convicts at once)."""
+        """Strikes on one host that convict it (transient or diverged verdicts; a persistent one convicts at once)."""
 
         def __post_init__(self) -> None:
             if self.convict_after < 1:
@@ -97,20 +100,21 @@ class Sdc(Detector):
 
     def _count(self, host: _Host, verdict: RerunVerdict, nodes: dict[int, str]) -> None:
         host.verdicts.append(evidence_of(verdict, nodes))
-        host.transients += verdict.verdict == "transient"
-        if not host.convicted and (verdict.verdict == "persistent" or host.transients >= self.config.convict_after):
+        host.strikes += verdict.verdict in STRIKES
+        if not host.convicted and (verdict.verdict == "persistent" or host.strikes >= self.config.convict_after):
             host.convicted, host.convicted_in = True, verdict.attempt
 
     def _finding(self, job: str, node: str, host: _Host) -> Finding:
         last = host.verdicts[-1]
         why = ("its ranks gave other results for the same work" if last["verdict"] == "persistent"
-               else f"{host.transients} re-runs came out clean after a fault on its ranks")
+               else f"{host.strikes} faults of its ranks were caught and mended (re-runs that came out clean, copies "
+                    "of the weights that were not their peers')")
         ranks = sorted({r for v in host.verdicts for r in v["ranks"]})
         return Finding(
             key=f"{job}/{node}", job=job, node=node,
             summary=f"silent data corruption on {node}: {why} (step {last['step']}, ranks "
                     f"{', '.join(map(str, last['ranks']))})",
-            evidence={"verdicts": host.verdicts, "transients": host.transients,
+            evidence={"verdicts": host.verdicts, "strikes": host.strikes,
                       "convict_after": self.config.convict_after},
             labels={"verdict": last["verdict"]},
             suspects=(*on_hosts([node]), *(Suspect(rank=r, node=node) for r in ranks)),
@@ -154,6 +158,9 @@ def notice(job: str, key: str, verdict: RerunVerdict, nodes: dict[int, str]) -> 
         spans = ", ".join(f"{a}-{b - 1}" for a, b in evidence.get("samples", []))
         summary = (f"step {verdict.step}'s batch (samples {spans}) gave the same {verdict.what} on other ranks: "
                    "judged data, its update skipped")
+    elif verdict.verdict == "diverged":
+        summary = (f"{', '.join(named) or 'ranks ' + ', '.join(map(str, verdict.ranks))} trained step {verdict.step} "
+                   "on a copy of the weights that was not its peers': named before the update, which was skipped")
     elif verdict.verdict == "transient":
         summary = (f"step {verdict.step} came out clean when re-run: a one-off {verdict.what} on "
                    f"{', '.join(named) or 'ranks ' + ', '.join(map(str, verdict.ranks))}")

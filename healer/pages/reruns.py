@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-WHAT = {"nan": "a NaN", "inf": "an infinity", "spike": "a loss spike", "gradient": "non-finite gradients"}
+WHAT = {"nan": "a NaN", "inf": "an infinity", "spike": "a loss spike", "gradient": "non-finite gradients",
+        "weights": "nothing the loss showed"}
 CONCLUDED = {
     "transient": "a one-off fault: the clean run's result was used, and nothing was lost",
     "persistent": "the host is faulty",
     "data": "the batch is bad, not a host",
     "state": "the model itself had gone bad (every replica): a rollback mends it",
     "inconclusive": "no host and no batch could be told apart",
+    "diverged": "its memory or its link corrupted that copy; no re-run was needed to name it",
 }
 
 
@@ -38,7 +40,10 @@ def sentence(v: dict[str, Any]) -> str:
     head = f"Step {v.get('step')}" + (f" (attempt {v['attempt']})" if v.get("attempt") is not None else "")
     out = [f"{head}: {WHAT.get(str(v.get('what')), str(v.get('what')))} in its first run ({_ranks(v, 'flagged_ranks')})."]
     verdict = str(v.get("verdict"))
-    if not v.get("reproduced"):
+    if verdict == "diverged":
+        out.append(f"The gathered copy of the weights of {_ranks(v)} was not what its data-parallel group's shards "
+                   "sum to:")
+    elif not v.get("reproduced"):
         out.append(f"Run again on the same ranks and batches, it came out clean; the first run differed first at "
                    f"{_ranks(v)}:")
     elif v.get("moved_same") is None:

@@ -39,3 +39,22 @@ def test_a_bad_batch_is_judged_data_and_a_host_flipping_bits_persistent_and_neit
     assert [records[s]["grad_norm"] == 0 for s in range(6)] == [False, False, True, True, True, True]
     assert all(r["loss"] == r["loss"] and r["loss"] < 10 for r in records.values())  # finite: no NaN reported
     assert [records[s]["sample_index"] for s in range(6)] == [8, 16, 24, 32, 40, 48]
+
+
+@pytest.mark.timeout(240)
+def test_a_replica_whose_gathered_weights_went_bad_is_named_the_step_it_happens_and_that_update_is_skipped(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # Rank 3's gathered copy of one weight has a mantissa bit flipped at step 3: its loss shows nothing (no NaN, no
+    # spike), its gradients reach every shard at the reduce; only the replicas' checksum sees it.
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+            "-m", "tests.distributed.rank_on_host", "--config", str(CONFIGS / "tiny-dp4.yaml"), "--run-dir",
+            str(run_dir), "--set", "steps=5", "--set", "inject_param_flips=[{rank: 3, at_step: 3}]"]
+    proc = subprocess.run(argv, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=200, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = [line for line in proc.stdout.splitlines() if " re-run (" in line]
+    assert len(said) == 1 and said[0].startswith("step 3 re-run (weights, ") and \
+        said[0].endswith("): diverged, ranks [3]; its update skipped"), said
+    records = {r["step"]: r for r in read_records(run_dir / "ranks" / "0.jsonl")}
+    assert [records[s].get("rerun") for s in range(5)] == [None, None, None, "diverged", None]
+    assert (run_dir / "chaos" / "param-flip-step3-rank3.fired").exists()

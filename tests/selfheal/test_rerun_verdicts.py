@@ -55,8 +55,8 @@ def test_two_transient_faults_on_one_host_convict_it_and_the_first_is_a_notice()
     assert not sdc.evaluate(s.table, s.clock.now).firing
     tell(s, step=14, verdict="transient", ranks=[0, 1], flagged=[0, 1], skipped=False)
     (f,) = sdc.evaluate(s.table, s.clock.now).firing
-    assert f.node == "n1" and f.evidence["transients"] == 2 and [v["step"] for v in f.evidence["verdicts"]] == [3, 14]
-    assert "2 re-runs came out clean" in f.summary
+    assert f.node == "n1" and f.evidence["strikes"] == 2 and [v["step"] for v in f.evidence["verdicts"]] == [3, 14]
+    assert "2 faults of its ranks were caught and mended" in f.summary
 
 
 def test_a_bad_batch_is_a_notice_naming_its_samples_and_convicts_no_one() -> None:
@@ -95,3 +95,17 @@ def test_the_page_says_what_each_re_run_showed() -> None:
          "and batches, it was anomalous again, and rank 2 on n2 gave other results for the same work: the host is "
          "faulty. Its update was skipped. The re-runs took 0.25 s.")]
     assert rerun_sentences({"verdict": "x"}) == [] and rerun_sentences({"verdicts": "x"}) == []
+
+
+def test_a_diverged_copy_of_the_weights_is_named_as_a_notice_and_counts_as_a_strike_against_its_host() -> None:
+    s, sdc, notice = stream(), Sdc(Sdc.Config(convict_after=2)), RerunNotice(RerunNotice.Config())
+    tell(s, step=6, verdict="diverged", what="weights", ranks=[3], flagged=[3], replicas=[3])
+    assert not sdc.evaluate(s.table, s.clock.now).firing
+    (n,) = notice.evaluate(s.table, s.clock.now).firing
+    assert n.node == "n2" and "on a copy of the weights that was not its peers'" in n.summary
+    assert rerun_sentences(n.evidence)[0].startswith(
+        "Step 6: nothing the loss showed in its first run (rank 3). The gathered copy of the weights of rank 3 on n2 "
+        "was not what its data-parallel group's shards sum to: its memory or its link corrupted that copy")
+    tell(s, step=11, verdict="transient", ranks=[2], flagged=[0, 1, 2, 3], skipped=False)
+    (f,) = sdc.evaluate(s.table, s.clock.now).firing
+    assert f.node == "n2" and f.evidence["strikes"] == 2
