@@ -218,7 +218,10 @@ def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_
             broke["mended"] = time.time()
 
     assert loop.run(timedelta(seconds=280), on_tick=hook) == "finished"
-    replaced, smaller = sorted(loop.incidents(), key=lambda i: i.detected_at)
+    # NOTE: a straggler notice may come too (it restarts nothing), as in the other tests whose spare joins on these 2
+    # cores: a fresh make test named the grown attempt's rank 3 on n3 for 3 windows of 5 steps (compute). It is no
+    # part of what is tested here.
+    replaced, smaller = sorted((i for i in loop.incidents() if i.kind != "straggler"), key=lambda i: i.detected_at)
     assert replaced.kind == "crash" and replaced.suspect_nodes == ["n2"] and replaced.suspect_ranks == [2]
     assert replaced.verdict == "fail" and [d["node"] for d in replaced.diagnosis] == ["n2"]
     scratch = LocalAgents.scratch_dir(run_dir, "n2")
@@ -250,7 +253,8 @@ def test_a_node_that_fails_its_diagnostics_is_replaced_by_the_spare_and_without_
     assert (grown.nodes, grown.dp, grown.from_nodes, grown.from_dp) == (["n1", "n3"], 2, ["n1"], 1), grown
     last = loop.sup.history[-1]
     assert last.number == grown.attempt == 3 and {r.node for r in last.ranks.values()} == {"n1", "n3"}
-    assert loop.remediator.dp == 2 and [i.id for i in loop.incidents()] == [replaced.id, smaller.id]  # no incident
+    assert loop.remediator.dp == 2
+    assert [i.id for i in loop.incidents() if i.kind != "straggler"] == [replaced.id, smaller.id]  # the growth: none
     # Its stop saved the step it was in: the next attempt goes on from there, no sample skipped or trained twice.
     shrunk_steps = [r["step"] for r in records if r.get("attempt") == 2]
     grown_steps = [r["step"] for r in records if r.get("attempt") == 3]
