@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from exporters.client import RankClient
 from ground.names import derive_name
 from train.checkpoint.manager import Checkpointer
+from train.checkpoint.writers import writers
 from train.checkpoint.state import ModelParts, capture, config_hash, layout_hash, load_template, model_hash, restore
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenSource, TokenStream, build_source
@@ -127,7 +128,7 @@ class Trainer:
                              "world_size": self.place.world_size},
                   "model_hash": model_hash(cfg.model),
                   "config_hash": config_hash(cfg),
-                  "writers": _writers(self.device, self.place.world_size)},
+                  "writers": writers(self.device, self.place.world_size)},
         )
         self.replicas = replicas
         self.layout = layout_hash(cfg)
@@ -554,30 +555,6 @@ class Trainer:
         self.loader.close()
         self.writer.close()
         self.telemetry.close()
-
-
-def _writers(device: torch.device, world: int) -> dict[str, dict[str, list[Any]]]:
-    """Who writes this job's checkpoints, for every manifest: per host, its ranks and their devices (a GPU by its
-    UUID): a host later convicted of silent data corruption is named in the checkpoints it wrote."""
-    mine = (this_node(), dist.get_rank() if world > 1 else 0, _device_name(device))
-    every: list[Any] = [None] * world
-    if world > 1:
-        dist.all_gather_object(every, mine)
-    else:
-        every = [mine]
-    out: dict[str, dict[str, list[Any]]] = {}
-    for node, rank, name in every:
-        entry = out.setdefault(node, {"ranks": [], "devices": []})
-        entry["ranks"].append(rank)
-        entry["devices"].append(name)
-    return out
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type != "cuda":
-        return device.type
-    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    return f"cuda:{device.index} GPU-{uuid}" if uuid is not None else f"cuda:{device.index}"
 
 
 def _rank_device(kind: str) -> torch.device:
