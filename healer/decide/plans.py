@@ -261,24 +261,27 @@ def kept_out(kind: str, plan: Plan) -> tuple[str, ...]:
 def untainted(plan: Plan, first_bad_step: int, job: JobFacts, leaving: tuple[str, ...]) -> Plan:
     """`plan`, resuming from the newest checkpoint saved before `leaving` could have spoiled the state: their first
     suspect step is `first_bad_step`, and a checkpoint of more steps holds updates they took part in (the checks
-    keep out what they caught, not what they did not). Without one that old, it resumes from the newest and says
-    what is exposed."""
+    keep out what they caught, not what they did not). Named even when none newer is saved yet: the stop that ends
+    the attempt saves one (SIGTERM), which would be resumed otherwise. Without one that old, it resumes from the
+    newest and says what is exposed."""
     tainted = sorted(s for s in job.checkpoint_steps if s > first_bad_step)
-    if not tainted:
-        return plan
     clean = [s for s in job.checkpoint_steps if s <= first_bad_step]
     hosts = ", ".join(leaving)
     said = ", ".join(map(str, tainted))
     if not clean:
+        if not tainted:
+            return plan
         return replace(plan, basis=plan.basis | {
             "tainted_checkpoints": tainted, "exposure": f"every checkpoint (steps {said}) was saved after {hosts}'s "
                                                         f"first suspect step {first_bad_step}: none is known clean, "
                                                         "the newest is resumed"})
     resume = max(clean)
+    why = (f"the checkpoints of steps {said}, saved since {hosts}'s first suspect step {first_bad_step}, are "
+           f"tainted" if tainted else f"none saved since {hosts}'s first suspect step {first_bad_step} (the stop's "
+                                      "own save would be) may be resumed")
     return replace(plan, resume_step=resume, basis=plan.basis | {
         "tainted_checkpoints": tainted,
-        "reason": f"{plan.basis['reason']}; the checkpoints of steps {said}, saved since {hosts}'s first suspect step "
-                  f"{first_bad_step}, are tainted: resume from the checkpoint of step {resume}"})
+        "reason": f"{plan.basis['reason']}; {why}: resume from the checkpoint of step {resume}"})
 
 
 def _exclude(bad: tuple[str, ...], job: JobFacts, limits: Limits, basis: dict[str, Any]) -> Plan:
