@@ -39,11 +39,10 @@ from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from inprocess import waits
-from train.param_checksum import ReplicaChecksum
+from train.param_checksum import ReplicaChecksum, bit_sum
 from wire.rerun import RerunVerdict
 
 CHECKSUM_MODULUS = 1 << 52
-_INT_OF = {4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -240,11 +239,11 @@ class Rerunner:
             # run on empty buffers: its output is whatever the memory held, not a pass's.
             self._inferring.discard(module)
             return
-        local = (output.to_local() if isinstance(output, DTensor) else output).detach()
         # The output's bits summed as integers: any flipped bit changes it, and equal work on two ranks gives equal
         # sums (a float sum hid a saturated attention score below any tolerance). Wraps at 2^64, deterministically.
-        self._bits += local.view(_INT_OF.get(local.element_size(), torch.int64)).sum(dtype=torch.int64)
-        self._finite &= torch.isfinite(local).all()
+        self._bits += bit_sum([output], self.device)
+        local = output.to_local() if isinstance(output, DTensor) else output
+        self._finite &= torch.isfinite(local.detach()).all()
 
     def begin(self) -> None:
         """A forward pass begins: its fingerprint starts from nothing."""

@@ -255,9 +255,10 @@ class SelfHealingJob:
         if target is None or r.busy or self.healer.responder.halted is not None:
             return
         a = self.sup.attempt
-        if a is None or a.done or a.stopping or r.first_step(a.number) is None:
-            return  # not training yet: a start that fails must be the crash detector's, not lost in a grow
-        if self.healer.store.of_job(self.job, OPEN_STATES):
+        if a is None or a.done or a.stopping or self.healer.store.of_job(self.job, OPEN_STATES):
+            return
+        # NOTE: last, as it reads rank 0's records: not training yet, a start that fails must be the crash detector's.
+        if r.first_step(a.number) is None:
             return
         r.grow(*target)
 
