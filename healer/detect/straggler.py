@@ -1,4 +1,4 @@
-"""`straggler`: one rank that holds the others up, found by elimination as in MegaScale, one finding per job.
+"""`straggler`: one rank that holds the others up, found by elimination as in MegaScale, one finding per job and host.
 
 Every window of `window` job steps, over the phase table (per-rank medians of the window), within each
 pipeline stage (ranks of one stage do the same work; across stages compute differs, and waiting for another
@@ -12,6 +12,10 @@ stage's activations is inside forward/backward):
    it starts late.
 Otherwise nobody is named (a uniform slowdown is the collective_slowdown detector's). A rank is named
 only after `consecutive` windows in a row name it; the phase table of the last window is the evidence.
+
+A finding is keyed by the job and the named rank's node: another host that holds the job up later is another
+incident, not the first one reopened under a summary that names the first host. A host's key is healthy again
+once a window names nobody or another rank.
 """
 
 from __future__ import annotations
@@ -121,6 +125,8 @@ class _JobWindows:
     rows: PhaseTable | None = None
     evidence: list[dict[str, object]] | None = None
     """`rows` as evidence, made once per window while it fires (every cycle asks)."""
+    last_key: str | None = None
+    """The key of the rank the last window named (None: nobody)."""
 
 
 class Straggler(Detector):
@@ -155,11 +161,16 @@ class Straggler(Detector):
         # any detector asks for, for every rank (131,072 at the largest): no more than is read.
         self.history = RankHistory(keep=2 * config.window)
         self._jobs: dict[str, _JobWindows] = {}
+        self._named: dict[str, set[str]] = {}
+        """Per job, the keys its findings had: which to call healthy again. Kept across restarts (an incident of
+        the attempt before resolves once a window of the new one names nobody), forgotten with the job."""
 
     def evaluate(self, table: Readings, now: float) -> Evaluation:
         self.history.update(table, now)
         prune(self._jobs, self.history.job_names(), self.history.restarted)
-        firing, healthy = [], set()
+        prune(self._named, self.history.job_names())
+        firing: list[Finding] = []
+        healthy: set[str] = set()
         for job in self.history.jobs():
             low = self.history.low_step(job)
             state = self._jobs.setdefault(job, _JobWindows(window_end=low))
@@ -169,9 +180,11 @@ class Straggler(Detector):
             if low - state.window_end >= self.config.window:
                 self._close_window(job, state, low)
             if state.streak_rank is not None and state.streak >= self.config.consecutive:
-                firing.append(self._finding(job, state))
-            elif state.last is not None and state.last.rank is None:
-                healthy.add(job)
+                finding = self._finding(job, state)
+                self._named.setdefault(job, set()).add(finding.key)
+                firing.append(finding)
+            if state.last is not None and (named := self._named.get(job)):
+                healthy.update(k for k in named if k != state.last_key)
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
     def _close_window(self, job: str, state: _JobWindows, low: int) -> None:
@@ -180,6 +193,7 @@ class Straggler(Detector):
         state.window_end = low
         verdict = attribute_by_stage(rows, self.config.ratio, self.config.share)
         state.last, state.rows, state.evidence = verdict, rows, None
+        state.last_key = _key(job, rows, verdict.rank) if verdict.rank is not None else None
         if verdict.rank is not None and verdict.rank == state.streak_rank:
             state.streak += 1
         else:
@@ -193,7 +207,7 @@ class Straggler(Detector):
             state.evidence = evidence_rows(state.rows, named=(state.streak_rank,))
         node = row.node if row is not None else None
         return Finding(
-            key=job, job=job, node=node,
+            key=state.last_key or job, job=job, node=node,
             summary=f"rank {state.streak_rank} on {node} holds the job up ({state.last.cause}) "
                     f"for {state.streak} windows of {self.config.window} steps",
             # NOTE: excess_s (what each step loses to the rank), the job's step time and the step it was named at:
@@ -208,3 +222,9 @@ class Straggler(Detector):
             labels={"suspect_node": node, "cause": state.last.cause} if node else {"cause": state.last.cause},
             suspects=(Suspect(node=node, rank=state.streak_rank),),
         )
+
+
+def _key(job: str, rows: PhaseTable, rank: int) -> str:
+    """A finding's key: the job and the node of the rank it names (the rank where the table lacks its row)."""
+    at = rows.index_of(rank)
+    return f"{job}/{rows.node_names[int(rows.node[at])]}" if at is not None else f"{job}/rank {rank}"

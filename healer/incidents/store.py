@@ -87,9 +87,16 @@ class IncidentStore:
             return None
         won = self.transition(recent, S.RESOLVED, S.OPEN, {"reason": "recurred within the cool-down",
                                                            "summary": signal.summary, **signal.evidence},
+                              # NOTE: what it says now, with whom it blames now: a reopened incident kept its first
+                              # summary while its suspects were the new signal's (a hang named again by another
+                              # rank said the old rank). The first opening's words stay in its events.
                               next_action_at=now, values={"active_fingerprint": signal.fingerprint,
+                                                          "summary": signal.summary, "node": signal.node,
+                                                          "labels": signal.labels,
+                                                          "evidence": jsonable(signal.evidence),
                                                           "suspects": encode(signal.suspects),
-                                                          "first_bad_step": signal.first_bad_step, "resolved_at": None, "last_seen_at": now, "owner": None,
+                                                          "first_bad_step": signal.first_bad_step,
+                                                          "resolved_at": None, "last_seen_at": now, "owner": None,
                                                           "occurrences": Incident.occurrences + 1})
         return recent if won else None
 

@@ -4,6 +4,7 @@ stored with time and evidence, conditional claims, and two processes racing for 
 from __future__ import annotations
 
 import multiprocessing as mp
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -66,6 +67,13 @@ def test_a_recurrence_within_the_cooldown_reopens_and_after_it_opens_anew(store:
     got = store.get(incident_id)
     assert got["state"] == "open" and got["resolved_at"] is None
     assert [(e["from"], e["to"]) for e in got["events"]][-2:] == [("open", "resolved"), ("resolved", "open")]
+    # Reopened by a signal that says something else of the same thing: the incident says what the new one does.
+    store.resolve_fingerprint(_signal().fingerprint, {"reason": "cleared"})
+    again = replace(_signal(), summary="n1 silent again", evidence={"stale_ranks": 3})
+    assert store.record(again) == (incident_id, "reopened")
+    got = store.get(incident_id)
+    assert (got["summary"], got["evidence"]["stale_ranks"]) == ("n1 silent again", 3), got
+    assert got["events"][0]["evidence"]["summary"] == "n1 silent", "the first opening's words stay in its event"
     store.resolve_fingerprint(_signal().fingerprint, {})
     clock.now += timedelta(minutes=11)
     new_id, outcome = store.record(_signal())

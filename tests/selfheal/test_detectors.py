@@ -295,6 +295,21 @@ def test_straggler_names_a_slow_computing_rank_only_after_k_windows_with_the_pha
     assert table[3]["dp_reduce_s"] < table[0]["dp_reduce_s"]  # the others wait for it in the reduce
 
 
+def test_a_straggler_on_another_host_is_another_finding_and_the_first_hosts_is_healthy_again() -> None:
+    # Rank 3 (n2) slow from step 10, then rank 1 (n1) instead from step 40: two keys, the first healthy again.
+    s = stream(shape=lambda rank, step: {"forward_backward": 0.4}
+               if (rank == 3 and 10 < step <= 40) or (rank == 1 and step > 40) else {})
+    detector = Straggler(Straggler.Config(window=5, consecutive=2))
+    keys, healthy = [], set()
+    for _ in range(80):
+        s.advance()
+        result = detector.evaluate(s.table, s.clock.now)
+        keys += [f.key for f in result.firing if f.key not in keys]
+        healthy |= result.healthy
+    assert keys == ["job/n2", "job/n1"], keys
+    assert healthy == {"job/n2"}, healthy
+
+
 def test_straggler_finds_a_rank_that_enters_the_reduce_late_when_compute_is_flat() -> None:
     # Rank 1 loses time outside the timed phases (descheduled before the reduce): compute and data look flat,
     # only the others' waiting in the reduce shows who they wait for.
@@ -309,7 +324,7 @@ def test_straggler_finds_a_rank_that_enters_the_reduce_late_when_compute_is_flat
     for _ in range(8):
         s.advance()
         detector.evaluate(s.table, s.clock.now)
-    assert detector.evaluate(s.table, s.clock.now).healthy == {"job"}
+    assert detector.evaluate(s.table, s.clock.now).healthy == {"job/n1"}  # the key of the host it named
 
 
 def test_a_uniform_slowdown_is_no_straggler_but_a_collective_slowdown() -> None:
