@@ -346,6 +346,7 @@ def run(
     spares: Annotated[int, typer.Option("--spares", help="slurm: keep the allocation's last N hosts as spares")] = 1,
     drain: Annotated[Optional[bool], typer.Option("--drain/--no-drain", help="drain in the scheduler a host left out because it failed diagnosis or is a lemon [default: on under slurm]")] = None,
     preflight: Annotated[bool, typer.Option("--preflight/--no-preflight", help="screen every host and spare (the preflight runbook, ~1 s a host here, bounded at ~15 s) before the first attempt: a host that fails is left out, a spare that passed takes its place, and it is drained where the run drains")] = True,
+    rescreen_min: Annotated[float, typer.Option("--rescreen-min", help="screen the idle spares and the hosts left out again every this many minutes: one that passes is a spare again (resumed in the scheduler where megaheal drained it), and a job that came back smaller grows back onto it (0: never)")] = 10.0,
     warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, and every host (spares too) keeps standbys, so a crashed or hung rank, a rollback, or a lost host replaced by a spare restarts from the state held in memory (a lost host's from its replicas on the next host) in seconds; cold: every restart starts new processes from the newest checkpoint; under both launchers; a take-over (--take-over) of a warm run restarts it cold")] = False,
     standbys: Annotated[int, typer.Option("--standbys", help="warm: idle workers each host keeps ready to take a crashed rank's place")] = 1,
     dcgm_url: Annotated[Optional[str], typer.Option("--dcgm-url", help="slurm: each host's agent reads its GPUs from the dcgm-exporter at this URL as that host sees it, e.g. http://127.0.0.1:9400/metrics [default: none: NVML]")] = None,
@@ -370,6 +371,8 @@ def run(
     try:
         if timeout_min is not None and not timeout_min > 0:
             raise ValueError(f"--timeout-min must be > 0, got {timeout_min}")
+        if not rescreen_min >= 0:
+            raise ValueError(f"--rescreen-min must be >= 0, got {rescreen_min}")
         launch = _program_launch(program or [], module, nproc_per_node, nnodes, config)
         password = read_db_password(db_password_file)
         code = run_job(config or str(shipped_config("demo.yaml")), Path(run_dir) if run_dir else None, chaos,
@@ -378,7 +381,8 @@ def run(
                        resume=take_over, db_url=db, alertmanager_url=alertmanager, rules=tuple(rules or ()),
                        launcher=launcher, spares=spares, drain=drain,
                        standbys=standbys if warm else None, program=launch, db_password=password,
-                       dcgm_url=dcgm_url, preflight=preflight)
+                       dcgm_url=dcgm_url, preflight=preflight,
+                       rescreen=timedelta(minutes=rescreen_min) if rescreen_min > 0 else None)
     except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError, PreflightError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

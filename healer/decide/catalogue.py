@@ -125,7 +125,7 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
               description="a suspect step re-run and mended in the trainer: a batch judged bad data and skipped, or a "
                           "one-off fault whose re-run came out clean"),
     FaultKind("straggler", "warning", Remedy.NOTIFY, swaps_slow=True, description="one rank holds the job up"),
-    FaultKind("collective_slowdown", "warning", Remedy.NOTIFY,
+    FaultKind("collective_slowdown", "warning", Remedy.NOTIFY, swaps_slow=True,
               description="every rank slower in the collectives while compute stays flat"),
     FaultKind("job_slowdown", "warning", Remedy.NOTIFY,
               description="the whole job slower than its own baseline, no rank and not the network to blame"),

@@ -1,6 +1,6 @@
 """Fail-slow: whether a host that persistently slows the job is worth replacing with a spare, or cheaper to bear.
 
-A straggler costs every step the seconds it adds (`excess_s`), for as long as it stays; a swap costs one restart
+A straggler, or a host's slow link, costs every step the seconds it adds (`excess_s`), for as long as it stays; a swap costs one restart
 once (the job stopped, the spare started, its first step). Like renting skis against buying them, the healer pays
 the slowdown while what it projects to cost stays under what the swap costs, and swaps once it would not: the
 projected loss is the excess times the steps left (the job's own length where its launcher knows it, else
@@ -23,7 +23,7 @@ from healer.decide.plans import JobFacts, Limits
 
 @dataclass(frozen=True, slots=True)
 class Slowdown:
-    """A persistent slowdown as the swap decision reads it (a straggler's evidence)."""
+    """A persistent slowdown as the swap decision reads it (a straggler's evidence, or a slow link's)."""
 
     host: str
     """The host of the rank that holds the job up."""
@@ -37,8 +37,13 @@ class Slowdown:
 
 
 def slowdown_from(evidence: dict[str, Any], host: str | None) -> Slowdown | None:
-    """A straggler's Slowdown from its incident's evidence (healer/detect/straggler.py: excess_s, step_s, step);
-    None where the evidence does not hold them (an older healer's incident) or names no host."""
+    """A straggler's or a slow link's Slowdown from its incident's evidence (healer/detect/straggler.py and
+    collective_slowdown.py: excess_s, step_s, step); its host the incident's, else the one host a runbook across the
+    job's hosts named (network-triage: `named_by`). None where the evidence does not hold them (an older healer's
+    incident) or names no host, or several (a switch, or the healer's own link: no one spare mends that)."""
+    if host is None:
+        named = list((evidence.get("named_by") or {}).get("hosts") or {})
+        host = named[0] if len(named) == 1 else None
     excess, step_s, step = evidence.get("excess_s"), evidence.get("step_s"), evidence.get("step")
     if host is None or not isinstance(excess, (int, float)) or not isinstance(step_s, (int, float)) or excess <= 0:
         return None

@@ -219,17 +219,21 @@ def _remedy(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         basis = basis | {"launcher": "none: notify only"}
     job_facts = f.job.facts if f.job is not None else JobFacts(nodes=())
     suspects = f.suspects
-    if f.kind.swaps_slow and remedy is None and f.slowdown is not None and f.job is not None:
-        call = swap_or_bear(f.slowdown, job_facts, f.limits)
-        basis = basis | {"fail_slow": call}
-        if call["swap"]:
-            newest = max(job_facts.checkpoint_steps, default=None)
-            if f.slowdown.step is not None and (newest is None or newest < f.slowdown.step):
-                return Decision(Action.WAIT, None, basis | {
-                    "reason": f"the swap waits for a checkpoint after step {f.slowdown.step} (the newest is at "
-                              f"{'none' if newest is None else f'step {newest}'}): a swap there redoes no step"},
-                    f.now + CHECKPOINT_RETRY)
-            remedy, suspects = Remedy.EXCLUDE_AND_RESTART, (f.slowdown.host,)
+    if f.kind.swaps_slow and remedy is None:
+        # NOTE: a slowdown restarts only by the swap its cost pays for: a slow link network-triage failed is borne
+        # (notified) where bearing it costs less, not left out as a failed diagnosis would be.
+        remedy = Remedy.NOTIFY
+        if f.slowdown is not None and f.job is not None:
+            call = swap_or_bear(f.slowdown, job_facts, f.limits)
+            basis = basis | {"fail_slow": call}
+            if call["swap"]:
+                newest = max(job_facts.checkpoint_steps, default=None)
+                if f.slowdown.step is not None and (newest is None or newest < f.slowdown.step):
+                    return Decision(Action.WAIT, None, basis | {
+                        "reason": f"the swap waits for a checkpoint after step {f.slowdown.step} (the newest is at "
+                                  f"{'none' if newest is None else f'step {newest}'}): a swap there redoes no step"},
+                        f.now + CHECKPOINT_RETRY)
+                remedy, suspects = Remedy.EXCLUDE_AND_RESTART, (f.slowdown.host,)
     plan = restart_mode(choose(f.kind, remedy, suspects, f.first_bad_step, f.verdict, job_facts, f.limits, f.budget,
                                f.now, basis | ({"verdict": f.verdict.status.value} if f.verdict else {}),
                                f.stuck_hosts),

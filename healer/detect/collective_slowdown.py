@@ -99,10 +99,14 @@ class CollectiveSlowdown(Detector):
             slow = base_t > 0 and transfer > self.config.factor * compute_growth * base_t \
                 and not _straggler_explains(rows, compute, transfer - base_t, self.config.ratio)
             state.slow_windows = state.slow_windows + 1 if slow else 0
+            # NOTE: excess_s (what each step loses to the slower transfer), the step time and the step: what a
+            # swap of the host network-triage names weighs (healer/decide/fail_slow.py), as a straggler's do.
             state.last = {"transfer_s": round(transfer, 4), "baseline_transfer_s": round(base_t, 4),
                           "compute_s": round(compute, 4), "baseline_compute_s": round(base_c, 4),
                           "factor": round(transfer / base_t, 2) if base_t > 0 else None,
-                          "compute_growth": round(compute_growth, 2)}
+                          "compute_growth": round(compute_growth, 2),
+                          "excess_s": round(max(0.0, transfer - base_t), 4),
+                          "step_s": round(float(np.median(rows.step_s)), 4), "step": state.window_end}
             # NOTE: made evidence only when it fires, once per window (a pass over every row at 131,072 ranks)
             state.rows, state.evidence = rows, None
             if transfer <= self.config.clear_factor * base_t:

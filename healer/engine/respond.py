@@ -136,8 +136,9 @@ class Responder:
                         verdict=self._verdict(incident.id) if state is S.DIAGNOSING else None,
                         job=self._job_now(incident, rule, now), diagnoser=self.diagnoser is not None,
                         failure=self._failure(incident) if state is S.OPEN else None,
+                        # NOTE: also once diagnosed: a slow link's host is named by its runbook (network-triage)
                         slowdown=slowdown_from(incident.evidence or {}, incident.node)
-                        if state is S.OPEN and fault(incident.kind).swaps_slow else None)
+                        if state in (S.OPEN, S.DIAGNOSING) and fault(incident.kind).swaps_slow else None)
 
     def _failure(self, incident: Incident) -> ProgramFailure | None:
         """The program's failure a crash incident names (its log's signature), with the step its attempt failed in
@@ -325,10 +326,11 @@ class Responder:
                 log.warning("incident %d: %s on %s: %s: %s", incident_id, runbook, v.node, v.status.value, v.summary)
         self.store.note(incident_id, {"runbook": runbook, "verdict": verdict.status.value, "diagnosis": hosts},
                         kind="diagnosed")
+        if across:
+            # NOTE: before the verdict is there to decide on: the host it names is what a swap weighs (fail-slow).
+            self._name_hosts(incident_id, runbook, [v for v in verdicts if v.status is Status.FAIL])
         # NOTE: after the note: the tick decides as soon as the run has its verdict (diagnosed before decided).
         self.store.finish_runbook_run(run_id, incident_id, verdict.status.value, summary[:4000], {"diagnosis": hosts})
-        if across:
-            self._name_hosts(incident_id, runbook, [v for v in verdicts if v.status is Status.FAIL])
 
     def _name_hosts(self, incident_id: int, runbook: str, failed: list[HostVerdict]) -> None:
         """Hosts a runbook across the job's hosts failed go into the incident's evidence and summary (which host,

@@ -88,7 +88,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
             db_url: str | None = None, alertmanager_url: str | None = None,
             rules: tuple[str, ...] = (), launcher: str = "local", spares: int = 1, drain: bool | None = None,
             standbys: int | None = None, program: ProgramLaunch | None = None, db_password: str | None = None,
-            dcgm_url: str | None = None, preflight: bool = True) -> int:
+            dcgm_url: str | None = None, preflight: bool = True,
+            rescreen: timedelta | None = timedelta(minutes=10)) -> int:
     """`timeout`: stop the job after this long (None: it runs until it finishes, escalates or is stopped, as under
     torchrun or Slurm, whose own time limit still holds). `resume`: take over `run_dir` from a healer that died (its
     incidents, budgets and hosts go on).
@@ -97,11 +98,13 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     from; `rules`: rule files or directories [default: configs/rules/]. `launcher`: local (hosts are agents on
     this machine) or slurm (the hosts of the allocation this runs in, the last `spares` of them kept as spares);
     `drain`: drain hosts proven bad in the scheduler [default: under slurm]; `preflight`: screen every host and spare
-    before the first attempt (healer/launchers/preflight.py). `standbys`: run warm with that many
-    standby workers per host (healer/launchers/warm_control.py); None: every restart is cold. `dcgm_url`: under slurm,
-    each host's agent reads its GPUs from the dcgm-exporter at that URL (as the host sees it) instead of NVML. Returns FENCED_EXIT
-    when a newer healer took the job over (it is left running as it is), CRASH_LOOP_EXIT when it stopped the job in a
-    crash loop (do not run it again as it is). Raises RunDirBusy
+    before the first attempt (healer/launchers/preflight.py); `rescreen`: how often the idle spares and the hosts left
+    out are screened again (one that passes is a spare again, and a job that came back smaller grows back onto it;
+    None: never). `standbys`: run warm with that many standby workers per host (healer/launchers/warm_control.py);
+    None: every restart is cold. `dcgm_url`: under slurm, each host's agent reads its GPUs from the dcgm-exporter at
+    that URL (as the host sees it) instead of NVML. Returns FENCED_EXIT when a newer healer took the job over (it is
+    left running as it is), CRASH_LOOP_EXIT when it stopped the job in a crash loop (do not run it again as it is).
+    Raises RunDirBusy
     when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation, ConfigError
     for a bad config, rule file or chaos schedule (before anything is written)."""
     if resume and (run_dir is None or not RunPaths(run_dir).journal.exists()):
@@ -124,7 +127,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         warm = WarmSettings(standbys=standbys) if standbys is not None else None
         with RunDirLock(run_dir, resume):
             return _run_locked(None, program, run_dir, None, timeout, metrics_port, (), resume, db_url,
-                               alertmanager_url, rule_set, placement, warm, db_password, preflight)
+                               alertmanager_url, rule_set, placement, warm, db_password, preflight, rescreen)
     cfg = load_config(config, list(overrides))
     schedule = load_schedule(chaos_path) if chaos_path else None
     placement = _placement(cfg, launcher, spares, drain, dcgm_url)
@@ -135,7 +138,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     warm = WarmSettings(standbys=standbys) if standbys is not None else None
     with RunDirLock(run_dir, resume):
         return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, (*placement.overrides, *overrides),
-                           resume, db_url, alertmanager_url, rule_set, placement, warm, db_password, preflight)
+                           resume, db_url, alertmanager_url, rule_set, placement, warm, db_password, preflight,
+                           rescreen)
 
 
 FENCED_EXIT = 3
@@ -233,7 +237,8 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None,
 def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Path, schedule: Schedule | None,
                 timeout: timedelta | None, metrics_port: int | None, overrides: tuple[str, ...], resume: bool,
                 db_url: str | None, alertmanager_url: str | None, rules: RuleSet | None, placement: Placement,
-                warm: WarmSettings | None, db_password: str | None = None, preflight: bool = False) -> int:
+                warm: WarmSettings | None, db_password: str | None = None, preflight: bool = False,
+                rescreen: timedelta | None = timedelta(minutes=10)) -> int:
     """`cfg` and `what` (its path) for megaheal's trainer; None and the program's launch for a user's program."""
     # NOTE: a host holds world // hosts consecutive ranks (the launchers' placement), which a bit-flip fault names.
     per_host = cfg.parallel.world_size // max(1, len(placement.nodes)) if cfg else 1
@@ -243,7 +248,7 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
     common = dict(run_dir=run_dir, nodes=placement.nodes, spares=placement.spares,
                   rules=rules, db_url=db_url, db_password=db_password,
                   alertmanager_url=alertmanager_url, launcher=placement.launcher, drain=placement.drain,
-                  preflight=preflight)
+                  preflight=preflight, rescreen_every=rescreen)
     if isinstance(what, ProgramLaunch):
         spec = JobSpec(job=job_name(None, run_dir, resume), config=None, program=what.program,
                        nproc_per_node=placement.nproc, min_nodes=what.min_nodes, warm=warm, **common)

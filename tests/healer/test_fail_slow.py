@@ -1,6 +1,6 @@
-"""Fail-slow: a straggler replaced with a spare where bearing it would cost more than the swap, left alone where it
-would not (healer/decide/fail_slow.py), and the swap put off until a checkpoint after it was named
-(healer.decide.policy)."""
+"""Fail-slow: a straggler (or a slow link network-triage names) replaced with a spare where bearing it would cost
+more than the swap, left alone where it would not (healer/decide/fail_slow.py), and the swap put off until a
+checkpoint after it was named (healer.decide.policy)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from healer.decide.catalogue import Remedy, fault
 from healer.decide.fail_slow import Slowdown, slowdown_from, swap_or_bear
-from healer.decide.plans import JobFacts, Limits
+from healer.decide.plans import JobFacts, Limits, Verdict
 from healer.decide.policy import Action, IncidentFacts, JobNow, decide
 from healer.decide.rules import AlertCondition, Rule
 from healer.decide.states import IncidentState
@@ -86,3 +86,32 @@ def test_a_rule_that_names_its_remedy_or_an_evidence_without_numbers_is_not_seco
     assert slowdown_from({"cause": "compute"}, "n2") is None
     assert slowdown_from({"excess_s": 0.5, "step_s": 1.0, "step": 20}, None) is None
     assert slowdown_from({"excess_s": 0.5, "step_s": 1.0, "step": 20}, "n2") == half_speed()
+
+
+def test_a_slow_link_that_network_triage_names_is_swapped_where_it_costs_more_and_else_borne() -> None:
+    # A collective slowdown, diagnosed: network-triage failed n2 (its link), and its evidence holds what each step
+    # loses to the slower reduce. Its host is the one the runbook named (the detector names none).
+    triage = {"named_by": {"runbook": "network-triage", "hosts": {"n2": {"summary": "0.01 GB/s"}}},
+              "excess_s": 0.5, "step_s": 1.0, "step": 20}
+    slow = slowdown_from(triage, None)
+    assert slow == half_speed()
+
+    def diagnosed(s: Slowdown | None, job: JobFacts = JOB) -> IncidentFacts:
+        return IncidentFacts(incident_id=1, kind=fault("collective_slowdown"), state=IncidentState.DIAGNOSING,
+                             state_since=T0, now=T0, verdict=Verdict("fail", ("n2",)),
+                             rule=Rule(name="collective-slowdown", when=AlertCondition(alert="x"),
+                                       runbook="network-triage"),
+                             suspects=("n2",), attempt=0, job=JobNow(facts=job, attempt=0), slowdown=s, limits=Limits())
+
+    d = decide(diagnosed(slow))
+    assert d.plan is not None and d.plan.remedy is Remedy.EXCLUDE_AND_RESTART and d.plan.nodes == ("n1", "n3")
+    assert d.basis["fail_slow"]["swap"], d.basis
+    # 25 ms a step for 979 steps is 24 s, less than a swap: borne, although network-triage failed the host.
+    d = decide(diagnosed(Slowdown(host="n2", excess_s=0.025, step_s=0.525, step=20)))
+    assert d.plan is not None and d.plan.remedy is Remedy.NOTIFY and not d.plan.exclude
+    assert "cheaper to bear" in d.basis["fail_slow"]["reason"]
+    # Two hosts named (a switch between them, or this healer's own link): no one spare mends it; notified.
+    two = {**triage, "named_by": {"runbook": "network-triage", "hosts": {"n1": {}, "n2": {}}}}
+    assert slowdown_from(two, None) is None
+    d = decide(diagnosed(None))
+    assert d.plan is not None and d.plan.remedy is Remedy.NOTIFY and "fail_slow" not in d.basis

@@ -2,7 +2,8 @@
 own address, each rank where the journal says, a clean end that leaves nothing behind; and a slow link named inside
 the healing loop: one training host's link slowed with tbf while the job trains, and then what the healer made of it:
 a collective slowdown whose evidence is network-triage's verdict (run once across the job's hosts, beside the
-training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it. Then, the link restored,
+training) naming that host and its pairs' bandwidth, and nothing restarted or drained for it: what it costs until
+the job ends is less than a swap. Then, the link restored,
 the whole job slowed (every rank stopped and continued together, as under a power cap on every GPU): a job slowdown
 naming the phase that grew, no straggler, nothing restarted."""
 
@@ -84,6 +85,10 @@ def test_the_sbatch_script_trains_on_three_hosts_with_a_spare_and_a_slowed_link_
     assert incident["kind"] in ("collective_slowdown", "straggler"), incident
     assert incident["suspect_nodes"] == [slow], incident
     assert incident["verdict"] == "fail" and incident["action"] == "notify", incident
+    # Failed by network-triage, the host is not left out for it: what the slow link costs until the job ends (its
+    # extra reduce time a step x the steps left) is weighed against a swap's, and is borne, said with its numbers.
+    call = incident["plan"]["decision_basis"]["fail_slow"]
+    assert call["host"] == slow and not call["swap"] and "cheaper to bear" in call["reason"], call
     mine = incident["evidence"]["named_by"]["hosts"][slow]
     assert "GB/s" in mine["summary"] and f"network-triage: {slow}: " in incident["summary"], incident
     # Its pairs with the other two training hosts, measured (GB/s) at about the link's rate.

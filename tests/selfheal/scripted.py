@@ -35,13 +35,16 @@ class ScriptedRemediator:
     """Steps the attempt finishes between the restart's decision and its stop (a rank still training)."""
     evidence: dict[int, dict[str, Any]] = field(default_factory=dict)
     """attempt -> what rank_evidence answers (the ranks' stacks, states and phases)."""
+    total_steps: int | None = None
+    """The job's length as its launcher knows it (None: a program's, not known)."""
 
     def __post_init__(self) -> None:
         self.view.started(self.job, self.attempt)
 
     def state(self) -> JobState:
         return JobState(job=self.job, nodes=self.nodes, spares=self.spares, dp=self.dp, valid_dp=(1, 2),
-                        attempt=self.attempt, running=self.running, succeeded=self.succeeded)
+                        attempt=self.attempt, running=self.running, succeeded=self.succeeded,
+                        total_steps=self.total_steps)
 
     def checkpoint_steps(self) -> tuple[int, ...]:
         return self.checkpoints

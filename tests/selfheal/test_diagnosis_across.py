@@ -42,11 +42,11 @@ rules:
 SLOW = "median pair busbw 0.0119 GB/s < 0.5 x 0.412 GB/s among the other nodes"
 
 
-def slowed_network(tmp_path: Path):  # noqa: ANN201 - a test's set-up
+def slowed_network(tmp_path: Path, rules: str = RULES, total_steps: int | None = None):  # noqa: ANN201 - set-up
     """A healer whose job's network got 10x slower for every rank, ticked until its incident is being diagnosed."""
     clock = ManualClock()
-    hands = ScriptedRemediator(job=JOB, view=ProcessView(), clock=clock)
-    healer = make_healer(tmp_path, RULES, clock=clock, remediator=hands)
+    hands = ScriptedRemediator(job=JOB, view=ProcessView(), clock=clock, total_steps=total_steps)
+    healer = make_healer(tmp_path, rules, clock=clock, remediator=hands)
     healer.table.processes = hands.view
     hands.view.found(JOB, frozenset({1000, 1001, 1002, 1003}))
     s = JobStream(table=healer.table, clock=clock, nodes={"n1": [0, 1], "n2": [2, 3]}, job=JOB)
@@ -82,6 +82,27 @@ def test_the_host_network_triage_names_becomes_the_suspect_with_its_link_in_the_
         "n2": {"summary": SLOW, "pairs_gbps": {"n1<->n2": 0.0119}}}}
     assert inc.summary.endswith(f"[network-triage: n2: {SLOW}]")
     assert [o for o, _ in hands.orders] == ["diagnose_across"] and hands.running, "notify only: no stop, no restart"
+
+
+def test_a_slow_link_that_costs_more_than_a_swap_before_the_job_ends_is_swapped_for_the_spare_at_a_checkpoint(
+        tmp_path: Path) -> None:
+    # The shipped rule's way (no remedy pinned): the host network-triage names is weighed as a straggler is. A long
+    # job: its slower reduce a step x the steps left is far more than a swap's 120 s.
+    healer, hands, clock = slowed_network(tmp_path, RULES.replace("    remediate: notify\n", ""), total_steps=100_000)
+    hands.diagnoses.pop()([HostVerdict("n1", "pass", "not named", 30.0, {"pairs_gbps": {"n1<->n2": 0.0119}}),
+                           HostVerdict("n2", "fail", SLOW, 30.0, {"pairs_gbps": {"n1<->n2": 0.0119}})])
+    clock.now += 1
+    healer.tick_respond()
+    (inc,) = job_timelines(healer.store.engine, JOB)
+    assert inc.state == "diagnosing" and [o for o, _ in hands.orders] == ["diagnose_across"], "waits for a checkpoint"
+    hands.checkpoints = (4, 8, 10_000)
+    clock.now += 3
+    healer.tick_respond()
+    (inc,) = job_timelines(healer.store.engine, JOB)
+    assert (inc.action, inc.plan["exclude"], inc.plan["nodes"]) == ("exclude-node-and-restart", ["n2"], ["n1", "n3"])
+    call = inc.plan["decision_basis"]["fail_slow"]
+    assert call["swap"] and call["host"] == "n2" and call["excess_s"] > 0, call
+    assert [o for o, _ in hands.orders] == ["diagnose_across", "restart"]
 
 
 def test_a_crash_during_a_network_test_beside_the_training_is_not_kept_waiting(tmp_path: Path) -> None:
