@@ -14,14 +14,19 @@ from tests.support import wait_for
 class SlurmJob(job.SlurmJob):
     def finish(self, timeout_s: float) -> str:
         """Wait for the job to end; its output. Fails unless it ended well."""
+        rc = self.end(timeout_s)
+        assert rc == 0 and "outcome: finished" in self.output, self.output[-4000:]
+        return self.output
+
+    def end(self, timeout_s: float) -> int:
+        """Wait for the job to end, however it does; its exit status (sbatch --wait's: the batch script's)."""
         try:
             rc = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.stop()
             raise AssertionError(f"the job ran past {timeout_s:.0f} s:\n{self.text()[-4000:]}") from None
         self.output = self.text()
-        assert rc == 0 and "outcome: finished" in self.output, self.output[-4000:]
-        return self.output
+        return rc
 
     def slurm_state(self, host: str) -> slurm.NodeInfo:
         return slurm.nodes([host])[host]

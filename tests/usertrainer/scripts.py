@@ -221,6 +221,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--ckpt", required=True)
 p.add_argument("--sleep", type=float, default=0.2)
+p.add_argument("--raise-at-resume", type=int, default=-1,
+               help="every rank of an attempt that resumed raises at this step (a bug in the resume path)")
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -241,6 +243,8 @@ if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and os.path.exists
 print(f"rank {rank}/{world} starts at step {start} restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}", flush=True)
 g = torch.Generator().manual_seed(rank)
 for step in range(start, a.steps):
+    if start > 0 and step == a.raise_at_resume:
+        raise ValueError(f"step {step}: the resumed optimizer state does not match the model")
     loss = model(torch.randn(8, 16, generator=g)).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
     time.sleep(a.sleep)
