@@ -1,12 +1,13 @@
 """Fail-slow: whether a host that persistently slows the job is worth replacing with a spare, or cheaper to bear.
 
-A straggler, or a host's slow link, costs every step the seconds it adds (`excess_s`), for as long as it stays; a swap costs one restart
-once (the job stopped, the spare started, its first step). Like renting skis against buying them, the healer pays
-the slowdown while what it projects to cost stays under what the swap costs, and swaps once it would not: the
-projected loss is the excess times the steps left (the job's own length where its launcher knows it, else
-`Limits.slow_horizon` of steps at the current step time, and never where that is not set either), the swap's cost the median of this job's own recovered
-restarts (decision to the new attempt's first step), or `Limits.swap_cost` until the job has one. A small
-slowdown is borne: it costs nothing to leave it. Pure: the policy (healer/decide/policy.py) calls it with facts.
+A straggler, or a host's slow link, costs every step the seconds it adds (`excess_s`), for as long as it stays; a
+swap costs one restart once (the job stopped, the spare started, its first step). Like renting skis against buying
+them, the healer pays the slowdown while what it projects to cost stays under what the swap costs, and swaps once it
+would not: the projected loss is the excess times the steps left (the job's own length where its launcher knows it,
+else `Limits.slow_horizon` of steps at the current step time, and never where that is not set either), the swap's
+cost the median of this job's own recovered restarts (decision to the new attempt's first step), or
+`Limits.swap_cost` until the job has one. A small slowdown is borne: it costs nothing to leave it. Pure: the policy
+(healer/decide/policy.py) calls it with facts.
 
 The swap is a cold restart without the slow host, the spare in its place, at a checkpoint boundary: the policy waits
 for a checkpoint newer than the step the slowdown was named at, so that the swap loses no step (the steps since
