@@ -28,9 +28,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
+from typing import TypeVar
 
 import torch.distributed as dist
 
+T = TypeVar("T")
 SLICE_S = 0.1
 """How long a wait runs before it looks whether its generation was aborted (the abort's own delay is 0.05 s)."""
 
@@ -128,18 +130,26 @@ _waiter: _Waiter | None = None
 
 def wait_point_to_point(wait: Callable[[], object], what: str = "a send or receive") -> None:
     """`wait()` (gloo's untimed wait on point-to-point work), on the waiter's thread while a generation is armed."""
+    call(wait, what)
+
+
+def call(blocking: Callable[[], T], what: str) -> T:
+    """`blocking()`'s result: a call that waits on gloo in a way no slice can end (a point-to-point wait, or
+    collectives DTensor issues itself, which wait inside a C++ op), made on the waiter's thread while a generation
+    is armed, so that its abort ends the rank's wait (GenerationAborted). The rank's thread waits meanwhile, so the
+    rank's collectives stay in the order every rank issues them."""
     global _waiter
     interrupt = _armed
     if interrupt is None:
-        wait()
-        return
+        return blocking()
     if _waiter is None:
         _waiter = _Waiter()
-    done = _waiter.submit(wait)
+    result: list[T] = []
+    done = _waiter.submit(lambda: result.append(blocking()))
     while True:
         try:
             done.result(timeout=SLICE_S)
-            return
+            return result[0]
         except FutureTimeout:
             pass
         if interrupt.is_set():

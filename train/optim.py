@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from inprocess import waits
+
 __all__ = [
     "LAMB",
     "OPTIMIZER_NAMES",
@@ -116,7 +118,8 @@ def _full_norms(tensors: list[Tensor]) -> list[Tensor]:
     for (mesh, dims), indices in groups.items():
         squares = torch.stack([local[i].float() ** 2 for i in indices])
         for dim in dims:
-            dist.all_reduce(squares, group=mesh.get_group(dim))  # type: ignore[attr-defined]
+            group = mesh.get_group(dim)  # type: ignore[attr-defined]
+            waits.wait_collective(dist.all_reduce(squares, group=group, async_op=True), "a trust ratio's norms")
         for i, norm in zip(indices, squares.sqrt().unbind(0)):
             norms[i] = norm
     return [n for n in norms if n is not None]

@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
+from inprocess import waits
 from ground.names import derive_name
 from train.checkpoint.manager import Checkpointer
 from train.checkpoint.writers import writers
@@ -442,13 +443,20 @@ class Trainer:
     def _clip_gradients(self) -> torch.Tensor:
         """Global L2 norm of all gradients over the whole 3D mesh, then clip to optim.grad_clip."""
         params = [p for chunk in self.chunks for p in chunk.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()  # sums the squares over the dp and tp shards
+
+        def total_norm() -> torch.Tensor:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
+            # NOTE: full_tensor sums the squares over the dp and tp shards; DTensor's collectives wait inside a C++
+            # op, so in a warm generation this runs where its abort can end the wait (a rank stuck here for 20 s
+            # after an abort exited 75 and opened a crash incident: tests/multihost/test_warm_across_hosts.py).
+            return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+        norm = waits.call(total_norm, "the gradients' norm")
         if self.cfg.parallel.pp > 1:
             # Each pp rank holds different layers: add the squares over the pipeline.
             squared = norm.float() ** 2
-            dist.all_reduce(squared, group=self.mesh["pp"].get_group())
+            waits.wait_collective(dist.all_reduce(squared, group=self.mesh["pp"].get_group(), async_op=True),
+                                  "the gradients' norm over the pipeline")
             norm = squared.sqrt()
         if self.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.cfg.optim.grad_clip, norm, foreach=True)
@@ -466,7 +474,7 @@ class Trainer:
         if loss is not None and self.place.tp == 0:
             value[0] = loss.double() / self.cfg.parallel.dp
         value[1] = float(self._stop_requested)
-        dist.all_reduce(value)
+        waits.wait_collective(dist.all_reduce(value, async_op=True), "the step's loss and stop flag")
         self.stopping = bool(value[1] > 0)
         return float(value[0]) if reported is None else reported, float(grad_norm)
 

@@ -2,8 +2,9 @@
 
 First the loss they exist for: a receive whose connection is shut down while its payload is being read is never woken
 by gloo (torch 2.13), and its untimed wait outlasts the watch. Then the same receive waited for through
-inprocess/waits.py ends at once with GenerationAborted once the generation's interrupt is set; and a collective is
-waited for in slices that neither break one that completes late nor outlast an interrupt."""
+inprocess/waits.py ends at once with GenerationAborted once the generation's interrupt is set; a collective is
+waited for in slices that neither break one that completes late nor outlast an interrupt; and a DTensor's own
+collective, run through waits.call, ends at the interrupt too."""
 
 from __future__ import annotations
 
@@ -54,3 +55,14 @@ def test_a_collective_waited_in_slices_completes_late_and_ends_at_the_interrupt(
     assert report["raised"] and "generation 0 was aborted" in report["raised"], report
     assert report["after_s"] >= 0.4, "it waited until the interrupt"
 
+
+
+@pytest.mark.timeout(300)
+def test_a_dtensors_own_collective_run_through_waits_call_sums_and_ends_at_the_interrupt() -> None:
+    # What the trainer's gradient norm waits on (DTensor's full_tensor): a wait inside a C++ op that no slice can
+    # end; a warm rank stuck there after an abort exited 75 (tests/multihost/test_warm_across_hosts.py).
+    report = run_pair("dtensor-armed")
+    assert report["sum"] == [3.0] * 4, report
+    assert report["raised"] and "generation 0 was aborted while this rank waited on a DTensor's sum" in \
+        report["raised"], report
+    assert 0.4 <= report["after_s"] < 3.0, "it waited until the interrupt, and no longer"

@@ -9,6 +9,8 @@ Rank 0 prints one JSON line: what its wait did. CASE:
   shutdown (as inprocess/generations.py does);
 - collective-armed: rank 1 joins an all-reduce late, then rank 0 waits on one rank 1 never joins, its interrupt set
   while it waits.
+- dtensor-armed: rank 0 sums a sharded DTensor (`full_tensor`: DTensor's own collective, which waits inside a C++ op)
+  through `waits.call`, once with rank 1, then once more without it, its interrupt set while it waits.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def main() -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
     if case.startswith("receive"):
         _receive(rank, case, sockets)
+    elif case == "dtensor-armed":
+        _dtensor(rank)
     else:
         _collective(rank)
     sys.stdout.flush()
@@ -104,6 +108,29 @@ def _collective(rank: int) -> None:
         raised = str(exc)
     print(json.dumps({"late_sum": late.tolist(), "raised": raised,
                       "after_s": round(time.monotonic() - started, 3)}), flush=True)
+
+
+def _dtensor(rank: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+
+    mesh = init_device_mesh("cpu", (2,))
+    partial = DTensor.from_local(torch.full((4,), float(rank + 1)), mesh, [Partial()])
+    if rank == 1:
+        partial.full_tensor()
+        time.sleep(WATCH_S + 5)  # and never joins the second
+        return
+    interrupt = waits.arm(0)
+    summed = waits.call(lambda: partial.full_tensor(), "a DTensor's sum")
+    threading.Timer(INTERRUPT_AFTER_S, interrupt.set).start()
+    started = time.monotonic()
+    try:
+        waits.call(lambda: partial.full_tensor(), "a DTensor's sum")
+        raised = None
+    except waits.GenerationAborted as exc:
+        raised = str(exc)
+    print(json.dumps({"sum": summed.tolist(), "raised": raised, "after_s": round(time.monotonic() - started, 3)}),
+          flush=True)
 
 
 if __name__ == "__main__":
