@@ -4,8 +4,6 @@ well, the Slurm state of each host, and that no process is left on any host."""
 
 from __future__ import annotations
 
-import subprocess
-
 from ground import slurm
 from testbed import job
 from tests.support import wait_for
@@ -21,8 +19,8 @@ class SlurmJob(job.SlurmJob):
     def end(self, timeout_s: float) -> int:
         """Wait for the job to end, however it does; its exit status (sbatch --wait's: the batch script's)."""
         try:
-            rc = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+            rc = self.wait_ended(timeout_s)
+        except TimeoutError:
             self.stop()
             raise AssertionError(f"the job ran past {timeout_s:.0f} s:\n{self.text()[-4000:]}") from None
         self.output = self.text()

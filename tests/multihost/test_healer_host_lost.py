@@ -42,7 +42,7 @@ def test_the_healers_host_lost_hands_the_job_to_a_successor_that_takes_the_run_o
         successor = handover["successor"]
         assert handover["job_id"] == job.job_id and handover["batch_host"] == hosts[0], handover
         # This job was cancelled by its watcher.
-        job.proc.wait(120)
+        job.wait_ended(120)
         wait_for(f"job {job.job_id} cancelled", lambda: _state(job.job_id) == "CANCELLED", 120, every_s=1.0)
         wait_for(f"successor job {successor} to end", lambda: _ended(successor), 600, every_s=1.0)
     finally:
