@@ -72,7 +72,7 @@ def test_state_that_is_not_sealed_with_the_key_is_refused_unread_and_a_pickled_o
     body = io.BytesIO()
     torch.save({"w": torch.zeros(1)}, body)
     assert torch.equal(open_state(KEY, 5, body.getvalue(), seal_state(KEY, 5, body.getvalue()))["w"], torch.zeros(1))
-    for seal in (None, "", seal_state(OTHER, 5, body.getvalue()), seal_state(KEY, 6, body.getvalue())):
+    for seal in (None, "", "\u00e9", seal_state(OTHER, 5, body.getvalue()), seal_state(KEY, 6, body.getvalue())):
         with pytest.raises(TransportError, match="not sealed with this run's key"):
             open_state(KEY, 5, body.getvalue(), seal)
 
@@ -94,6 +94,7 @@ def test_the_request_header_is_good_for_its_step_and_a_minute() -> None:
     assert not request_allowed(KEY, 10, header, now)
     assert not request_allowed(OTHER, 9, header, now)
     assert not request_allowed(KEY, 9, None, now) and not request_allowed(KEY, 9, "x:y", now)
+    assert not request_allowed(KEY, 9, f"{now}:\u00e9t\u00e9", now)  # not ASCII: refused, not an error
 
 
 def test_a_short_key_is_refused() -> None:

@@ -67,7 +67,9 @@ def request_allowed(key: bytes, step: int, header: str | None, now: float) -> bo
         sent = float(stamp)
     except ValueError:
         return False
-    return abs(now - sent) <= MAX_SKEW_S and hmac.compare_digest(mac, _mac(key, _GET, step, stamp.encode()))
+    # NOTE: compared as bytes: compare_digest refuses a str that is not ASCII (a header is anyone's to write)
+    return abs(now - sent) <= MAX_SKEW_S and hmac.compare_digest(mac.encode(), _mac(key, _GET, step,
+                                                                                     stamp.encode()).encode())
 
 
 def seal_state(key: bytes, step: int, body: bytes) -> str:
@@ -76,7 +78,7 @@ def seal_state(key: bytes, step: int, body: bytes) -> str:
 
 def open_state(key: bytes, step: int, body: bytes, seal: str | None) -> Any:
     """The state in `body` if `seal` is its seal under `key` for `step`; TransportError otherwise (nothing parsed)."""
-    if not seal or not hmac.compare_digest(seal, seal_state(key, step, body)):
+    if not seal or not hmac.compare_digest(seal.encode(), seal_state(key, step, body).encode()):
         raise TransportError(f"the state of step {step} is not sealed with this run's key: refused unread")
     return torch.load(io.BytesIO(body), weights_only=True)
 
