@@ -34,13 +34,15 @@ STEPS = 8
 
 
 @contextmanager
-def deployed_prometheus(tmp: Path, sidecar: str, run: str) -> Iterator[Prometheus]:
-    """deploy/prometheus copied as is, but for its target files (this test's sidecar and run) and 1 s intervals."""
+def deployed_prometheus(tmp: Path, sidecar: str) -> Iterator[Prometheus]:
+    """deploy/prometheus copied as is, but for its target files (this test's sidecar; the run's comes later, by
+    `add_run_target`) and 1 s intervals."""
     conf_dir = tmp / "prometheus"
     shutil.copytree(PROMETHEUS_DIR, conf_dir)
     (conf_dir / "targets" / "sidecars.yml").write_text(
         yaml.safe_dump([{"targets": [sidecar], "labels": {"node": "node-1"}}]))
-    (conf_dir / "targets" / "megaheal-run" / "local.yml").write_text(yaml.safe_dump([{"targets": [run]}]))
+    for stale in (conf_dir / "targets" / "megaheal-run").glob("*.yml"):
+        stale.unlink()
     config = yaml.safe_load((conf_dir / "prometheus.yml").read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     (conf_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -56,6 +58,14 @@ def deployed_prometheus(tmp: Path, sidecar: str, run: str) -> Iterator[Prometheu
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def add_run_target(tmp: Path, run: str) -> None:
+    """A supervised run's target file, as `megaheal run` leaves one: Prometheus's file discovery watches the folder.
+    Written whole and renamed in, so Prometheus never reads half a file."""
+    folder = tmp / "prometheus" / "targets" / "megaheal-run"
+    (folder / "local.yml.part").write_text(yaml.safe_dump([{"targets": [run]}]))
+    (folder / "local.yml.part").rename(folder / "local.yml")
 
 
 def as_promql(query: str, job: str) -> str:
@@ -87,11 +97,11 @@ def rule_states(prom: Prometheus) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(240)
 def test_prometheus_loaded_with_deploy_answers_every_dashboard_and_rule_query(tmp_path: Path) -> None:
-    sock, port, run_port = tmp_path / "sidecar.sock", free_port(), free_port()
+    sock, port = tmp_path / "sidecar.sock", free_port()
     sidecar = start_sidecar(sock, port, tmp_path / "sidecar.log")
     job, goodput = None, None
     try:
-        with deployed_prometheus(tmp_path, f"127.0.0.1:{port}", f"127.0.0.1:{run_port}") as prom:
+        with deployed_prometheus(tmp_path, f"127.0.0.1:{port}") as prom:
             job = subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "train",
                  "--config", str(CONFIGS / "tiny-dp4.yaml"), "--run-dir", str(tmp_path / "run"),
@@ -105,10 +115,10 @@ def test_prometheus_loaded_with_deploy_answers_every_dashboard_and_rule_query(tm
             wait_for("the straggler score of every rank",
                      lambda: len(prom.query("rank:megaheal_straggler_score:ratio")) == 4, timeout_s=30)
             (job_name,) = {r["metric"]["job"] for r in prom.query("megaheal_step")}
-            # `megaheal run`'s metrics of that job: its goodput server over a supervised run's directory.
-            goodput = GoodputServer(tmp_path / "supervised", job_name, write_run(tmp_path / "supervised"),
-                                    port=run_port)
-            goodput.start()
+            # `megaheal run`'s metrics of that job: its goodput server over a supervised run's directory, on a port
+            # it binds itself (a port picked minutes earlier may be taken by then, by a test running alongside).
+            goodput = GoodputServer(tmp_path / "supervised", job_name, write_run(tmp_path / "supervised"))
+            add_run_target(tmp_path, f"127.0.0.1:{goodput.start()}")
             wait_for("the run's ETTR in Prometheus",
                      lambda: prom.query(f'megaheal_goodput_ettr_ratio{{job="{job_name}"}}'), timeout_s=60)
 
