@@ -12,6 +12,7 @@ from ground.names import check_name
 from ground.typedconfig import apply_overrides, from_mapping, load_yaml
 from train.checkpoint.manager import CheckpointConfig
 from train.data import DataConfig
+from train.ft.config import FtConfig
 from train.hang_faults import HangFault
 from train.layout import ParallelConfig
 from train.model import ModelConfig
@@ -81,6 +82,9 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ft: FtConfig = field(default_factory=FtConfig)
+    """Fault tolerance per data-parallel replica group (train/ft/): several groups, each a world of `parallel`'s
+    layout, joined by a per-step quorum; a lost group costs the others a step, not a restart."""
 
     def __post_init__(self) -> None:
         # NOTE: YAML reads .nan and .inf: a NaN learning rate or an infinite collective timeout passed every
@@ -108,6 +112,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dist_timeout_s <= 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
+        problems = self.ft.batch_problems(self.global_batch, self.parallel.dp, self.parallel.microbatches)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @property
     def autocast_bf16(self) -> bool:

@@ -12,7 +12,7 @@ import resource
 import socket
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,30 +22,32 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
-from inprocess import waits
+from exporters.flight_recorder import FlightRecorderDumper
 from ground.names import derive_name
+from inprocess import waits
 from train.checkpoint.manager import Checkpointer
-from train.checkpoint.writers import writers
 from train.checkpoint.state import ModelParts, capture, config_hash, layout_hash, load_template, model_hash, restore
+from train.checkpoint.writers import writers
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenSource, TokenStream, build_source
-from exporters.flight_recorder import FlightRecorderDumper
+from train.ft.batches import SharedBatches
+from train.ft.replicas import Quorum, ReplicaGroups
 from train.hang_faults import HangInjector
 from train.layout import stage_ids, stage_layers, validate_layout
 from train.mfu import Peak, flops_per_token, mfu, resolve_peak
 from train.model import GPT, count_flop_params, cross_entropy_loss
 from train.optim import build_lr_scheduler, build_optimizer
 from train.parallelize import apply_data_parallel, apply_tensor_parallel
+from train.param_checksum import ReplicaChecksum
 from train.pipeline import build_schedule
 from train.records import StepRecordWriter, StepTable
 from train.replica_faults import ReplicaFlipper
 from train.rerun import Layout, Outcome, Rerunner
-from train.param_checksum import ReplicaChecksum
 from train.sdc_faults import MatmulFlipper, ParamFlipper, this_node
 from train.timing import PhaseTimer, TimedAllGather, TimedPipelineWaits, TimedReduceScatter
 from train.warm.replicas import Replicas
 from train.warm.snapshot import Snapshot
-from wire import rank_env
+from wire import ft_env, rank_env
 from wire.phase_now import ENV as PHASE_DIR_ENV
 from wire.phase_now import PhaseBeacon
 from wire.rerun import EVENT as RERUN_EVENT
@@ -81,11 +83,14 @@ class Trainer:
         self.device = _rank_device(cfg.device)
         self.mesh = _build_mesh(cfg, self.device) if world > 1 else None
         self.place = _rank_place(self.mesh, world)
+        self.ft_env = ft_env.read(os.environ, cfg.ft.groups) if cfg.ft.enabled else None
+        self.record_rank = self.place.rank + (self.ft_env.group * world if self.ft_env is not None else 0)
+        """The rank's number in its records and telemetry: over the whole job, every replica group's ranks in turn."""
         attempt = os.environ.get(rank_env.ATTEMPT, "")
         self.attempt = int(attempt) if attempt.isdigit() else None
         """The job's attempt this trainer trains in (a warm worker makes one trainer per attempt): on every record."""
         # Where this rank is now, for the node agent when the job hangs (nothing is written unless asked for).
-        self.beacon = PhaseBeacon.from_env(self.place.rank)
+        self.beacon = PhaseBeacon.from_env(self.record_rank)
         if self.beacon is not None:
             # NOTE: the phases longer than a step have names of their own (startup, restore, checkpoint_save): the
             # healer learns how long each takes, so a slow save or restore is not called a hang.
@@ -121,9 +126,12 @@ class Trainer:
         )
         self.peak = self._agree_on_peak()
         self.parts = ModelParts(self.chunks)
+        checkpoints = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else RunPaths(run_dir).checkpoints
         self.checkpointer = Checkpointer(
             cfg.checkpoint,
-            Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else RunPaths(run_dir).checkpoints,
+            # NOTE: each replica group saves its own: a group that comes back alone resumes from its own, and is
+            # brought to the others' step by a live peer
+            checkpoints / f"group-{self.ft_env.group}" if self.ft_env is not None else checkpoints,
             self.place.rank,
             info={"layout": {"pp": cfg.parallel.pp, "dp": cfg.parallel.dp, "tp": cfg.parallel.tp,
                              "world_size": self.place.world_size},
@@ -135,23 +143,30 @@ class Trainer:
         self.layout = layout_hash(cfg)
         with self.beacon.inside("restore") if self.beacon is not None else nullcontext():
             self.step_index, start_sample = self._resume() if snapshot is None else self._resume_from(snapshot)
-        self.loader = PrefetchLoader(
-            TokenStream(
-                build_source(cfg.data, cfg.model.vocab_size),
-                cfg.model.seq_len,
-                cfg.global_batch,
-                dp_rank=self.place.dp,
-                dp_degree=cfg.parallel.dp,
-                start_sample=start_sample,
-            ),
-            cfg.data.prefetch,
-        )
+        self.loader: PrefetchLoader | SharedBatches
+        if self.ft_env is None:
+            self.loader = PrefetchLoader(
+                TokenStream(
+                    build_source(cfg.data, cfg.model.vocab_size),
+                    cfg.model.seq_len,
+                    cfg.global_batch,
+                    dp_rank=self.place.dp,
+                    dp_degree=cfg.parallel.dp,
+                    start_sample=start_sample,
+                ),
+                cfg.data.prefetch,
+            )
+        else:
+            self.loader = SharedBatches(build_source(cfg.data, cfg.model.vocab_size), cfg.model.seq_len,
+                                        cfg.global_batch, self.place.dp, cfg.parallel.dp, start_sample)
+        self.ft = self._replica_groups()
+        self._quorum: Quorum | None = None
         self._stop_requested = False  # set by a signal handler on this rank
         self.stopping = False  # agreed by all ranks: save and leave after this step
-        self.writer = StepRecordWriter(run_dir, self.place.rank)
+        self.writer = StepRecordWriter(run_dir, self.record_rank)
         # The node sidecar's client: a null object unless MEGAHEAL_SIDECAR_SOCKET is set; never blocks.
         self.telemetry = RankClient.from_env(
-            cfg.job or derive_name(run_dir.resolve().name), self.place.rank, self.place.local_rank,
+            cfg.job or derive_name(run_dir.resolve().name), self.record_rank, self.place.local_rank,
             self.place.world_size, self.place.coords(),
         )
         self.telemetry.hello()
@@ -190,13 +205,44 @@ class Trainer:
         """Every step's check and the re-runs of a suspect one (train/rerun.py), with the replicas' weights compared
         where the data-parallel ranks gather them (train/param_checksum.py)."""
         cfg, par = self.cfg.rerun, self.cfg.parallel
-        if not cfg.enabled or world == 1:
+        if not cfg.enabled or world == 1 or self.cfg.ft.enabled:
+            # NOTE: under replica groups, a step's check and re-runs would need the other groups' replicas (the
+            # re-run of another share of the batch): not built yet, docs/operations.md says so
             return None
         pipelined = self.schedule is not None
         checksum = (ReplicaChecksum(list(self.chunks), self.mesh["dp"].get_group(), self.device, pipelined)
                     if cfg.replica_checksum and par.dp > 1 and self.mesh is not None else None)
         return Rerunner(cfg, Layout(pp=par.pp, dp=par.dp, tp=par.tp), list(self.chunks), self.device, this_node(),
                         pipelined=pipelined, checksum=checksum)
+
+    def _replica_groups(self) -> ReplicaGroups | None:
+        """Under ft.enabled: this rank's part in the quorum of replica groups (train/ft/), told where this group
+        resumed from so that a group that is behind is sent a live peer's state."""
+        if self.ft_env is None:
+            return None
+        groups = ReplicaGroups(self.cfg.ft, self.ft_env, self.device, state_dict=self._live_state,
+                               load_state_dict=self._take_live_state)
+        groups.resume_at(self.step_index)
+        return groups
+
+    def _live_state(self) -> dict[str, Any]:
+        """This rank's state as a joining group's rank at the same place takes it: plain host tensors."""
+        state = capture(self.parts, self.optimizer, self.lr_scheduler, self.step_index, self.loader.position,
+                        self.place.rank)
+        return Snapshot.take(state, self.step_index, self.place.rank, self.layout).state
+
+    def _take_live_state(self, state: dict[str, Any]) -> None:
+        """A live peer's state (its rank at this rank's place in its group): this group is at the peers' step now."""
+        template = load_template(self.parts, self.optimizer, self.lr_scheduler, self.place.rank, same_world=True)
+        Snapshot(step=int(state["train"]["step"]), rank=self.place.rank, layout=self.layout, state=state).fill(
+            template, self.place.rank, self.layout)
+        behind = self.step_index
+        self.step_index, position = restore(template, self.parts, self.optimizer, self.lr_scheduler,
+                                            self.place.rank)
+        self.loader.load_state_dict({"sample_index": position})
+        if self.place.rank == 0:
+            print(f"replica group {self.ft_env.group if self.ft_env else '?'}: took a live peer's state at step "
+                  f"{self.step_index} (was at {behind})", flush=True)
 
     def _build_schedule(self):
         if self.cfg.parallel.pp == 1:
@@ -254,9 +300,22 @@ class Trainer:
         self.hang.maybe(self.step_index, phase)
 
     def step(self) -> StepRecord:
-        """Run one optimizer step and return its record (also written to this rank's JSON lines)."""
+        """Run one optimizer step and return its record (also written to this rank's JSON lines). Under replica
+        groups a step the groups did not commit (one was lost mid-way) is tried again with the groups left."""
+        while True:
+            record = self._try_step()
+            if record is not None:
+                return record
+
+    def _try_step(self) -> StepRecord | None:
         t0 = time.perf_counter()
         timer = self.timer
+        if self.ft is not None:
+            with timer.phase("ft_quorum", host=True):
+                self._quorum = self.ft.begin()
+            assert isinstance(self.loader, SharedBatches)
+            self.loader.share(self._quorum.participants, self._quorum.rank)
+        position = self.loader.position
         with timer.phase("data_wait", host=True):
             if self.step_index in self.cfg.skip_steps:
                 self.loader.next()  # passed over: this step trains on the batch after it
@@ -275,6 +334,12 @@ class Trainer:
         if self.pipeline_waits is not None:
             self.pipeline_waits.drain_into(timer)
         checked = self._check(loss, inputs, targets, batch_start)
+        if self.ft is not None:
+            with timer.phase("ft_reduce"):
+                checked = self._average_over_groups(checked)
+            if not self.ft.commit():
+                self._abandon(position, timer)
+                return None
         if checked.skip:
             # NOTE: the gradients left are a re-run's (other batches on other ranks) or the suspect step's: no
             # update is made of them. The schedule still steps, so the learning rate stays the step's.
@@ -334,6 +399,33 @@ class Trainer:
         if self.beacon is not None:
             self.beacon.between(self.step_index)
         return record
+
+    def _average_over_groups(self, checked: Outcome) -> Outcome:
+        """The gradients (each this rank's shard, already reduced over its group's dp) and the loss averaged over
+        the replica groups of the step: each group trained on an equal share of the step's batch."""
+        assert self.ft is not None
+        grads = [p.grad for chunk in self.chunks for p in chunk.parameters() if p.grad is not None]
+        loss = (checked.loss.detach().float().reshape(1).clone() if checked.loss is not None
+                else torch.zeros(1, device=self.device))
+        self.ft.average([*grads, loss])
+        return replace(checked, loss=loss[0]) if checked.loss is not None else checked
+
+    def _abandon(self, position: int, timer: PhaseTimer) -> None:
+        """A step the replica groups did not commit: no update, the same batch again at the next quorum."""
+        assert self.ft is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loader.load_state_dict({"sample_index": position})
+        scratch = PhaseTimer(self.device)
+        self.reduce_timer.drain_into(scratch)
+        self.gather_timer.drain_into(scratch)
+        if self.pipeline_waits is not None:
+            self.pipeline_waits.drain_into(scratch)
+        timer.collect()
+        why = self.ft.failure() or "too few replica groups took part"
+        self.telemetry.event("ft_step_abandoned", step=self.step_index, reason=why[:300],
+                             replicas=self._quorum.participants if self._quorum else None)
+        if self.place.rank == 0:
+            print(f"replica group {self.ft.group}: step {self.step_index} not committed ({why}); again", flush=True)
 
     def _tell(self, checkpoint_events: list[dict[str, Any]]) -> None:
         for event in checkpoint_events:
@@ -511,19 +603,24 @@ class Trainer:
     ) -> StepRecord:
         tokens = self.cfg.global_batch * self.cfg.model.seq_len
         tps = tokens / step_seconds
+        quorum = self._quorum if self.ft is not None else None
+        # every group's ranks shared the step's tokens
+        devices = self.place.world_size * (quorum.participants if quorum is not None else 1)
         return StepRecord(
             step=self.step_index, time=time.time(), loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens,
             step_seconds=step_seconds, tokens_per_second=tps,
-            mfu=mfu(tps, self.flops_per_token, self.place.world_size, self.peak),
+            mfu=mfu(tps, self.flops_per_token, devices, self.peak),
             peak_flops=self.peak.flops_per_second, peak_source=self.peak.source, phases=phases,
             # CLOCK_MONOTONIC is shared by the processes of one host: comparable within a node.
             dp_reduce_enter_ns=reduce_enter_ns, sample_index=self.loader.position,
             checkpoint_events=self.checkpointer.drain_events(),
             # Linux reports ru_maxrss in KiB: the process's peak resident memory so far.
             max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            rank=self.place.rank, local_rank=self.place.local_rank, world_size=self.place.world_size,
+            rank=self.record_rank, local_rank=self.place.local_rank, world_size=self.place.world_size,
             mesh=self.place.coords(), node=self._host, pid=os.getpid(), attempt=self.attempt,
-            rerun=verdict.verdict if verdict is not None else None)
+            rerun=verdict.verdict if verdict is not None else None,
+            replica_group=self.ft.group if self.ft is not None else None,
+            replicas=quorum.participants if quorum is not None else None)
 
     # ------------------------------------------------------------ the loop
 
@@ -560,6 +657,8 @@ class Trainer:
         if self.beacon is not None:
             self.beacon.close()
         self.checkpointer.close(wait=not abandon)
+        if self.ft is not None:
+            self.ft.close()
         self.loader.close()
         self.writer.close()
         self.telemetry.close()

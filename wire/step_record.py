@@ -55,6 +55,11 @@ class StepRecord(Struct, kw_only=True):
     attempt: int | None = None
     """The job's attempt the step is of (MEGAHEAL_ATTEMPT; None outside a launcher): a warm worker's process trains
     in one attempt after another, and a step of the attempt it is leaving may end after the next one began."""
+    replica_group: int | None = None
+    """Under fault tolerance per replica group (train/ft/): the rank's group. `rank` is then numbered over the whole
+    job (group x the group's world size + the rank in its group), and `world_size` is the group's."""
+    replicas: int | None = None
+    """Under fault tolerance per replica group: the groups that took part in the step (its quorum)."""
     rerun: str | None = None
     """The verdict of the step's re-runs, when it was suspect (wire/rerun.py): transient, persistent, data, state or
     inconclusive; every verdict but transient skipped the step's update."""

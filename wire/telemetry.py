@@ -46,8 +46,9 @@ MAX_DATAGRAM_BYTES = 16 * 1024
 MAX_PHASES = 16
 MAX_RANKS_PER_BATCH = 4096
 # The trainer's phases in the order one step runs them (see train/trainer.py).
-PHASE_ORDER = ("data_wait", "dp_gather", "forward_backward", "pp_wait", "dp_reduce", "grad_norm_clip", "optimizer",
-               "checkpoint")
+# (ft_quorum and ft_reduce: a replica group's, train/ft/: the step's quorum, and the average over the groups)
+PHASE_ORDER = ("ft_quorum", "data_wait", "dp_gather", "forward_backward", "pp_wait", "dp_reduce", "ft_reduce",
+               "grad_norm_clip", "optimizer", "checkpoint")
 
 # ---- field types -------------------------------------------------------------------------------------------
 # NOTE: msgspec has no "finite" constraint; the largest float as both bounds refuses NaN and the infinities.
@@ -107,6 +108,10 @@ class StepBody(Struct, frozen=True, kw_only=True):
     node: str | None = None
     world_size: Count | None = None
     mesh: Mesh | None = None
+    replica_group: Count | None = None
+    """Under fault tolerance per replica group (train/ft/): the rank's group."""
+    replicas: Count | None = None
+    """Under fault tolerance per replica group: the groups that took part in the step (its quorum)."""
 
 
 class EventBody(Struct, frozen=True, kw_only=True):

@@ -82,15 +82,15 @@ def write_key(path: Path, secret: bytes) -> Path:
     return path
 
 
-def read_key(path: str | Path) -> bytes:
+def read_key(path: str | Path, what: str = "warm pool key") -> bytes:
     """The key write_key left at `path`, after checking the file is this user's and private (SecretError)."""
-    text = read_secret(path, "warm pool key", private=True)
+    text = read_secret(path, what, private=True)
     try:
         secret = bytes.fromhex(text)
     except ValueError:
         secret = b""
     if len(secret) != KEY_BYTES:
-        raise SecretError(f"{path}: not a warm pool key ({KEY_BYTES * 2} hex digits)")
+        raise SecretError(f"{path}: not a {what} ({KEY_BYTES * 2} hex digits)")
     return secret
 
 

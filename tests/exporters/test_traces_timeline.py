@@ -15,10 +15,12 @@ from typer.testing import CliRunner
 from exporters.timeline import build_trace, read_rank_files
 from exporters.traces import OTLP_HTTP_LOGGER, STEP_SPAN, StepTracer, otlp_exporter, step_trace_id
 from megaheal.cli import app
-from tests.exporters.helpers import step_record
+from tests.exporters.helpers import PHASES, step_record
 from wire.telemetry import PHASE_ORDER, build_record, decode, encode
 
 pytestmark = pytest.mark.unit
+# The phases of a step of megaheal's trainer without replica groups, in the order a step runs them.
+STEP_PHASES = tuple(p for p in PHASE_ORDER if p in PHASES)
 
 
 def test_each_step_is_a_span_with_a_child_per_phase_shared_across_ranks() -> None:
@@ -30,16 +32,16 @@ def test_each_step_is_a_span_with_a_child_per_phase_shared_across_ranks() -> Non
     tracer.shutdown()
     spans = exporter.get_finished_spans()
     steps = [s for s in spans if s.name == STEP_SPAN]
-    assert len(steps) == 2 and len(spans) == 2 * (1 + len(PHASE_ORDER))
+    assert len(steps) == 2 and len(spans) == 2 * (1 + len(STEP_PHASES))
     assert {s.context.trace_id for s in steps} == {step_trace_id("job-a", 5)}, "one trace per step of the job"
     for step in steps:
         children = sorted((s for s in spans if s.parent and s.parent.span_id == step.context.span_id),
                           key=lambda s: s.start_time)
-        assert [c.name for c in children] == list(PHASE_ORDER)
+        assert [c.name for c in children] == list(STEP_PHASES)
         assert step.end_time == 1_700_000_000 * 10**9
         assert step.end_time - step.start_time == int(step_record(0)["step_seconds"] * 1e9)
         assert children[0].start_time == step.start_time
-        reduce = children[PHASE_ORDER.index("dp_reduce")]
+        reduce = children[STEP_PHASES.index("dp_reduce")]
         assert reduce.end_time - reduce.start_time == int(0.05 * 1e9), "dp_reduce lasts what it lasted"
         assert step.attributes["megaheal.rank"] in (0, 1) and step.attributes["megaheal.mesh.dp"] in (0, 1)
         assert step.resource.attributes["host.name"] == "node-1"
@@ -56,7 +58,7 @@ def record_spans(*records: dict, job: str = "job-a") -> list:
 
 def test_span_names_are_one_per_kind_of_operation_and_the_step_is_an_attribute() -> None:
     spans = record_spans(*(step_record(s, rank=r, attempt=2) for s in (7, 8, 9) for r in (0, 1)))
-    assert {s.name for s in spans} == {STEP_SPAN, *PHASE_ORDER}, "no name carries a step, rank or job"
+    assert {s.name for s in spans} == {STEP_SPAN, *STEP_PHASES}, "no name carries a step, rank or job"
     steps = [s for s in spans if s.name == STEP_SPAN]
     assert sorted((s.attributes["megaheal.step"], s.attributes["megaheal.rank"]) for s in steps) == \
         [(7, 0), (7, 1), (8, 0), (8, 1), (9, 0), (9, 1)]
@@ -119,7 +121,7 @@ def test_the_timeline_has_a_track_per_rank_in_mesh_order(tmp_path) -> None:
     assert sorted(order, key=order.get) == [0, 1, 2, 3]
     step1 = next(e for e in slices if e["tid"] == 2 and e["name"] == "step 1")
     phases = [e for e in slices if e["tid"] == 2 and e["cat"] == "phase" and e["args"]["step"] == 1]
-    assert [p["name"] for p in phases] == list(PHASE_ORDER)
+    assert [p["name"] for p in phases] == list(STEP_PHASES)
     assert all(step1["ts"] <= p["ts"] and p["ts"] + p["dur"] <= step1["ts"] + step1["dur"] + 1 for p in phases)
     assert step1["ts"] == 1e6, "times are relative to the first step's start; steps end 1 s apart"
 
@@ -168,7 +170,7 @@ def test_an_unreachable_collector_is_logged_once_per_outage_and_counted_per_batc
     finally:
         server.shutdown()
     # One batch per span (simple processor): the step and its phases, four times; the first three refused.
-    per_step = 1 + len(PHASE_ORDER)
+    per_step = 1 + len(STEP_PHASES)
     assert _Collector.batches == 4 * per_step and exporter.failed_batches == 3 * per_step
     said = [r.getMessage() for r in caplog.records if r.name == "exporters.traces"]
     assert len(said) == 2 and "does not take spans" in said[0] and "takes spans again" in said[1], said
