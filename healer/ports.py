@@ -75,6 +75,8 @@ class JobState:
     """Per host, the host keeping its ranks' replicas in memory (healer.decide.plans.JobFacts.replica_hosts)."""
     total_steps: int | None = None
     """The steps the job trains in all, where the launcher knows them (megaheal's trainer); None: a program's."""
+    replica_groups: int = 0
+    """The job trains as replica groups, one per host, at most this many (healer.decide.plans.JobFacts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,9 @@ class RestartOrder:
     keep_out: tuple[str, ...] = ()
     """Hosts this restart leaves out that no screening takes back (a lemon, a host convicted of silent data
     corruption): only a person returns them."""
+    replica: bool = False
+    """Replace the replica groups of the hosts that leave (and of those whose group ended) within the running
+    attempt, every other group training on (healer.decide.plans.Plan.replica)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +183,10 @@ class Remediator(Protocol):
 
     def highest_step(self, attempt: int) -> int | None:
         """The highest step the attempt finished, or None."""
+
+    def groups_trained(self, nodes: tuple[str, ...], since: float) -> int | None:
+        """A job of replica groups: once every host of `nodes` recorded a step since `since` (after a regroup, the
+        joining groups trained too), the lowest of their first steps; else None."""
 
     def first_bad_step(self, kind: str, attempt: int, detector_config: Any, seen: int | None = None) -> int | None:
         """For nonfinite and loss_spike: the first bad step among every step the attempt recorded (heartbeats only

@@ -5,6 +5,8 @@ that both sides spell it alike.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,3 +52,9 @@ def read(environ: Mapping[str, str], groups: int) -> FtEnv:
     if _ADDRESS.fullmatch(address) is None:
         raise ValueError(f"{ADDRESS}={address!r}: expected a host name or an IP address")
     return FtEnv(group=int(text), lighthouse=lighthouse, key_file=Path(environ[KEY_FILE]), address=address)
+
+
+def ft_key(token: str, job: str) -> bytes:
+    """The key the replica groups of `job` authenticate a live state transfer with: derived from the run's token, so
+    every node agent computes it alike and no one without the token can (the healer itself never needs it)."""
+    return hmac.new(token.encode(), b"megaheal replica groups key\0" + job.encode(), hashlib.sha256).digest()

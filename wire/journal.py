@@ -140,8 +140,20 @@ class Grown(_Event, frozen=True, tag="grown"):
     resume_step: int | None = None
 
 
+class Regrouped(_Event, frozen=True, tag="regrouped"):
+    """In a job of replica groups (train/ft/), attempt `attempt` goes on on `nodes`: the groups of `left` were
+    stopped (or lost), and those of `started` started, a joining one in a leaving one's place (`groups`: host ->
+    its group's index), while every other group trained on."""
+
+    nodes: list[str]
+    left: list[str] = []
+    started: list[str] = []
+    groups: dict[str, int] = {}
+    why: str = ""
+
+
 Event = (Start | Launched | Ranks | End | WarmReady | Adopted | LeftoverStopped | AgentRestarted | Screened | Returned
-         | Grown)
+         | Grown | Regrouped)
 _decode = msgspec.json.Decoder(Event).decode  # type: ignore[arg-type]
 KINDS = frozenset(str(t.__struct_config__.tag) for t in Event.__args__)  # type: ignore[attr-defined]
 

@@ -68,6 +68,19 @@ class WarmStart(Struct, frozen=True, kw_only=True):
     """Idle workers this host keeps ready to take a rank."""
 
 
+class ReplicaStart(Struct, frozen=True, kw_only=True):
+    """This host's part as one replica group of a job that trains as several (train/ft/): a world of its own, joined
+    to the others by the Lighthouse's per-step quorum. Its ranks are numbered over the whole job (`group` x the
+    group's ranks + its own rank), and they meet the other groups with the run's key, which the agent derives from
+    the run's token (wire/ft_env.py, ft_key)."""
+
+    group: Annotated[int, Meta(ge=0, le=100_000)]
+    """The group's index: a group started in a lost one's place takes its index (and so its ranks' numbers)."""
+    lighthouse: Annotated[str, Meta(pattern=r"^http://[A-Za-z0-9.:\[\]-]{1,253}:[0-9]{1,5}\Z",
+                                    description="http://HOST:PORT")]
+    """The Lighthouse the groups agree on each step's quorum through (the healer runs it)."""
+
+
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 AbsPath = Annotated[str, Meta(pattern=r"^/[^\x00]{0,4095}\Z", description="an absolute path without NUL")]
 Arg = Annotated[str, Meta(pattern=r"^[^\x00]{0,4096}\Z", description="an argument without NUL")]
@@ -115,6 +128,8 @@ class StartOrder(Struct, frozen=True, kw_only=True, tag_field="kind", tag="start
     shutdown_timeout_s: Annotated[int, Meta(ge=0, le=300)] = 1
     warm: WarmStart | None = None
     """Start a generation of warm workers instead of a torchrun agent."""
+    replica: ReplicaStart | None = None
+    """Start this host's torchrun as one replica group of several (`nnodes` 1: the group is this host)."""
     skip_steps: Annotated[list[Count], Meta(max_length=4096)] = []
     """A program's steps to pass over after a rollback (MEGAHEAL_SKIP_STEPS; the trainer's are in `overrides`)."""
     resume_step: Count | None = None

@@ -69,6 +69,9 @@ class HostAttempt:
     clock: Callable[[], float] = time.time
     phase_dir: Path | None = None
     """Where the attempt's ranks keep their phase-now files (None: they keep none)."""
+    rank_offset: int = 0
+    """Added to each rank's RANK: a replica group's ranks are numbered over the whole job (wire/orders.ReplicaStart),
+    while torchrun numbers them within the group."""
     process: subprocess.Popen[bytes] | AdoptedTorchrun | None = None
     """This host's torchrun agent: our child, or one an agent before us started (`adopt`)."""
     ranks: dict[int, _Rank] = field(default_factory=dict)
@@ -140,7 +143,8 @@ class HostAttempt:
             env = procfs.environ(pid)
             rank, local = env.get("RANK", ""), env.get("LOCAL_RANK", "0")
             if rank.isdigit():
-                self.ranks[pid] = _Rank(int(rank), int(local) if local.isdigit() else 0, pid, t.started)
+                self.ranks[pid] = _Rank(int(rank) + self.rank_offset, int(local) if local.isdigit() else 0, pid,
+                                        t.started)
                 self._watch_exit(pid, t.started)
         for pid, r in self.ranks.items():
             if r.rank in self.exits:

@@ -34,13 +34,14 @@ from healer.agent.confine import check_start
 from healer.agent.host import HostAttempt
 from healer.agent.order_book import OrderBook
 from healer.agent.warm_host import WarmHostAttempt, WarmWorkers
-from wire import phase_now, rank_env
+from wire import ft_env, phase_now, rank_env
 from wire.orders import (
     Adopted,
     AdoptOrder,
     Evidence,
     EvidenceOrder,
     Order,
+    ReplicaStart,
     Reporting,
     ReportOrder,
     Result,
@@ -60,6 +61,7 @@ from wire.orders import (
 from wire.run_ids import run_id
 from wire.telemetry import HeartbeatBatch
 from wire.warm_plan import WorkerStart
+from wire.warm_seal import write_key
 
 FR_BUFFER_SIZE = 2000
 """Collectives the flight recorder keeps per rank (a few steps' worth: a hang needs only the last ones)."""
@@ -393,12 +395,24 @@ class NodeAgent:
             self._endpoint = order.rdzv_endpoint or f"{self._rdzv_host()}:{_free_port()}"
             argv = torchrun_argv(order, self._endpoint, self.cfg.python, self._attempt_dir(order) / "ranks")
             env = self._rank_env(order, self._phase_dir(order.job, order.attempt))
+            if order.replica is not None:
+                env |= self._replica_env(order, order.replica)
             cwd = Path(order.program.cwd) if order.program is not None else self.cfg.cwd
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
                                        env=env, cwd=cwd, log_dir=self._attempt_dir(order),
-                                       phase_dir=self._phase_dir(order.job, order.attempt))
+                                       phase_dir=self._phase_dir(order.job, order.attempt),
+                                       rank_offset=order.replica.group * order.nproc_per_node
+                                       if order.replica is not None else 0)
             self.attempt.start()
             return self._started(order.attempt)
+
+    def _replica_env(self, order: StartOrder, replica: ReplicaStart) -> dict[str, str]:
+        """What the ranks of one replica group need (wire/ft_env.py): their group, the Lighthouse, this host's
+        address (where a joining group fetches a peer's state from), and the run's key, in a file of mode 0600 (the
+        path only: an environment is readable through /proc)."""
+        key_file = write_key(self._attempt_dir(order) / "ft.key", ft_env.ft_key(self.cfg.token, order.job))
+        return {ft_env.GROUP: str(replica.group), ft_env.LIGHTHOUSE: replica.lighthouse,
+                ft_env.KEY_FILE: str(key_file), ft_env.ADDRESS: self._rdzv_host()}
 
     def _rank_env(self, order: StartOrder, phase_dir: Path) -> dict[str, str]:
         """The environment of the ranks of a start order on this host."""

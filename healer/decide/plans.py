@@ -146,6 +146,9 @@ class JobFacts:
     restart_cost_s: float | None = None
     """The median seconds of this job's recovered restarts, from the decision to the new attempt's first step; None:
     none yet."""
+    replica_groups: int = 0
+    """The job trains as replica groups, one per host, joined by a per-step quorum (train/ft/): at most this many
+    take part in a step. 0: the job is one world, and every restart stops all of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +171,16 @@ class Plan:
     """Healthy hosts of the job the smaller restart leaves idle (a partial replica): spares from now on."""
     replace_ranks: tuple[int, ...] = ()
     """Ranks whose live processes a warm restart replaces with standbys (a hang's: they hold the job up)."""
+    replica: bool = False
+    """Replace only the replica groups of the hosts at fault (a spare's group joins by a live peer's state) while
+    every other group trains on: nothing else of the job is stopped (basis["restart"] says why)."""
 
     def to_payload(self) -> dict[str, Any]:
         return {"remedy": self.remedy.value, "decision_basis": self.basis, "exclude": list(self.exclude),
                 "nodes": list(self.nodes), "released": list(self.released), "dp": self.dp,
                 "resume_step": self.resume_step,
                 "skip_steps": list(self.skip_steps), "warm": self.warm, "replace_ranks": list(self.replace_ranks),
+                "replica": self.replica,
                 "not_before": self.not_before.isoformat() if self.not_before else None}
 
 
@@ -344,6 +351,16 @@ def warm_reason(kind: FaultKind, job: JobFacts) -> str | None:
     return kind.warm if kind.warm and job.warm_unavailable is None else None
 
 
+def replica_reason(kind: FaultKind, job: JobFacts) -> str | None:
+    """Why an incident of `kind` may be answered by replacing the replica groups of its hosts alone, the others
+    training on; None when it cannot: the job is one world, or the fault is not a host's (a bad batch spoils every
+    group's state alike: they all roll back together)."""
+    if not job.replica_groups or not kind.names_host or kind.bad_step is not None:
+        return None
+    return (f"{kind.name}: the job trains as replica groups, one per host: the other groups go on with each step "
+            "without the one at fault, and a group started in its place joins by a live peer's state")
+
+
 def restart_mode(p: Plan, kind: FaultKind, job: JobFacts, replace_ranks: tuple[int, ...] = ()) -> Plan:
     """`p` with its restart made warm where that is safe, and why it is warm or cold in its basis: warm only for a
     kind whose surviving processes are trusted, in a job whose attempts run warm and whose current attempt is not
@@ -352,6 +369,13 @@ def restart_mode(p: Plan, kind: FaultKind, job: JobFacts, replace_ranks: tuple[i
     `replace_ranks`: the ranks a kind that replaces named ones (a hang: the ranks holding the job up) replaces."""
     if not p.remedy.restarts:
         return p
+    replica = replica_reason(kind, job) if p.remedy is not Remedy.ROLLBACK else None
+    if replica is not None:
+        leaving = [n for n in job.nodes if n not in p.nodes]
+        joining = [n for n in p.nodes if n not in job.nodes]
+        return replace(p, replica=True, basis=p.basis | {"restart": {
+            "mode": "replica", "why": replica, "leaving": leaving, "joining": joining,
+            "groups": f"{len(job.nodes)} -> {len(p.nodes)}"}})
     why = warm_reason(kind, job)
     if why is None:
         cold = job.warm_unavailable if kind.warm else f"{kind.name}: the ranks' processes cannot be trusted after it"

@@ -39,6 +39,7 @@ from healer.decide.plans import (
     Verdict,
     choose,
     crash_loop,
+    replica_reason,
     restart_mode,
     warm_reason,
 )
@@ -194,7 +195,9 @@ def _open(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         # NOTE: before any diagnosis: no host is at fault, and the job is stopped for good (one page, this one).
         return Decision(Action.ESCALATE, S.ESCALATED, basis | {"reason": loop.pop("reason"), "crash_loop": loop},
                         stop_job=True)
-    warm = warm_reason(f.kind, job.facts) if job is not None else None
+    # NOTE: a job whose other processes train on through the remedy (warm, or replica groups) must not be stopped for
+    # the diagnosis either
+    warm = (warm_reason(f.kind, job.facts) or replica_reason(f.kind, job.facts)) if job is not None else None
     if rule.runbook and f.diagnosis_available and warm is None:
         return Decision(Action.DIAGNOSE, S.DIAGNOSING, basis | {"reason": f"run runbook {rule.runbook}"},
                         f.now + rule.diagnosis_deadline)
@@ -203,7 +206,7 @@ def _open(f: IncidentFacts, rule: Rule, basis: dict[str, Any]) -> Decision:
         # needs: only the checks that leave the survivors running (a failure makes the restart cold, without the host).
         return Decision(Action.DIAGNOSE, S.DIAGNOSING, basis | {
             "runbook": LIVE_RUNBOOK, "live": True,
-            "reason": f"run runbook {LIVE_RUNBOOK} (not {rule.runbook}: a warm restart keeps the survivors running)"},
+            "reason": f"run runbook {LIVE_RUNBOOK} (not {rule.runbook}: the restart keeps the survivors running)"},
             f.now + rule.diagnosis_deadline)
     if rule.runbook:
         basis["diagnosis"] = "skipped: this healer does not run runbooks"

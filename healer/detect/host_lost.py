@@ -8,7 +8,8 @@ can read (the processes are on the host it cannot reach), so the silence names t
 for `after`:
 - no batch from the host (none at all since the attempt started counts from the start);
 - no rank of the job advanced its step for `after` / 2: a job that goes on training without the host's reports
-  still has the host (only its agent is gone; the runner restarts the agent instead).
+  still has the host (only its agent is gone; the runner restarts the agent instead). Not for a job of replica
+  groups, one per host (train/ft/): the other groups train on without the lost one, by design.
 A link that flaps for less than `after` is no fault: the batches and the steps come back. The host is healthy
 again when it reports or when the attempt no longer runs on it.
 """
@@ -86,10 +87,13 @@ class HostLost(Detector):
                     if last is not None and last >= started_at:
                         healthy.add(key)
                     continue
-                if still <= after / 2:
+                # NOTE: replica groups (one per host) train on without a lost host's: the job's progress says nothing
+                # of it, and its own ranks report through its own sidecar, silent with it.
+                if still <= after / 2 and not view.in_groups(job):
                     continue  # the job trains on: the host's ranks are there, only its reports are not
                 fired.add(node)
-                firing.append(self._finding(key, job, node, attempt, last, silent, progress, still, heard, now))
+                firing.append(self._finding(key, job, node, attempt, last, silent, progress, still, heard, now,
+                                            view.in_groups(job)))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))
 
     def _progress_of(self, job: str, attempt: int, step: int, started_at: float, now: float) -> _Progress:
@@ -101,12 +105,13 @@ class HostLost(Detector):
         return p
 
     def _finding(self, key: str, job: str, node: str, attempt: int, last: float | None, silent: float,
-                 progress: _Progress, still: float, heard: dict[str, float], now: float) -> Finding:
+                 progress: _Progress, still: float, heard: dict[str, float], now: float, grouped: bool) -> Finding:
         when = "since the attempt started" if last is None else f"for {silent:.0f} s"
+        what = ("its replica group with it (the other groups train on)" if grouped else
+                f"the job stopped with it (no step for {still:.0f} s)")
         return Finding(
             key=key, job=job, node=node,
-            summary=(f"host {node} silent {when} and the job stopped with it (no step for {still:.0f} s): the host "
-                     "is down or cut off from the others"),
+            summary=f"host {node} silent {when} and {what}: the host is down or cut off from the others",
             evidence={"attempt": attempt, "silent_s": round(silent, 3),
                       "last_heard_age_s": None if last is None else round(now - last, 3),
                       "job_step": progress.step if progress.step >= 0 else None, "no_step_for_s": round(still, 3),

@@ -46,17 +46,26 @@ def recover(responder: Responder, view: TickView, now: datetime) -> list[int]:
         if not started:
             continue  # a notification, or a restart not started yet
         row = started[-1]
+        trained_from = first
+        if row.mode == "replica":
+            # NOTE: a regroup keeps the attempt (its other groups never stopped): recovered once every host of it
+            # trained since, the joining groups included
+            since = row.started_at.timestamp() if row.started_at is not None else 0.0
+            joined = r.groups_trained(tuple(row.nodes), since)
+            if joined is None:
+                continue
+            trained_from = joined
         lost = None if row.highest_step is None or row.from_step is None else \
             max(0, row.highest_step + 1 - row.from_step)
         evidence = {"reason": "recovered: the restarted job trains again", "attempt": state.attempt,
-                    "first_step_after": first, "resume_step": row.from_step, "highest_step": row.highest_step,
+                    "first_step_after": trained_from, "resume_step": row.from_step, "highest_step": row.highest_step,
                     "lost_steps": lost}
         if not responder.store.transition(incident.id, S.REMEDIATING, S.RESOLVED, evidence, next_action_at=None):
             continue
         if row.outcome is None:
-            responder.jobs.restart_ended(row.id, "recovered", now, first)
+            responder.jobs.restart_ended(row.id, "recovered", now, trained_from)
         responder.metrics.transitions.labels(S.REMEDIATING.value, S.RESOLVED.value).inc()
-        log.warning("incident %d recovered: attempt %d trains from step %d", incident.id, state.attempt, first)
+        log.warning("incident %d recovered: attempt %d trains from step %d", incident.id, state.attempt, trained_from)
         responder.changed(incident.id, "transition", S.REMEDIATING.value, S.RESOLVED.value)
         done.append(incident.id)
     return done

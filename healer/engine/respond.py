@@ -203,7 +203,7 @@ class Responder:
                          incident.state == S.OPEN.value else (),
                          stalled_rollbacks=self._stalled_rollbacks(incident) if fault(incident.kind).remedy
                          is Remedy.ROLLBACK and incident.state in (S.OPEN.value, S.DIAGNOSING.value) else 0,
-                         total_steps=st.total_steps,
+                         total_steps=st.total_steps, replica_groups=st.replica_groups,
                          restart_cost_s=self._restart_cost_s(r.job) if fault(incident.kind).swaps_slow else None)
         return JobNow(facts=facts, attempt=st.attempt, busy_with=self._busy_with(r.job, incident.id))
 
@@ -368,6 +368,7 @@ class Responder:
                              dp=plan.dp or (facts.job.facts.dp if facts.job else 1), resume_step=plan.resume_step,
                              skip_steps=skip, warm=plan.warm, released=plan.released,
                              replace_ranks=plan.replace_ranks, keep_out=kept_out(incident.kind, plan),
+                             replica=plan.replica,
                              mode_why=str((plan.basis.get("restart") or {}).get("why", "")))
         r.restart(order, lambda result: self.restarted(incident.id, remediation_id, restart_id, result,
                                                         incident.attempt))

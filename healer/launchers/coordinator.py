@@ -19,6 +19,7 @@ from pathlib import Path
 from healer.launchers.agent_client import AgentClient, AgentUnreachable, Fence, OrderFailed
 from healer.launchers.attempt import AgentAttempt, AgentRank
 from healer.launchers.coordinator_base import START_TIMEOUT_S, CoordinatorBase, Unauthorized, on_each
+from healer.launchers.coordinator_groups import Groups
 from healer.launchers.coordinator_probe import Probes
 from healer.launchers.coordinator_stop import Stops
 from healer.launchers.coordinator_takeover import TakeOvers
@@ -32,7 +33,7 @@ __all__ = ["AgentAttempt", "AgentRank", "Coordinator", "Unauthorized"]
 log = logging.getLogger(__name__)
 
 
-class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
+class Coordinator(WarmGenerations, Groups, Stops, Probes, TakeOvers):
     """The healer's side of one job's attempts on its hosts' node agents (its parts: coordinator_base.py)."""
 
     def __init__(self, cfg: CoordinatorBase.Config, view: ProcessView, token: str,
@@ -62,6 +63,8 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
         """(host, attempt) of each older attempt found still running that is being (or was) stopped there."""
         self.warm = (WarmControl(cfg.warm, token=token, job=cfg.job, nproc_per_node=cfg.nproc_per_node)
                      if cfg.warm is not None else None)
+        self.group_of = {}
+        self._group_overrides, self._regroups = (), 0
 
     def start(self, token: str, nodes: tuple[str, ...], dp: int | None = None, resume: str | None = "auto",
               extra: tuple[str, ...] = (), spares: tuple[str, ...] = ()) -> AgentAttempt:
@@ -76,7 +79,8 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
             if self.attempt is not None and not self.attempt.done:
                 raise RuntimeError(f"attempt {self.attempt.number} still runs; stop it first")
             number = self.attempt.number + 1 if self.attempt is not None else self._first_number
-            overrides = self.overrides(dp, extra)
+            # NOTE: replica groups: the healer's dp is the number of groups; each group's own is the config's
+            overrides = self.overrides(dp if self.cfg.groups is None else None, extra)
             self.view.started(self.cfg.job, number, tuple(nodes), self.clock())
             self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=self.clock(), dp=dp, resume=resume)
             self.history.append(self.attempt)
@@ -86,6 +90,14 @@ class Coordinator(WarmGenerations, Stops, Probes, TakeOvers):
                                         warm=journal.WarmNote(formation=True, formed_in=number) if self.warm else None))
         if self.warm is not None:
             return self._form_warm(token, number, nodes, resume, overrides, spares)
+        if self.cfg.groups is not None:
+            failures = self._start_groups(number, tuple(nodes), resume, overrides)
+            if failures:
+                log.error("attempt %d of %s could not start: %s", number, self.cfg.job, failures[0])
+                self.stop(token, timedelta(0))
+                raise RuntimeError(f"attempt {number} could not start: {failures[0]}")
+            log.info("attempt %d of %s started as replica groups on %s", number, self.cfg.job, ", ".join(nodes))
+            return self.attempt
         failures: list[Exception] = []
 
         def launch(node_rank: int, endpoint: str | None) -> str:

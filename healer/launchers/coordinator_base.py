@@ -29,6 +29,14 @@ START_TIMEOUT_S = 60.0
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """A job that trains as replica groups, one per host (train/ft/, healer/launchers/coordinator_groups.py)."""
+
+    lighthouse: str
+    """The Lighthouse's URL as the groups reach it (http://HOST:PORT): the healer runs it (healer/runner/build.py)."""
+
+
 class Unauthorized(PermissionError):
     """A kill or restart was asked for without the run's token."""
 
@@ -58,6 +66,9 @@ class CoordinatorBase:
         program: UserProgram | None = None
         """A user's program instead of megaheal's trainer: the same on every rank, told its attempt and what to skip
         through the environment (wire/rank_env.py), never through `--set` items."""
+        groups: GroupSettings | None = None
+        """Each host runs one replica group of megaheal's trainer (ft.enabled), a world of its own joined to the others
+        by the Lighthouse; None: the attempt is one world over every host."""
 
         def __post_init__(self) -> None:
             check_name(self.job, "job")
@@ -67,6 +78,9 @@ class CoordinatorBase:
                 raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
             if self.grace < timedelta(0):
                 raise ValueError(f"grace must be >= 0, got {self.grace}")
+            if self.groups is not None and (self.warm is not None or self.program is not None):
+                raise ValueError("replica groups are megaheal's trainer's (ft.enabled), and not warm: a lost group's "
+                                 "peers train on, there is nothing to restart warm")
 
     cfg: Config
     view: ProcessView

@@ -70,3 +70,10 @@ def first_spike_step(run_dir: Path, since: float, config: LossSpike.Config, seen
             return rec.step
         window = (window + [loss])[-config.window:]
     return None
+
+
+
+def first_step_since(run_dir: Path, ranks: list[int], since: float) -> int | None:
+    """The first step any of `ranks` recorded at or after `since` (each rank's own file), or None."""
+    steps = [r.step for rank in ranks for r in step_record.read(RunPaths(run_dir).rank_records(rank)) if r.time >= since]
+    return min(steps) if steps else None

@@ -26,6 +26,7 @@ from healer.decide.catalogue import BadStep, fault
 from healer.launchers import rank_records
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.coordinator_base import program_resume
+from healer.launchers.coordinator_groups import NothingToJoin
 from healer.launchers.drain import Drainer
 from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.placement import Placement
@@ -98,6 +99,9 @@ class AgentRemediator:
         """A host's runbook past this is an `error` verdict (no host is blamed on a guess)."""
         evidence_timeout: timedelta = timedelta(seconds=5)
         """Per rank, for its stack dump when a hang is looked at (the dump does not stop the rank: it is quick)."""
+        replica_groups: int = 0
+        """The job trains as replica groups, one per host, at most this many (train/ft/; `dp` counts the groups);
+        0: one world."""
 
         def __post_init__(self) -> None:
             if not self.nodes or set(self.nodes) & set(self.spares):
@@ -322,7 +326,7 @@ class AgentRemediator:
                         succeeded=a is not None and a.succeeded, busy=self.busy,
                         warm_unavailable=self._warm_unavailable(),
                         replica_hosts=keeper_hosts(self.nodes) if self.sup.warm is not None else {},
-                        total_steps=self.cfg.total_steps)
+                        total_steps=self.cfg.total_steps, replica_groups=self.cfg.replica_groups)
 
     def _warm_unavailable(self) -> str | None:
         """Why the next restart cannot be warm, or None (healer.decide.plans.restart_mode)."""
@@ -410,7 +414,8 @@ class AgentRemediator:
         threading.Thread(target=self._guarded, args=(run,), name="megaheal-diagnose-across", daemon=True).start()
 
     def restart(self, order: RestartOrder, done: Callable[[Started | Failed], None]) -> None:
-        self.sup.view.stopping(self.job)
+        if not order.replica:
+            self.sup.view.stopping(self.job)  # NOTE: a regroup stops no group but the ones that leave
         # NOTE: the hosts it leaves out are out from the order on, not once the old attempt is stopped: while it is
         # (its ranks hidden from the detectors), a host's lasting fault (a GPU that keeps its Xid) reads as no job's
         # and opened an incident of its own.
@@ -426,6 +431,13 @@ class AgentRemediator:
 
     def _restart(self, order: RestartOrder) -> Started:
         cold_why = order.mode_why or "cold by the policy"
+        if order.replica:
+            try:
+                return self._regroup(order)
+            except NothingToJoin as exc:
+                cold_why = f"replica groups could not be replaced alone: {exc}"
+                log.warning("incident %d: %s; restarting cold", order.incident_id, cold_why)
+                self.sup.view.stopping(self.job)
         if order.warm:
             try:
                 return self._restart_warm(order)
@@ -482,6 +494,46 @@ class AgentRemediator:
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC),
                        from_step=from_step, resume=resume, nodes=self.nodes,
                        dp=self.dp, mode="warm", mode_why=order.mode_why + taken, stages=stages)
+
+    def _regroup(self, order: RestartOrder) -> Started:
+        """The running attempt goes on on the order's hosts (Coordinator.regroup): the groups of the hosts that leave
+        are stopped, a spare's group joins in a leaving one's place, a group that ended starts again; every other
+        group trains on. The step the others were at is where the joining groups resume, from a live peer."""
+        ordered = time.monotonic()
+        placement, left_out = self.placement.moved_to(order.nodes, order.dp, order.released)
+        doubts = self.drainer.witness(order.incident_id) if left_out and self.drainer is not None else None
+        try:
+            left, started = self.sup.regroup(self.token, placement.nodes, why=order.mode_why)
+        except NothingToJoin:
+            if doubts is not None:
+                doubts.cancel()
+            raise
+        self.placement = placement
+        attempt = self.sup.attempt
+        assert attempt is not None
+        if left_out and self.drainer is not None:
+            threading.Thread(target=self._drain_left_out, args=(order.incident_id, left_out, doubts), daemon=True,
+                             name="megaheal-drain").start()
+        at = self.highest_step(attempt.number)
+        return Started(attempt=attempt.number, at=datetime.now(UTC), from_step=at + 1 if at is not None else None,
+                       resume="a live peer group's state", nodes=self.nodes, dp=self.dp, mode="replica",
+                       mode_why=order.mode_why + (f"; left: {', '.join(left)}" if left else "")
+                       + (f"; started: {', '.join(started)}" if started else ""),
+                       stages={"regroup_s": round(time.monotonic() - ordered, 3)})
+
+    def groups_trained(self, nodes: tuple[str, ...], since: float) -> int | None:
+        """Once every host of `nodes` recorded a step since `since` (a regroup's new groups joined and trained), the
+        lowest of their first steps; else None."""
+        a = self.sup.attempt
+        if a is None:
+            return None
+        on: dict[str, set[int]] = {}
+        for r in list(a.ranks.values()):
+            on.setdefault(r.node, set()).add(r.rank)
+        # NOTE: each host's own ranks (as its agent reported them): a group started again keeps its ranks' numbers,
+        # and only its records since the regroup are its
+        first = [rank_records.first_step_since(self.sup.cfg.run_dir, sorted(on.get(n, ())), since) for n in nodes]
+        return None if None in first else min(f for f in first if f is not None)
 
     def _drain_left_out(self, incident_id: int, left_out: set[str], doubts: futures.Future | None) -> None:
         """Drain the hosts a warm restart left out that their incident proved bad (Drainer.left_out)."""

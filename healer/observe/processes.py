@@ -99,6 +99,8 @@ class ProcessView:
     came back): the launcher stops it."""
     _placed: dict[str, tuple[tuple[str, ...], float]] = field(default_factory=dict)
     """job -> the hosts its current attempt was started on (empty when the launcher did not say), and when."""
+    _grouped: set[str] = field(default_factory=set)
+    """Jobs that train as replica groups, one per host (train/ft/): one host's standstill is not the job's."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_exit(self, ex: ProcessExit) -> None:
@@ -136,6 +138,34 @@ class ProcessView:
             for st in self._states.values():
                 if st.job == job:
                     self._node_states.setdefault((job, st.node), set()).add(st.rank)
+
+    def train_in_groups(self, job: str) -> None:
+        """`job` trains as replica groups, one per host: the others go on when one host's group is lost."""
+        with self._lock:
+            self._grouped.add(job)
+
+    def in_groups(self, job: str) -> bool:
+        with self._lock:
+            return job in self._grouped
+
+    def regrouped(self, job: str, nodes: tuple[str, ...], gone: tuple[str, ...]) -> None:
+        """Within the job's current attempt, the replica groups of the hosts `gone` ended or left and are no longer
+        its (healer/launchers/coordinator_groups.py): the attempt runs on `nodes` now, and what those hosts' parts
+        reported (their states, their end, their ranks' exits) is history, as an older attempt's would be: a group
+        started again there is a new part."""
+        with self._lock:
+            current = self._attempts.get(job)
+            self._placed[job] = (tuple(nodes), self._placed.get(job, ((), 0.0))[1])
+            for node in gone:
+                self._ended.pop((job, node), None)
+                self._reported.get(job, {}).pop(node, None)
+                for rank in self._node_states.pop((job, node), ()):
+                    held = self._states.get((job, rank))
+                    if held is not None and held.node == node:
+                        del self._states[(job, rank)]
+            kept = [e for e in self._exits if not (e.job == job and e.attempt == current and e.node in gone)]
+            self._exits = deque(kept)
+            self._pids_stale.add(job)
 
     def report(self, node: str, r: AttemptReport, now: float) -> None:
         """A node agent's report of its host's part of the job's current attempt (a report of another attempt, late

@@ -23,6 +23,7 @@ from healer.incidents import epochs
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.store import IncidentStore
 from healer.launchers.coordinator import Coordinator
+from healer.launchers.coordinator_base import GroupSettings
 from healer.launchers.drain import Drainer
 from healer.launchers.job_diagnosis import JobDiagnosis
 from healer.launchers.launchers import LauncherConfig, launch
@@ -34,9 +35,11 @@ from healer.launchers.warm_control import WarmSettings
 from healer.ledger.store import LedgerWriter
 from healer.observe.heartbeats import HeartbeatTable
 from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
+from healer.runner.lighthouse import Lighthouse
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
 from train.config import TrainConfig, load_config
+from train.ft.config import FtConfig
 from train.layout import LayoutError, validate_layout
 from wire.orders import UserProgram
 from wire.run_paths import RunPaths
@@ -169,7 +172,8 @@ def db_url_of(spec: JobSpec) -> str:
 def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...], int | None]:
     """Ranks per host, the data-parallel degree, the degrees the job accepts and its steps in all (None: a program's,
     not known). A program is taken to be data-parallel across its hosts (one replica a host; torchrun's WORLD_SIZE
-    tells it how many), shrinking no lower than `min_nodes`; the trainer's config says its own."""
+    tells it how many), shrinking no lower than `min_nodes`; the trainer's config says its own. A trainer of replica
+    groups (ft.enabled) runs one group a host: its degree is the number of groups, down to ft.min_groups."""
     if spec.program is not None:
         n = len(spec.nodes)
         low = n if spec.min_nodes is None else spec.min_nodes
@@ -178,6 +182,12 @@ def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...], int | None]:
         return spec.nproc_per_node, n, tuple(range(low, n + 1)), None
     assert spec.config is not None
     cfg = load_config(spec.config, list(spec.overrides))
+    if cfg.ft.enabled:
+        n = len(spec.nodes)
+        if n > cfg.ft.groups:
+            raise ValueError(f"ft.groups ({cfg.ft.groups}) is fewer than the job's {n} hosts: each host runs one "
+                             "replica group")
+        return cfg.parallel.world_size, n, tuple(range(min(cfg.ft.min_groups, n), n + 1)), cfg.steps
     world = cfg.parallel.world_size
     if world % len(spec.nodes):
         raise ValueError(f"{world} ranks do not split over {len(spec.nodes)} hosts")
@@ -222,6 +232,9 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     launched = launch(spec.launcher, spec.run_dir, token_file)
     agents = launched.fleet
     agents.epoch = epoch
+    ft = _replica_groups(spec)
+    lighthouse = (Lighthouse(_advertise_host(launched.listen), ft.min_groups,
+                             RunPaths(spec.run_dir).launcher / "lighthouse.log") if ft is not None else None)
 
     def hands(store: IncidentStore, table: HeartbeatTable) -> AgentRemediator:
         coordinator = Coordinator(Coordinator.Config(job=spec.job, config=shared_config(spec.config, spec.run_dir),
@@ -229,13 +242,15 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                                                      nproc_per_node=nproc, overrides=spec.overrides,
                                                      grace=spec.grace, hosts_are_local=agents.hosts_are_local,
                                                      warm=_advertised(spec.warm, launched.listen),
-                                                     program=spec.program),
+                                                     program=spec.program,
+                                                     groups=GroupSettings(lighthouse.url) if lighthouse else None),
                                   table.processes, token, env=launched.rank_env, epoch=epoch)
         across = JobDiagnosis(python=sys.executable, cwd=Path.cwd(), env=launched.across_env)
         return AgentRemediator(AgentRemediator.Config(nodes=spec.nodes, spares=spec.spares, dp=dp,
                                                       valid_dp=accepted, total_steps=total_steps,
                                                       preflight=spec.preflight,
-                                                      rescreen_every=spec.rescreen_every),
+                                                      rescreen_every=spec.rescreen_every,
+                                                      replica_groups=ft.groups if ft is not None else 0),
                                coordinator, token,
                                drainer=Drainer(agents, store, spec.job, drain=spec.drain,
                                                agent_answers=lambda node: _answers(coordinator, node)),
@@ -253,7 +268,17 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
     tls = RunAuthority.of_run(RunPaths(spec.run_dir).launcher).healer().server(require_peer=False)
     reports = ReportServer(core.app, listen=launched.listen, tls=tls)
     ledger = LedgerWriter(spec.run_dir, engine, spec.job)
-    return SelfHealingJob(core.healer, remediator, agents, reports, core.table, spec.loop, background=[ledger.write])
+    return SelfHealingJob(core.healer, remediator, agents, reports, core.table, spec.loop, background=[ledger.write],
+                          closing=[lighthouse.stop] if lighthouse is not None else [])
+
+
+def _replica_groups(spec: JobSpec) -> FtConfig | None:
+    """The trainer's `ft` section where it trains as replica groups (one per host, joined by the healer's
+    Lighthouse), else None."""
+    if spec.config is None:
+        return None
+    ft = load_config(spec.config, list(spec.overrides)).ft
+    return ft if ft.enabled else None
 
 
 def _advertise_host(listen: str) -> str:

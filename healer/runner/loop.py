@@ -64,14 +64,17 @@ class LoopConfig:
 class SelfHealingJob:
     def __init__(self, healer: Healer, remediator: AgentRemediator, agents: AgentFleet, reports: ReportServer,
                  table: HeartbeatTable, cfg: LoopConfig | None = None,
-                 background: list[Callable[[], object]] | None = None) -> None:
-        """`background`: called every `notify_every` off the loop (the goodput ledger writer, say)."""
+                 background: list[Callable[[], object]] | None = None,
+                 closing: list[Callable[[], object]] | None = None) -> None:
+        """`background`: called every `notify_every` off the loop (the goodput ledger writer, say); `closing`: called
+        last on close (the replica groups' Lighthouse)."""
         self.healer, self.remediator, self.agents, self.reports, self.table = healer, remediator, agents, reports, table
         self.keeper = AgentKeeper(agents, remediator.sup, table, self._hosts, remediator.token)
         self.cfg = cfg or LoopConfig()
         self.job = remediator.job
         self.outcome: str | None = None
         self._background: list[Callable[[], object]] = [healer.tick_notify, self._rescreen_due, *(background or [])]
+        self._closing = list(closing or [])
         self._rescreen_at = time.monotonic() + self._rescreen_every_s()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._off_loop, name="megaheal-notify", daemon=True)
@@ -301,6 +304,8 @@ class SelfHealingJob:
         self.agents.stop()
         self.reports.stop()
         self.healer.store.engine.dispose()
+        for release in self._closing:
+            release()
 
     # ---- reading ---------------------------------------------------------------------------------------
 

@@ -146,3 +146,15 @@ def test_a_crash_in_a_job_that_runs_warm_is_diagnosed_live_and_restarts_warm_unl
     # The same crash in a job that does not run warm is diagnosed with the rule's runbook, the job stopped.
     cold = decide(_facts(S.OPEN, rule, kind="crash", job=_job(), attempt=1, diagnosis_available=True))
     assert cold.action is Action.DIAGNOSE and cold.basis["runbook"] == "node-health" and "live" not in cold.basis
+
+
+def test_a_crash_in_a_job_of_replica_groups_is_diagnosed_live_and_replaces_only_its_group() -> None:
+    job = JobNow(facts=JobFacts(nodes=("n1", "n2", "n3"), spares=("n4",), dp=3, checkpoint_steps=(4,),
+                                replica_groups=3), attempt=0, busy_with=None)
+    rule = _rule(runbook="node-health")
+    d = decide(_facts(S.OPEN, rule, kind="crash", job=job, attempt=0, diagnosis_available=True))
+    assert d.basis["runbook"] == "node-health-live" and d.basis["live"] is True, "the other groups train on"
+    failed = decide(_facts(S.DIAGNOSING, rule, kind="crash", job=job, attempt=0,
+                           verdict=Verdict("fail", bad_nodes=("n2",))))
+    assert failed.plan is not None and failed.plan.replica and failed.plan.nodes == ("n1", "n4", "n3")
+    assert failed.plan.to_payload()["replica"] is True and not failed.stop_job

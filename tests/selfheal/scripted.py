@@ -90,6 +90,9 @@ class ScriptedRemediator:
     def highest_step(self, attempt: int) -> int | None:
         return self.highest.get(attempt)
 
+    def groups_trained(self, nodes: tuple[str, ...], since: float) -> int | None:
+        return None  # NOTE: a scripted job never regroups
+
     def first_bad_step(self, kind: str, attempt: int, detector_config: Any, seen: int | None = None) -> int | None:
         return None
 

@@ -230,3 +230,25 @@ def test_a_warm_kind_restarts_cold_when_the_job_cannot_or_no_replica_is_elsewher
     backed_off = gate(crash_plan := restart_mode(plan("crash", job=warm_job), fault("crash"), warm_job),
                       facts(warm_unavailable=None, restarts=(NOW - timedelta(seconds=1),)), budget, NOW)
     assert backed_off.not_before is not None and backed_off.warm and crash_plan.warm
+
+
+def test_a_job_of_replica_groups_replaces_the_group_of_the_host_at_fault_and_rolls_back_all_together() -> None:
+    job = facts(nodes=("n1", "n2", "n3"), spares=("n4",), dp=3, valid_dp=(2, 3), replica_groups=3)
+    # A lost host: the spare's group joins in its place, nothing else of the job stops.
+    lost = restart_mode(plan("host_lost", suspects=("n2",), job=job), fault("host_lost"), job)
+    assert lost.replica and not lost.warm and lost.nodes == ("n1", "n4", "n3")
+    assert lost.basis["restart"] | {"why": ""} == {"mode": "replica", "why": "", "leaving": ["n2"],
+                                                   "joining": ["n4"], "groups": "3 -> 3"}
+    # A crash on a host that passed its checks: its group starts again where it was.
+    crash = restart_mode(plan("crash", verdict=Verdict("pass"), job=job), fault("crash"), job)
+    assert crash.replica and crash.nodes == job.nodes and crash.basis["restart"]["leaving"] == []
+    # No spare: the others go on as two groups.
+    alone = facts(nodes=("n1", "n2", "n3"), spares=(), dp=3, valid_dp=(2, 3), replica_groups=3)
+    fewer = restart_mode(plan("gpu_fault", suspects=("n3",), job=alone), fault("gpu_fault"), alone)
+    assert fewer.replica and fewer.nodes == ("n1", "n2") and fewer.basis["restart"]["groups"] == "3 -> 2"
+    # A bad batch spoils every group's state alike: they all roll back together, from the disk.
+    nan = restart_mode(plan("nonfinite", first_bad_step=9, job=job), fault("nonfinite"), job)
+    assert nan.remedy is Remedy.ROLLBACK and not nan.replica and nan.basis["restart"]["mode"] == "cold"
+    # One world: no replica mode.
+    world = facts(nodes=("n1", "n2", "n3"), spares=("n4",), dp=3)
+    assert not restart_mode(plan("host_lost", suspects=("n2",), job=world), fault("host_lost"), world).replica

@@ -25,12 +25,17 @@ class FtConfig:
     group that died mid-step is noticed by then, and the others retry the step without it)."""
     quorum_timeout_s: float = 60.0
     """How long a group waits for a step's quorum (the others to reach it, or enough of them to come back)."""
+    lighthouse_retries: int = 10
+    """How often a group asks the Lighthouse for a quorum again when it does not answer (it died, and its keeper
+    starts it again on the same address): past them, the group fails."""
 
     def __post_init__(self) -> None:
         if self.groups < 1:
             raise ValueError(f"ft.groups must be >= 1, got {self.groups}")
         if not 1 <= self.min_groups <= self.groups:
             raise ValueError(f"ft.min_groups must be between 1 and ft.groups ({self.groups}), got {self.min_groups}")
+        if self.lighthouse_retries < 0:
+            raise ValueError(f"ft.lighthouse_retries must be >= 0, got {self.lighthouse_retries}")
         for name in ("timeout_s", "quorum_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ft.{name} must be > 0, got {getattr(self, name)}")

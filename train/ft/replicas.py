@@ -77,7 +77,7 @@ class ReplicaGroups:
             replica_id=f"group{env.group}", lighthouse_addr=env.lighthouse, rank=rank, world_size=world,
             store_addr=store_address, store_port=port, hostname=env.address, timeout=timeout,
             quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
-            checkpoint_transport=self._transport,
+            checkpoint_transport=self._transport, quorum_retries=cfg.lighthouse_retries,
             # NOTE: the quorum is waited for before the step's batch is read: which share of it this group trains
             # on depends on who takes part.
             use_async_quorum=False)
