@@ -373,7 +373,15 @@ def restart_mode(p: Plan, kind: FaultKind, job: JobFacts, replace_ranks: tuple[i
     if replica is not None:
         leaving = [n for n in job.nodes if n not in p.nodes]
         joining = [n for n in p.nodes if n not in job.nodes]
-        return replace(p, replica=True, basis=p.basis | {"restart": {
+        if joining:
+            said = (f"replace the replica group(s) of {', '.join(leaving)} with the spare's on {', '.join(joining)}, "
+                    "which joins from a live peer; the other groups train on")
+        elif leaving:
+            said = (f"leave the replica group(s) of {', '.join(leaving)} out (no spare): the {len(p.nodes)} others "
+                    "train on")
+        else:
+            said = "start the replica group(s) that failed again in place, from a live peer; the others train on"
+        return replace(p, replica=True, basis=p.basis | {"reason": f"{kind.name}: {said}", "restart": {
             "mode": "replica", "why": replica, "leaving": leaving, "joining": joining,
             "groups": f"{len(job.nodes)} -> {len(p.nodes)}"}})
     why = warm_reason(kind, job)

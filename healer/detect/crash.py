@@ -75,8 +75,11 @@ class Crash(Detector):
             by_attempt.setdefault((ex.job, ex.attempt), []).append(ex)
         firing, healthy = [], set()
         for (job, attempt), exits in by_attempt.items():
-            key = f"{job}/attempt-{attempt}"
             current = view.attempt(job)
+            # NOTE: a job of replica groups goes on in the same attempt after a group is replaced: a group that fails
+            # after that (the one started, or another) is a fault of its own, decided again
+            regroups = view.regroups(job) if current == attempt else 0
+            key = f"{job}/attempt-{attempt}" + (f"/regroup-{regroups}" if regroups else "")
             if current is not None and current > attempt:
                 healthy.add(key)  # a later attempt runs: this attempt's crash was dealt with
                 continue

@@ -51,7 +51,8 @@ def recover(responder: Responder, view: TickView, now: datetime) -> list[int]:
             # NOTE: a regroup keeps the attempt (its other groups never stopped): recovered once every host of it
             # trained since, the joining groups included
             since = row.started_at.timestamp() if row.started_at is not None else 0.0
-            joined = r.groups_trained(tuple(row.nodes), since)
+            # (the hosts of it still in the job: one lost since is another incident's)
+            joined = r.groups_trained(tuple(n for n in row.nodes if n in state.nodes), since)
             if joined is None:
                 continue
             trained_from = joined

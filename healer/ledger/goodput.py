@@ -68,7 +68,8 @@ class Ledger:
     incidents: list[dict[str, Any]] = field(default_factory=list)
     degraded_s: float = 0.0
     """Of `productive`, the steps trained with fewer ranks than the run's most: a job that came back smaller (a host
-    left out with no spare) until it grew back."""
+    left out with no spare) until it grew back, or a job of replica groups training on without a lost group until
+    its replacement joined (the job never stopped: this time is not lost, it is trained at a smaller scale)."""
 
     def to_payload(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,10 +112,15 @@ def compute(run_dir: Path, incidents: list[dict[str, Any]]) -> Ledger:
 
 
 def _degraded(records: list[dict[str, Any]]) -> float:
-    """The seconds of the steps that count trained at fewer ranks than the run's most."""
-    full = max((r.get("world_size") or 1 for r in records), default=1)
+    """The seconds of the steps that count trained at fewer ranks than the run's most: a job that came back smaller,
+    or one of replica groups (train/ft/) stepping on with fewer groups while a lost one is replaced (each record's
+    ranks: its group's world size x the groups that took part)."""
+    def ranks(r: dict[str, Any]) -> int:
+        return int(r.get("world_size") or 1) * int(r.get("replicas") or 1)
+
+    full = max((ranks(r) for r in records), default=1)
     final = {r["step"]: r for r in records}
-    return sum(r.get("step_seconds", 0.0) for r in final.values() if (r.get("world_size") or 1) < full)
+    return sum(r.get("step_seconds", 0.0) for r in final.values() if ranks(r) < full)
 
 
 # ---- reading and splitting -----------------------------------------------------------------------------------

@@ -101,6 +101,8 @@ class ProcessView:
     """job -> the hosts its current attempt was started on (empty when the launcher did not say), and when."""
     _grouped: set[str] = field(default_factory=set)
     """Jobs that train as replica groups, one per host (train/ft/): one host's standstill is not the job's."""
+    _regroups: dict[str, int] = field(default_factory=dict)
+    """job -> how often its current attempt was regrouped: a group that fails after a regroup is a fault of its own."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_exit(self, ex: ProcessExit) -> None:
@@ -123,6 +125,7 @@ class ProcessView:
         apply."""
         with self._lock:
             self._attempts[job] = attempt
+            self._regroups.pop(job, None)
             self._placed[job] = (tuple(nodes), at)
             self._pids[job] = frozenset()
             self._pids_stale.discard(job)
@@ -166,6 +169,12 @@ class ProcessView:
             kept = [e for e in self._exits if not (e.job == job and e.attempt == current and e.node in gone)]
             self._exits = deque(kept)
             self._pids_stale.add(job)
+            self._regroups[job] = self._regroups.get(job, 0) + 1
+
+    def regroups(self, job: str) -> int:
+        """How often the job's current attempt was regrouped (0: never, or not a job of groups)."""
+        with self._lock:
+            return self._regroups.get(job, 0)
 
     def report(self, node: str, r: AttemptReport, now: float) -> None:
         """A node agent's report of its host's part of the job's current attempt (a report of another attempt, late

@@ -88,8 +88,8 @@ class Lighthouse:
     def _keep(self) -> None:
         while not self._stopping.is_set():
             code = self._proc.wait()
-            if self._stopping.is_set():
-                return
+            if self._stopping.is_set() or code == 0:
+                return  # NOTE: 0 is a stop asked for (SIGTERM: the job's end, the allocation's)
             log.error("the Lighthouse exited (%s); starting it again on %s", code, self.url)
             time.sleep(RESTART_BACKOFF_S)
             try:

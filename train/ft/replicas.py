@@ -56,7 +56,9 @@ class ReplicaGroups:
     def __init__(self, cfg: FtConfig, env: FtEnv, device: torch.device, *,
                  state_dict: Callable[[], dict[str, Any]],
                  load_state_dict: Callable[[dict[str, Any]], None]) -> None:
-        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+        from torchft import Manager
+
+        from train.ft.process_group import SaltedGloo, SaltedNCCL, watch
 
         self.env = env
         rank = dist.get_rank() if dist.is_initialized() else 0
@@ -65,7 +67,7 @@ class ReplicaGroups:
         self._store, store_address, port = _group_store(env.address, rank, timeout)
         self._transport: SignedTransport[dict[str, Any]] = SignedTransport(
             read_key(env.key_file, "replica groups' key"), env.address, timeout)
-        pg = ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+        pg = SaltedNCCL(timeout=timeout) if device.type == "cuda" else SaltedGloo(timeout=timeout)
         self._healed = False
 
         def load(state: dict[str, Any]) -> None:
@@ -81,6 +83,7 @@ class ReplicaGroups:
             # NOTE: the quorum is waited for before the step's batch is read: which share of it this group trains
             # on depends on who takes part.
             use_async_quorum=False)
+        watch(self.manager, pg)
 
     @property
     def group(self) -> int:
