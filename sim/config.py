@@ -17,7 +17,7 @@ from ground.typedconfig import ConfigError, apply_overrides, from_mapping, load_
 
 KINDS = ("crash", "hang", "gpu_fault", "host_lost", "nonfinite")
 """The fault kinds a failure can show as (the healer's detectors of the same name)."""
-RESTART_MODES = ("warm", "cold")
+RESTART_MODES = ("warm", "cold", "replica")
 
 
 def _positive(owner: object, *names: str) -> None:
@@ -176,6 +176,12 @@ class Stages:
     """A warm restart's decision to its first step: the survivors' new group, a standby's state from a peer."""
     person: timedelta
     """A page to the job training again: someone answers, replaces or removes the host, restarts the job."""
+    ft_timeout: timedelta = timedelta(seconds=5)
+    """restart: replica. A replica group lost to the others going on without it: their collective with it times out
+    and the next quorum forms without it (every GPU waits this long, and the step is tried again)."""
+    group_join: timedelta = timedelta(seconds=60)
+    """restart: replica. A group started in a lost one's place to its first step with the others: new processes,
+    and its state from a live peer group (no checkpoint read)."""
     planned_downtime: timedelta
     """A planned interruption's stop to its restart (the maintenance itself)."""
 
@@ -213,7 +219,8 @@ class SimConfig:
     seed: int = 0
     restart: str = "warm"
     """warm: the job runs warm (a crash or a rollback restarts warm where the policy allows); cold: every restart
-    is cold."""
+    is cold; replica: each data-parallel replica is a replica group of its own (train/ft/): a fault of one host
+    replaces its group while the others train on (a rollback still stops them all, and restarts cold)."""
     rules: list[str] = field(default_factory=list)
     """Rule files or directories the policy runs with (their budgets and lemon limits); empty: the shipped rules."""
     policy: bool = True
@@ -231,7 +238,7 @@ class SimConfig:
         if self.days <= 0:
             raise ValueError(f"days must be > 0, got {self.days}")
         if self.restart not in RESTART_MODES:
-            raise ValueError(f"restart must be warm or cold, got {self.restart!r}")
+            raise ValueError(f"restart must be warm, cold or replica, got {self.restart!r}")
         needed = {f"{section}.{f.name}" for section, obj in (("stages", self.stages), ("checkpoint", self.checkpoint))
                   for f in dataclasses.fields(obj)}
         missing = sorted(needed - set(self.sources))

@@ -37,6 +37,8 @@ class SimIncident:
     verdict: Verdict | None = None
     stopped: bool = False
     """The attempt was stopped for the diagnosis (a cold restart then need not stop it)."""
+    degraded: tuple[int, ...] = ()
+    """restart: replica: the hosts of the replica group it took out; the others train on meanwhile."""
     decisions: list[str] = field(default_factory=list)
 
 
@@ -52,6 +54,8 @@ class JobSnapshot:
     node_incidents: dict[str, int]
     attempt: int
     warm_unavailable: str | None
+    replica_groups: int = 0
+    """restart: replica: the data-parallel replicas, each a replica group (JobFacts.replica_groups)."""
 
 
 def rule_for(rules: RuleSet, kind: str) -> Rule | None:
@@ -67,7 +71,8 @@ def decide_incident(inc: SimIncident, rules: RuleSet, job: JobSnapshot, names: l
     window = rules.budget(rule).window.total_seconds()
     facts = JobFacts(nodes=job.nodes, spares=job.spares, dp=job.dp, checkpoint_steps=job.checkpoint_steps,
                      restarts=tuple(at(t) for t in job.restarts if now - t < window),
-                     node_incidents=job.node_incidents, warm_unavailable=job.warm_unavailable)
+                     node_incidents=job.node_incidents, warm_unavailable=job.warm_unavailable,
+                     replica_groups=job.replica_groups)
     return decide(facts_of(incident_id=inc.id, kind=inc.kind, state=inc.state, state_since=at(inc.state_since),
                            now=at(now), rule=rule, rules=rules,
                            suspects=(names[inc.host],) if inc.host is not None else (), attempt=inc.attempt,

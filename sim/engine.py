@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from healer.decide.catalogue import Remedy, fault
-from healer.decide.plans import Verdict
+from healer.decide.plans import JobFacts, Verdict, replica_reason
 from healer.decide.policy import LIVE_RUNBOOK, Action, Decision, page_now
 from healer.decide.rules import RuleSet
 from healer.decide.states import IncidentState
@@ -115,6 +115,10 @@ class Simulation:
         """The newest completed save: every rank holds it in memory (a warm restart resumes from it)."""
         self.durable: list[tuple[float, float]] = [(0.0, 0.0)]
         """(progress, when it is durable) of the saves, oldest first."""
+        self.out: set[int] = set()
+        """restart: replica: hosts of the job whose replica group was lost and is not back yet (they do not train)."""
+        self._stall = 0
+        """restart: replica: the survivors' stall in flight (a newer one, or a stop of the whole job, supersedes it)."""
         self.broken: dict[int, Category] = {}
         """Hosts of the job that are broken, and how: kept in the job, they fail again."""
         self.pending: dict[int, Category] = {}
@@ -177,7 +181,7 @@ class Simulation:
     # ---- training, closed-form -------------------------------------------------------------------------------
 
     def _start_training(self) -> None:
-        self.segment = _Segment(self.now, self.progress, len(self.hosts), self.size)
+        self.segment = _Segment(self.now, self.progress, len([h for h in self.hosts if h not in self.out]), self.size)
         self.last_restart_warm_untrained = False
         for host, cat in self.broken.items():
             self._recur(host, cat)
@@ -302,11 +306,89 @@ class Simulation:
     # ---- incidents -------------------------------------------------------------------------------------------
 
     def _interrupted(self, host: int, cat: Category) -> None:
-        """A failure stops the training attempt: its incident begins."""
+        """A failure stops the training attempt: its incident begins. A job of replica groups loses only the group
+        of the host (restart: replica), where the policy would replace it alone."""
+        if host in self.out:
+            return  # its group is out already: the incident that took it out answers this too
+        if self._replica(cat):
+            self._lose_group(host, cat)
+            return
         self._close_training(self.now)
         self._open(host, cat)
 
+    # ---- replica groups (restart: replica) ------------------------------------------------------------------
+
+    def _replica(self, cat: Category) -> bool:
+        return (self.cfg.restart == "replica" and self.segment is not None
+                and replica_reason(fault(cat.sees), JobFacts(nodes=(), replica_groups=self.dp)) is not None)
+
+    def _group_of(self, host: int) -> list[int]:
+        i = self.hosts.index(host) // self.hpr * self.hpr
+        return self.hosts[i:i + self.hpr]
+
+    def _lose_group(self, host: int, cat: Category) -> None:
+        """The host's replica group is gone: every group waits for the collective with it to time out and tries the
+        step again without it (ft_timeout, the step in flight lost), then the others train on while its incident
+        runs; its hosts are out until a group joins in its place."""
+        self._close_training(self.now)
+        self._lose(max(0.0, self.progress - self.cfg.job.step_time.total_seconds()), cat.name)
+        group = self._group_of(host)
+        self.out |= set(group)
+        self._down_as("detection", cat.name)
+        self._stall += 1
+        self._push(self.now + self.cfg.stages.ft_timeout.total_seconds(), "regrouped", self._stall)
+        kind = cat.sees
+        inc = SimIncident(id=next(self._ids), kind=kind, cause=cat.name, fault_at=self.now, attempt=self.attempt,
+                          host=host, degraded=tuple(group))
+        self.incidents[kind] += 1
+        self._push(self.now + self.detect.get(kind, 0.0), "detected", inc)
+
+    def _on_regrouped(self, token: int) -> None:
+        if token != self._stall or self.segment is not None or self.down is None or self.down[0] != "detection":
+            return  # the job was stopped meanwhile, for another reason: its restart brings it back
+        self._close_down(self.now)
+        self._start_training()
+
+    def _regroup(self, inc: SimIncident, plan: Any) -> None:
+        """The policy's replica restart: the excluded hosts to repair, spares in their place; the group's hosts
+        join after group_join (from a live peer, nothing lost); with no spare, the job goes on a group smaller."""
+        self.restarts["replica"] += 1
+        self.restart_times.append(self.now)  # NOTE: a replica restart spends the budget as any restart does
+        self.lemons_left_out += len(plan.basis.get("lemons") or {})
+        for name in plan.exclude:
+            host = self._index[name]
+            self._to_repair(host, self.broken.get(host) or self._category(inc.cause))
+        current = set(self.hosts)
+        joined = [self._index[n] for n in plan.nodes if self._index[n] not in current]
+        for host in joined:
+            self.fleet.where[host] = Where.JOB
+        self.spares_taken += len(joined)
+        for name in plan.released:
+            self.fleet.where[self._index[name]] = Where.SPARE
+        training = self.segment is not None
+        if training:
+            self._close_training(self.now)
+        elif inc.stopped and self.down is not None and self.down[0] == "diagnosis":
+            self._close_down(self.now)  # the job was stopped for this incident's diagnosis: it trains again now
+            training = True
+        self.hosts = [self._index[n] for n in plan.nodes]
+        self.dp = plan.dp or self.dp
+        self.out &= set(self.hosts)
+        coming = [h for h in self.hosts if h in self.out or h in joined]
+        self.out |= set(coming)
+        if coming:
+            self._push(self.now + self.cfg.stages.group_join.total_seconds(), "joined", tuple(coming))
+        if training:
+            self._start_training()
+
+    def _on_joined(self, hosts: tuple[int, ...]) -> None:
+        self.out -= set(hosts)
+        if self.segment is not None:
+            self._close_training(self.now)
+            self._start_training()
+
     def _open(self, host: int, cat: Category) -> None:
+        self._stall += 1  # NOTE: the whole job stops for this one: a group's stall in flight does not end it
         kind = cat.sees
         bad_batch = not fault(kind).names_host
         inc = SimIncident(id=next(self._ids), kind=kind, cause=cat.name, fault_at=self.now, attempt=self.attempt,
@@ -337,10 +419,14 @@ class Simulation:
             self._remediate(inc, d)
         elif d.action is Action.ESCALATE:
             inc.state = S.ESCALATED
+            if self.segment is not None:
+                self._close_training(self.now)  # a group's incident paged: the job stops for the person
             self._escalate(inc, str(d.basis.get("reason")))
         elif d.action is Action.WAIT and d.next_action_at is not None:
             self._push(self.now + (d.next_action_at - at(self.now)).total_seconds(), "decide", inc)
         else:
+            if self.segment is not None:
+                self._close_training(self.now)
             self._escalate(inc, f"the policy left the stopped job waiting ({d.basis.get('reason')})")
 
     def _diagnose(self, inc: SimIncident, d: Decision) -> None:
@@ -350,7 +436,11 @@ class Simulation:
         if not live:
             seconds += stages.stop.total_seconds()  # the attempt is stopped first: node-health wants the host idle
             inc.stopped = True
-        self._down_as("diagnosis", inc.cause)
+        if not (inc.degraded and live):
+            # NOTE: a group's incident diagnosed with the job stopped (the rule's runbook wants it idle) stops it too
+            if self.segment is not None:
+                self._close_training(self.now)
+            self._down_as("diagnosis", inc.cause)
         assert inc.host is not None  # a diagnosis runs on a suspect host
         cat = self.broken.get(inc.host)
         found = cat is not None and self.rng.random() < (cat.live_found if live else cat.found)
@@ -363,6 +453,11 @@ class Simulation:
         assert plan is not None
         inc.state = S.REMEDIATING
         self.remedies[plan.remedy.value] += 1
+        if inc.degraded and plan.replica and plan.remedy is not Remedy.NOTIFY:
+            self._regroup(inc, plan)
+            return
+        if inc.degraded and self.segment is not None:
+            self._close_training(self.now)  # not a group's alone after all: the whole job stops
         if plan.remedy is Remedy.NOTIFY:
             # A fault that stopped the job, answered by telling someone: nobody restarts it but a person.
             self._escalate(inc, f"{inc.kind}: notify only, and the job is stopped")
@@ -390,6 +485,8 @@ class Simulation:
 
     def _restart(self, *, warm: bool, stopped: bool, cause: str) -> None:
         self.attempt += 1
+        self.out.clear()  # every group starts again with the job
+        self._stall += 1
         self.restarts["warm" if warm else "cold"] += 1
         self._down_as("restart", cause)
         self.memory = self.progress  # what the restarted ranks hold: the state they resumed from
@@ -399,6 +496,8 @@ class Simulation:
 
     def _on_trained(self, _: None) -> None:
         """The attempt reached its first step, unless a host of it broke meanwhile (then it fails on that host)."""
+        if self.segment is not None:
+            return  # a later restart's attempt trains already (restart: replica: two incidents may overlap)
         for host in [h for h in self.pending if self.fleet.where[h] == Where.SPARE]:
             self._to_repair(host, self.pending.pop(host))  # it broke while out of the job
         bad = [h for h in self.hosts if h in self.pending]
@@ -424,6 +523,8 @@ class Simulation:
 
     def _on_person(self, inc: SimIncident) -> None:
         """Someone answered the page: broken hosts out, spares in, whole replicas dropped if short, a cold restart."""
+        if self.segment is not None:
+            self._close_training(self.now)  # NOTE: restart: replica trains on meanwhile; the person stops it
         for host in [h for h in self.hosts if h in self.broken or h in self.pending]:
             self._to_repair(host, self.broken.get(host) or self.pending[host])
         kept = [h for h in self.hosts if self.fleet.where[h] == Where.JOB]
@@ -460,6 +561,8 @@ class Simulation:
         self.durable.append((self.progress, self.now))
         self.memory = self.progress
         self._down_as("planned", "planned")
+        self.out.clear()
+        self._stall += 1
         self.attempt += 1
         self.restarts["planned"] += 1
         gap = self.cfg.stages.planned_downtime.total_seconds() + self._cold_time(stopped=False)
@@ -516,7 +619,8 @@ class Simulation:
         return JobSnapshot(nodes=tuple(names[h] for h in self.hosts),
                            spares=tuple(names[h] for h in self.fleet.hosts(Where.SPARE)), dp=self.dp,
                            checkpoint_steps=tuple(sorted(saves)), restarts=tuple(self.restart_times),
-                           node_incidents=counts, attempt=self.attempt, warm_unavailable=warm_off)
+                           node_incidents=counts, attempt=self.attempt, warm_unavailable=warm_off,
+                           replica_groups=self.dp if self.cfg.restart == "replica" else 0)
 
     def _summary(self) -> dict[str, Any]:
         cfg = self.cfg

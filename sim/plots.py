@@ -8,7 +8,8 @@ from typing import Any
 
 from sim.ledger import LOSSES
 
-MODES = (("warm", "megaheal, warm restarts", "#1f77b4"), ("cold", "megaheal, cold restarts only", "#d62728"))
+MODES = (("warm", "megaheal, warm restarts", "#1f77b4"), ("cold", "megaheal, cold restarts only", "#d62728"),
+         ("replica", "megaheal, replica groups (train/ft/)", "#2ca02c"))
 
 
 def _pyplot() -> Any:
@@ -84,7 +85,7 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     head = result["headline"]
-    bottom = [0.0, 0.0]
+    bottom = [0.0] * len(MODES)
     for loss in LOSSES:
         vals = [head[m]["gpu_hours"][loss] / 1e3 for m, _, _ in MODES]
         ax.bar([label for _, label, _ in MODES], vals, bottom=bottom, label=loss.replace("_", " "))

@@ -11,7 +11,7 @@ from typing import Any
 
 from healer.decide.rules import DEFAULT_RULES, RuleSet, load_rule_set
 from sim.config import SimConfig, load_config
-from sim.sweeps import analytic_check, headline, sweep
+from sim.sweeps import MODES, analytic_check, headline, sweep
 
 
 def rule_set(cfg: SimConfig) -> RuleSet:
@@ -55,14 +55,14 @@ def summary(result: dict[str, Any]) -> str:
     lines = [f"{result['title']}: {result['parameters']['failures_per_day']} failures a day "
              f"(mean of {result['headline']['warm']['runs']} seed(s))", "",
              f"{'restarts':<8} {'ETTR':>8} {'pages':>6} {'person':>7} {'spares':>7}  lost GPU-hours (thousands)"]
-    for mode in ("warm", "cold"):
+    for mode in MODES:
         p = result["headline"][mode]
         lost = ", ".join(f"{k} {v / 1e3:.1f}" for k, v in p["gpu_hours"].items() if k != "productive" and v)
         lines.append(f"{mode:<8} {100 * p['ettr']:>7.2f}% {p['pages']:>6.1f} {p['person_actions']:>7.1f} "
                      f"{p['spares_taken']:>7.1f}  {lost}")
     if "sweeps" in result:
         sw = result["sweeps"]
-        for mode in ("warm", "cold"):
+        for mode in MODES:
             best = sw[f"best_checkpoint_interval_s_{mode}"]
             lines.append(f"best checkpoint interval ({mode}): {best['value'] / 60:g} min, ETTR {100 * best['ettr']:.2f}%")
         worst = max(result["analytic_check"], key=lambda c: abs(c["vs_exact"]))

@@ -1,4 +1,4 @@
-"""Runs of the simulation: the headline (the config as it is, warm and cold), the sweeps (one parameter varied at a
+"""Runs of the simulation: the headline (the config as it is, in each restart mode), the sweeps (one parameter varied at a
 time around the config) and the analytic check (the `policy: false` baseline against sim/analytic.py's closed
 forms). Each point is the mean of `sweeps.seeds` seeds; everything is seeded, so a rerun gives the same numbers."""
 
@@ -14,6 +14,9 @@ from sim.analytic import exact_ettr, kokolis_ettr, young_interval
 from sim.config import SimConfig
 from sim.engine import SimResult, Simulation
 from sim.ledger import LOSSES
+
+MODES = ("warm", "cold", "replica")
+"""Every restart mode the headline and the sweeps compare (sim/config.py, SimConfig.restart)."""
 
 
 def run_seeds(cfg: SimConfig, rules: RuleSet, seeds: int) -> list[SimResult]:
@@ -39,7 +42,7 @@ def with_mode(cfg: SimConfig, mode: str) -> SimConfig:
 def headline(cfg: SimConfig, rules: RuleSet) -> dict[str, Any]:
     """The config as it is, once per restart mode, with the first seed's run in full."""
     out: dict[str, Any] = {}
-    for mode in ("warm", "cold"):
+    for mode in MODES:
         runs = run_seeds(with_mode(cfg, mode), rules, cfg.sweeps.seeds)
         out[mode] = point(runs) | {"first_run": runs[0].to_payload()}
     return out
@@ -72,7 +75,7 @@ def sweep(cfg: SimConfig, rules: RuleSet) -> dict[str, Any]:
 
     def both(make: Any, values: list[Any], label: Any) -> list[dict[str, Any]]:
         return [{"value": label(v), **{mode: point(run_seeds(with_mode(make(cfg, v), mode), rules, n))
-                                      for mode in ("warm", "cold")}} for v in values]
+                                      for mode in MODES}} for v in values]
 
     out["checkpoint_interval_s"] = both(_interval, sw.checkpoint_interval, lambda t: t.total_seconds())
     out["failure_scale"] = both(_scaled, sw.failure_scale, float)
@@ -82,7 +85,7 @@ def sweep(cfg: SimConfig, rules: RuleSet) -> dict[str, Any]:
                            for t in sw.cold_start]
     out["warm"] = point(run_seeds(with_mode(cfg, "warm"), rules, n))
     for name in ("checkpoint_interval_s",):
-        for mode in ("warm", "cold"):
+        for mode in MODES:
             best = max(out[name], key=lambda p, m=mode: p[m]["ettr"])
             out[f"best_{name}_{mode}"] = {"value": best["value"], "ettr": best[mode]["ettr"]}
     return out

@@ -151,8 +151,38 @@ def test_the_command_writes_its_json_and_plots(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "warm" in done.stdout and "analytic check" in done.stdout
     result = json.loads((out / "simulation.json").read_text())
-    assert set(result["headline"]) == {"warm", "cold"} and len(result["sweeps"]["gpus"]) == 2
+    assert set(result["headline"]) == {"warm", "cold", "replica"} and len(result["sweeps"]["gpus"]) == 2
     assert result["sources"]["stages.cold_start"]
     assert len(result["plots"]) == 5
     for name in result["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_in_replica_mode_a_lost_host_costs_the_job_a_step_and_its_group_while_a_spare_joins() -> None:
+    sim = one_failure("host-maintenance", "restart=replica")
+    r = sim.run()
+    assert dict(r.incidents) == {"host_lost": 1} and dict(r.restarts) == {"replica": 1} and r.spares_taken == 1
+    assert 5 not in sim.hosts and not sim.out, "the spare's group joined"
+    hours = r.ledger.gpu_hours()
+    cold = one_failure("host-maintenance").run().ledger.gpu_hours()
+    # Every GPU waits out the collective with the lost group (6 s) and loses the step in flight; the group's own
+    # 128 GPUs wait for detection, the decision and the spare's group to join (degraded); nothing is restarted.
+    gpus, group = 16384, 16 * 8
+    assert hours["detection"] == pytest.approx(6 * gpus / 3600, abs=0.01)
+    assert hours["lost_work"] == pytest.approx(6 * gpus / 3600, abs=0.01)
+    assert hours["diagnosis"] == 0 and hours["restart"] == pytest.approx(70 * gpus / 3600, abs=0.01), "the first start"
+    # (from the end of the 6 s stall to the join: detection 15.75 s, the regroup, the join 61 s)
+    assert hours["degraded"] == pytest.approx((15.75 - 6 + 61) * group / 3600, rel=0.01), hours["degraded"]
+    def cost(h: dict[str, float]) -> float:  # what the failure cost, the first start set aside
+        return sum(h[k] for k in ("lost_work", "detection", "diagnosis", "degraded", "restart")) - 70 * gpus / 3600
+
+    assert cost(hours) < cost(cold) / 10, (hours, cold)
+    # With no spare, the others go on a group smaller (its healthy hosts wait as spares), as a cold job would.
+    alone = one_failure("host-maintenance", "restart=replica", "job.spares=0")
+    alone.run()
+    assert len(alone.hosts) == 2048 - 16 and alone.dp == 127 and not alone.out
+
+
+def test_in_replica_mode_a_nan_still_rolls_every_group_back_together() -> None:
+    r = one_failure("silent-data-corruption", "restart=replica").run()
+    assert dict(r.remedies)["rollback-and-skip"] >= 1 and r.restarts["cold"] >= 1 and not r.restarts["replica"]
