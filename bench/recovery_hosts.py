@@ -10,6 +10,11 @@ The job: configs/demo.yaml, steps=--steps, global_batch=24, a checkpoint every 5
 3 hosts x 2 ranks (pp 2, dp 3); every host serves a dcgm-exporter exposition on its loopback (testbed/dcgm.py).
 - megaheal_warm / megaheal_cold: deploy/slurm/megaheal.sbatch (with and without --warm, --dcgm-url) on the bed's
   4 hosts (3 training, 1 spare; the healer on hosts[0], its watcher on another host).
+- megaheal_replica: the same script and model, as 3 replica groups of one host each (train/ft/: pp 2 inside each
+  group, `ft.enabled`), the Lighthouse beside the healer: a fault of one host replaces its group alone while the
+  other two train on. Its MTTR is when the spare's group trained its first step (the job at full strength again);
+  `stall_s` is the longest wait of the groups that never stopped, `trained_meanwhile` the steps they trained
+  between the fault and that first step.
 - torchrun: `salloc -N3 srun --nodes=3 --ntasks-per-node=1 torchrun --nnodes 3 --nproc-per-node 2 --max-restarts 3`
   with c10d rendezvous on hosts[0] and `--resume auto`, so a restart resumes from the newest checkpoint.
 Once every rank passed step 12 the fault hits (all times wall-clock, time.time()):
@@ -138,14 +143,22 @@ def wait_until(probe: Any, timeout_s: float, every_s: float = 0.5) -> bool:
 
 # ---- megaheal --------------------------------------------------------------------------------------------------
 
-def megaheal_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float, warm: bool) -> dict[str, Any]:
+REPLICA_GROUPS = "parallel.dp=1 ft.enabled=true ft.groups=3 ft.min_groups=2 ft.timeout_s=5"
+"""The demo as 3 replica groups, one a host (pp 2 each); global_batch 24 splits over 3 or 2 groups x 4 microbatches."""
+
+
+def megaheal_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float, warm: bool,
+                 groups: bool = False) -> dict[str, Any]:
     exporters = Exporters(bed, workdir / "dcgm")
     args = f"--dcgm-url {URL}" + (" --warm" if warm else "")
-    job = SlurmJob.submit(bed, workdir, steps, args=args, extra_set=HANG if fault == "hang" else "")
+    extra = " ".join([*([HANG] if fault == "hang" else []), *([REPLICA_GROUPS] if groups else [])])
+    job = SlurmJob.submit(bed, workdir, steps, args=args, extra_set=extra)
     successor: str | None = None
     try:
         job.wait_step(fault_step(fault), 600)
         fault_at = inject(bed, fault, exporters, job.run_dir)
+        if groups:
+            return replica_result(bed, job, fault_at, steps, cap_s)
         recovered = wait_until(lambda: recovered_yet(job.run_dir, fault_at) or job.proc.poll() is not None, cap_s)
         if fault == "partition":
             faults.restore_link(bed, bed.hosts[1])
@@ -178,6 +191,42 @@ def megaheal_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float, 
         job.stop()
         if successor is not None and slurm.job_state(successor) in ("PENDING", "RUNNING", "CONFIGURING"):
             slurm.cancel(successor)
+
+
+def replica_result(bed: Bed, job: SlurmJob, fault_at: float, steps: int, cap_s: float) -> dict[str, Any]:
+    """A job of replica groups after its fault: when the spare's group trained (the job at full strength again), how
+    long the groups that never stopped waited, and what they trained meanwhile."""
+    spare = bed.hosts[3].name
+
+    def joined() -> dict[str, Any] | None:
+        return next((r for r in sorted(step_records(job.run_dir), key=lambda r: r["time"])
+                     if r["time"] > fault_at and r.get("node") == spare), None)
+
+    wait_until(lambda: joined() is not None or job.proc.poll() is not None, cap_s)
+    ended = wait_until(lambda: job.proc.poll() is not None, max(60.0, 4.0 * steps))
+    first = joined()
+    survivor = sorted((r for r in step_records(job.run_dir) if r["rank"] == 0), key=lambda r: r["time"])
+    before = [r for r in survivor if r["time"] <= fault_at]
+    after = [r for r in survivor if r["time"] > fault_at]
+    gaps = [b["time"] - a["time"] for a, b in zip(survivor, survivor[1:]) if b["time"] > fault_at]
+    meanwhile = [r for r in after if first is None or r["time"] < first["time"]]
+    highest = max((r["step"] for r in before), default=None)
+    result: dict[str, Any] = {
+        "step_at_fault": highest, "mttr_s": round(first["time"] - fault_at, 3) if first else None,
+        "first_step_after": after[0]["step"] if after else None,
+        # NOTE: what the groups that never stopped trained again: a step they had committed is never redone
+        "lost_steps": (highest + 1 - after[0]["step"]) if after and highest is not None else None,
+        "stall_s": round(max(gaps), 3) if gaps else None, "trained_meanwhile": len(meanwhile),
+        "spare_first_step": first["step"] if first else None,
+        "last_step": max((r["step"] for r in survivor), default=None)}
+    result.update(megaheal_incident(job, fault_at, bed.hosts[1].name))
+    out = job.text()
+    result.update(recovered=first is not None, attempts=job.attempts(),
+                  regroups=[{k: e[k] for k in ("left", "started")} for e in job.journal() if e["event"] == "regrouped"],
+                  finished=ended and "outcome: finished" in out and result["last_step"] == steps - 1,
+                  notes=[] if first else [f"the spare's group trained no step within {cap_s:.0f} s of the fault"],
+                  output_tail=out.splitlines()[-8:])
+    return result
 
 
 def job_ended(job: SlurmJob, successor: str | None) -> bool:
@@ -338,7 +387,8 @@ def stop_allocation(bed: Bed, proc: subprocess.Popen[str], out: Lines) -> None:
 
 # ---- the runs and the summary ----------------------------------------------------------------------------------
 
-SYSTEMS = {"megaheal_warm": lambda *a: megaheal_run(*a, warm=True),
+SYSTEMS = {"megaheal_replica": lambda *a: megaheal_run(*a, warm=False, groups=True),
+           "megaheal_warm": lambda *a: megaheal_run(*a, warm=True),
            "megaheal_cold": lambda *a: megaheal_run(*a, warm=False),
            "torchrun_max_restarts_3": torchrun_run}
 
@@ -364,6 +414,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     stage_medians = {k: round(statistics.median(v), 3) for k in (staged[0] if staged else {})
                      if (v := [st[k] for st in staged if st.get(k) is not None])}
     return {"detection_s": med("detection_s"), "mttr_s": med("mttr_s"), "lost_steps": med("lost_steps"),
+            "stall_s": med("stall_s"), "trained_meanwhile": med("trained_meanwhile"),
             "stages": stage_medians,
             "recovered": [bool(r.get("recovered")) for r in runs], "finished": [bool(r.get("finished")) for r in runs],
             "detection_s_all": [r.get("detection_s") for r in runs], "mttr_s_all": [r.get("mttr_s") for r in runs],

@@ -353,7 +353,8 @@ class Simulation:
         """The policy's replica restart: the excluded hosts to repair, spares in their place; the group's hosts
         join after group_join (from a live peer, nothing lost); with no spare, the job goes on a group smaller."""
         self.restarts["replica"] += 1
-        self.restart_times.append(self.now)  # NOTE: a replica restart spends the budget as any restart does
+        # NOTE: not in restart_times: a group replaced stops no job, and spends no restart budget (the real store's
+        # restart_times leaves mode replica out); the lemon limit bounds a host that keeps failing
         self.lemons_left_out += len(plan.basis.get("lemons") or {})
         for name in plan.exclude:
             host = self._index[name]
@@ -380,6 +381,10 @@ class Simulation:
             self._push(self.now + self.cfg.stages.group_join.total_seconds(), "joined", tuple(coming))
         if training:
             self._start_training()
+
+    def _stopped_at(self, inc: SimIncident) -> float:
+        """When the job stopped for `inc`: its fault, or for a group's incident (the others trained on) now."""
+        return self.now if inc.degraded else inc.fault_at
 
     def _on_joined(self, hosts: tuple[int, ...]) -> None:
         self.out -= set(hosts)
@@ -479,7 +484,7 @@ class Simulation:
         if plan.remedy is Remedy.ROLLBACK and plan.resume_step is not None:
             resume = self._progress_of_step(plan.resume_step, warm=plan.warm)
         else:
-            resume = self.memory if plan.warm else self._durable_at(inc.fault_at)
+            resume = self.memory if plan.warm else self._durable_at(self._stopped_at(inc))
         self._lose(resume, inc.cause)
         self._restart(warm=plan.warm, stopped=inc.stopped, cause=inc.cause)
 
@@ -542,7 +547,7 @@ class Simulation:
             self._push(self.now + self.cfg.stages.person.total_seconds(), "person", inc)
             return
         self.hosts, self.dp = hosts[:usable], usable // self.hpr
-        self._lose(self._durable_at(inc.fault_at), inc.cause)
+        self._lose(self._durable_at(self._stopped_at(inc)), inc.cause)
         self._restart(warm=False, stopped=True, cause=inc.cause)
 
     # ---- planned interruptions -------------------------------------------------------------------------------

@@ -371,8 +371,10 @@ def restart_mode(p: Plan, kind: FaultKind, job: JobFacts, replace_ranks: tuple[i
         return p
     replica = replica_reason(kind, job) if p.remedy is not Remedy.ROLLBACK else None
     if replica is not None:
-        leaving = [n for n in job.nodes if n not in p.nodes]
-        joining = [n for n in p.nodes if n not in job.nodes]
+        # NOTE: sets: a job of 12,288 hosts made these O(n^2), 0.75 s a decision in the simulation
+        after, before = set(p.nodes), set(job.nodes)
+        leaving = [n for n in job.nodes if n not in after]
+        joining = [n for n in p.nodes if n not in before]
         if joining:
             said = (f"replace the replica group(s) of {', '.join(leaving)} with the spare's on {', '.join(joining)}, "
                     "which joins from a live peer; the other groups train on")
@@ -393,7 +395,8 @@ def restart_mode(p: Plan, kind: FaultKind, job: JobFacts, replace_ranks: tuple[i
     if (p.dp is not None and p.dp != job.dp) or len(p.nodes) != len(job.nodes):
         return _cold(p, f"the layout changes ({len(job.nodes)} -> {len(p.nodes)} hosts, dp {job.dp} -> {p.dp}): "
                         "the snapshots fit the old one; the checkpoint reshards")
-    lost = [n for n in job.nodes if n not in p.nodes]
+    after, before = set(p.nodes), set(job.nodes)
+    lost = [n for n in job.nodes if n not in after]
     if lost:
         gone = [n for n in lost if job.replica_hosts.get(n) in (None, *lost)]
         if gone:
@@ -402,7 +405,7 @@ def restart_mode(p: Plan, kind: FaultKind, job: JobFacts, replace_ranks: tuple[i
             return _cold(p, f"the state of the ranks of {', '.join(gone)} is lost with the replicas ({held})")
         why += "; " + "; ".join(f"{new} takes the place of {old}, its ranks' state from their replicas on "
                                 f"{job.replica_hosts[old]}" for old, new in zip(job.nodes, p.nodes) if old != new)
-    elif [n for n in p.nodes if n not in job.nodes]:
+    elif [n for n in p.nodes if n not in before]:
         return _cold(p, "the hosts change")
     basis = p.basis | {"restart": {"mode": "warm", "why": why}}
     if replace_ranks:

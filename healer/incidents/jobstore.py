@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import or_, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -141,10 +141,13 @@ class JobStore:
             return list(session.execute(select(Restart).where(Restart.job == job).order_by(Restart.id)).scalars())
 
     def restart_times(self, job: str, since: datetime) -> tuple[datetime, ...]:
-        """When the job was restarted by a remediation (what the restart budget counts)."""
+        """When the job was restarted by a remediation (what the restart budget counts). NOTE: not a replica group
+        replaced while the others trained on (mode `replica`): that stops no job, and a large job of groups loses one
+        every half hour; a host that keeps failing is bounded by the lemon limit instead."""
         with Session(self.engine) as session:
             return tuple(session.execute(select(Restart.requested_at).where(
-                Restart.job == job, Restart.cause == "remediation", Restart.requested_at >= since)
+                Restart.job == job, Restart.cause == "remediation", Restart.requested_at >= since,
+                or_(Restart.mode.is_(None), Restart.mode != "replica"))
                 .order_by(Restart.requested_at)).scalars())
 
     # ---- goodput ---------------------------------------------------------------------------------------------

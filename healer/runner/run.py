@@ -227,9 +227,11 @@ def _placement(cfg: TrainConfig, launcher: str, spares: int, drain: bool | None,
         return Placement(drain=bool(drain))
     allocation = Allocation.from_environment()
     nodes, spare_hosts = allocation.split(spares)
-    dp = allocation.dp(cfg, len(nodes))
+    # NOTE: replica groups (ft.enabled) are one a host: the data-parallel degree is each group's own
+    dp = allocation.dp(cfg, 1 if cfg.ft.enabled else len(nodes))
+    layout = f"replica groups, one a host, dp {dp} in each" if cfg.ft.enabled else f"dp {dp}"
     print(f"slurm job {allocation.job_id}: {len(nodes)} host(s) x {allocation.ranks_per_node} ranks "
-          f"({', '.join(nodes)}; dp {dp}), spare(s): {', '.join(spare_hosts) or 'none'}")
+          f"({', '.join(nodes)}; {layout}), spare(s): {', '.join(spare_hosts) or 'none'}")
     return Placement(nodes=nodes, spares=spare_hosts, overrides=(f"parallel.dp={dp}",),
                      launcher=SlurmAgents.Config(allocation=allocation, dcgm_url=dcgm_url), drain=True if drain is None else drain)
 
