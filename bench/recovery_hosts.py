@@ -10,8 +10,8 @@ The job: configs/demo.yaml, steps=--steps, global_batch=24, a checkpoint every 5
 3 hosts x 2 ranks (pp 2, dp 3); every host serves a dcgm-exporter exposition on its loopback (testbed/dcgm.py).
 - megaheal_warm / megaheal_cold: deploy/slurm/megaheal.sbatch (with and without --warm, --dcgm-url) on the bed's
   4 hosts (3 training, 1 spare; the healer on hosts[0], its watcher on another host).
-- megaheal_replica: the same script and model, as 3 replica groups of one host each (train/ft/: pp 2 inside each
-  group, `ft.enabled`), the Lighthouse beside the healer: a fault of one host replaces its group alone while the
+- megaheal_replica: the same script and model, as 3 replica groups of one host each (train/ft/: dp 2 inside each
+  group, `ft.enabled`; no pipeline, which replica groups do not take), the Lighthouse beside the healer: a fault of one host replaces its group alone while the
   other two train on. Its MTTR is when the spare's group trained its first step (the job at full strength again);
   `stall_s` is the longest wait of the groups that never stopped, `trained_meanwhile` the steps they trained
   between the fault and that first step.
@@ -143,8 +143,10 @@ def wait_until(probe: Any, timeout_s: float, every_s: float = 0.5) -> bool:
 
 # ---- megaheal --------------------------------------------------------------------------------------------------
 
-REPLICA_GROUPS = "parallel.dp=1 ft.enabled=true ft.groups=3 ft.min_groups=2 ft.timeout_s=5"
-"""The demo as 3 replica groups, one a host (pp 2 each); global_batch 24 splits over 3 or 2 groups x 4 microbatches."""
+REPLICA_GROUPS = ("parallel.pp=1 parallel.dp=2 parallel.microbatches=1 ft.enabled=true ft.groups=3 ft.min_groups=2 "
+                  "ft.timeout_s=5")
+"""The demo's model as 3 replica groups, one a host of 2 data-parallel ranks (a pipeline cannot take part:
+train/ft/config.py); global_batch 24 splits over 3 or 2 groups x 2 ranks."""
 
 
 def megaheal_run(bed: Bed, fault: str, workdir: Path, steps: int, cap_s: float, warm: bool,

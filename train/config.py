@@ -112,7 +112,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.dist_timeout_s <= 0:
             raise ValueError(f"dist_timeout_s must be > 0, got {self.dist_timeout_s}")
-        problems = self.ft.batch_problems(self.global_batch, self.parallel.dp, self.parallel.microbatches)
+        problems = self.ft.layout_problems(self.global_batch, self.parallel.dp, self.parallel.microbatches,
+                                           self.parallel.pp)
         if problems:
             raise ValueError("; ".join(problems))
 

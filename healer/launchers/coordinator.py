@@ -143,6 +143,7 @@ class Coordinator(WarmGenerations, Groups, Stops, Probes, TakeOvers):
                                               stopped=a.stopping))
                     if a.succeeded and self.warm is not None:
                         self.warm.end(a.number)  # the job is done: the standbys leave
+            self.finish_groups(a)
             for node, old in self.view.leftovers(self.cfg.job).items():
                 self._stop_leftover(node, old)
             if len(a.ranks) > found:

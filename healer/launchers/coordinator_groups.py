@@ -13,6 +13,7 @@ The attempt keeps its number: its ranks never stopped, and their records and hea
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from healer.launchers.agent_client import AgentUnreachable, OrderFailed
@@ -117,6 +118,24 @@ class Groups(CoordinatorBase):
         log.warning("attempt %d of %s goes on on %s: group(s) of %s left, started on %s", a.number, self.cfg.job,
                     ", ".join(nodes), ", ".join(left) or "none", ", ".join(started) or "none")
         return left, started
+
+    def finish_groups(self, a: AgentAttempt) -> None:
+        """Called with the lock held, as hosts' parts end: once a group ended 0, it trained the last step (the
+        groups commit the same steps), and the job is done; a group still on its way in has nothing left to train
+        and would wait for a quorum that never comes. Its part counts as finished, and is stopped."""
+        if self.cfg.groups is None or a.done or a.stopping or not any(c == 0 for c in a.exit_codes.values()):
+            return
+        late = [n for n in a.nodes if n not in a.ended]
+        if not late:
+            return
+        log.warning("attempt %d of %s: a group trained the last step; the group(s) of %s, still joining, are stopped",
+                    a.number, self.cfg.job, ", ".join(late))
+        for node in late:
+            if a.host_ended(node, 0):
+                self._journal(journal.End(attempt=a.number, at=self.clock(), exit_codes=dict(a.exit_codes),
+                                          stopped=False))
+        threading.Thread(target=on_each, args=(late, lambda node: self._stop_group(a, node)), daemon=True,
+                         name="megaheal-late-groups").start()
 
     def _failed_hosts(self, a: AgentAttempt) -> set[str]:
         """The hosts of the attempt where a rank ended with a failure (the group there is broken: its torchrun stops

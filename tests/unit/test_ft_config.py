@@ -23,6 +23,10 @@ def test_a_batch_that_does_not_split_over_every_number_of_groups_is_refused_nami
     load_config(None, ["ft.enabled=true", "ft.groups=3", "ft.min_groups=2", "parallel.dp=2", "global_batch=12"])
     # Off, the groups' numbers do not constrain the batch.
     load_config(None, ["ft.groups=3", "ft.min_groups=2", "parallel.dp=2", "global_batch=8"])
+    # A pipeline cannot take part: its shapes are fixed at the first step, a group's share is not.
+    with pytest.raises(ValueError, match=r"ft.enabled needs parallel.pp 1 \(got 2\)"):
+        load_config(None, ["ft.enabled=true", "parallel.pp=2", "parallel.microbatches=2", "model.n_layers=2",
+                           "global_batch=8"])
 
 
 @pytest.mark.parametrize("overrides, message", [

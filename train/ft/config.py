@@ -40,12 +40,17 @@ class FtConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ft.{name} must be > 0, got {getattr(self, name)}")
 
-    def batch_problems(self, global_batch: int, dp: int, microbatches: int) -> list[str]:
-        """What keeps `global_batch` from splitting evenly over every number of groups that may take part: the
-        groups share each step's batch, so that a step's update is the same however many took part."""
+    def layout_problems(self, global_batch: int, dp: int, microbatches: int, pp: int) -> list[str]:
+        """What keeps the layout from training as replica groups: the groups share each step's batch, so that a
+        step's update is the same however many took part, and `global_batch` must split evenly over every number of
+        them; a pipeline cannot take part (its stages fix their microbatches' shape at the first step, and a group's
+        share of the batch changes with the groups of the step)."""
         if not self.enabled:
             return []
-        return [f"global_batch ({global_batch}) must split over {n} replica group(s) x parallel.dp ({dp}) x "
+        piped = ([f"ft.enabled needs parallel.pp 1 (got {pp}): a pipeline's stages fix their microbatches' shape at "
+                  "the first step, and a group's share of each step's batch changes with the groups that take part"]
+                 if pp > 1 else [])
+        return piped + [f"global_batch ({global_batch}) must split over {n} replica group(s) x parallel.dp ({dp}) x "
                 f"parallel.microbatches ({microbatches}) = {n * dp * microbatches}, as any number of groups from "
                 f"ft.min_groups ({self.min_groups}) to ft.groups ({self.groups}) may take part in a step"
                 for n in range(self.min_groups, self.groups + 1) if global_batch % (n * dp * microbatches)]
