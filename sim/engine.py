@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from healer.decide.catalogue import Remedy, fault
-from healer.decide.plans import JobFacts, Verdict, replica_reason
+from healer.decide.plans import Verdict
 from healer.decide.policy import LIVE_RUNBOOK, Action, Decision, page_now
 from healer.decide.rules import RuleSet
 from healer.decide.states import IncidentState
@@ -39,6 +39,7 @@ from sim.config import Category, SimConfig
 from sim.decisions import JobSnapshot, SimIncident, at, decide_incident, rule_for
 from sim.detection import detection_seconds
 from sim.fleet import Failure, Fleet, Where
+from sim.groups import GroupLosses
 from sim.ledger import Ledger
 from wire.verdict import Status
 
@@ -93,7 +94,7 @@ class SimResult:
                 "events": self.events}
 
 
-class Simulation:
+class Simulation(GroupLosses):
     def __init__(self, cfg: SimConfig, rules: RuleSet, seed: int | None = None) -> None:
         self.cfg, self.rules = cfg, rules
         self.rng = np.random.default_rng(cfg.seed if seed is None else seed)
@@ -315,82 +316,6 @@ class Simulation:
             return
         self._close_training(self.now)
         self._open(host, cat)
-
-    # ---- replica groups (restart: replica) ------------------------------------------------------------------
-
-    def _replica(self, cat: Category) -> bool:
-        return (self.cfg.restart == "replica" and self.segment is not None
-                and replica_reason(fault(cat.sees), JobFacts(nodes=(), replica_groups=self.dp)) is not None)
-
-    def _group_of(self, host: int) -> list[int]:
-        i = self.hosts.index(host) // self.hpr * self.hpr
-        return self.hosts[i:i + self.hpr]
-
-    def _lose_group(self, host: int, cat: Category) -> None:
-        """The host's replica group is gone: every group waits for the collective with it to time out and tries the
-        step again without it (ft_timeout, the step in flight lost), then the others train on while its incident
-        runs; its hosts are out until a group joins in its place."""
-        self._close_training(self.now)
-        self._lose(max(0.0, self.progress - self.cfg.job.step_time.total_seconds()), cat.name)
-        group = self._group_of(host)
-        self.out |= set(group)
-        self._down_as("detection", cat.name)
-        self._stall += 1
-        self._push(self.now + self.cfg.stages.ft_timeout.total_seconds(), "regrouped", self._stall)
-        kind = cat.sees
-        inc = SimIncident(id=next(self._ids), kind=kind, cause=cat.name, fault_at=self.now, attempt=self.attempt,
-                          host=host, degraded=tuple(group))
-        self.incidents[kind] += 1
-        self._push(self.now + self.detect.get(kind, 0.0), "detected", inc)
-
-    def _on_regrouped(self, token: int) -> None:
-        if token != self._stall or self.segment is not None or self.down is None or self.down[0] != "detection":
-            return  # the job was stopped meanwhile, for another reason: its restart brings it back
-        self._close_down(self.now)
-        self._start_training()
-
-    def _regroup(self, inc: SimIncident, plan: Any) -> None:
-        """The policy's replica restart: the excluded hosts to repair, spares in their place; the group's hosts
-        join after group_join (from a live peer, nothing lost); with no spare, the job goes on a group smaller."""
-        self.restarts["replica"] += 1
-        # NOTE: not in restart_times: a group replaced stops no job, and spends no restart budget (the real store's
-        # restart_times leaves mode replica out); the lemon limit bounds a host that keeps failing
-        self.lemons_left_out += len(plan.basis.get("lemons") or {})
-        for name in plan.exclude:
-            host = self._index[name]
-            self._to_repair(host, self.broken.get(host) or self._category(inc.cause))
-        current = set(self.hosts)
-        joined = [self._index[n] for n in plan.nodes if self._index[n] not in current]
-        for host in joined:
-            self.fleet.where[host] = Where.JOB
-        self.spares_taken += len(joined)
-        for name in plan.released:
-            self.fleet.where[self._index[name]] = Where.SPARE
-        training = self.segment is not None
-        if training:
-            self._close_training(self.now)
-        elif inc.stopped and self.down is not None and self.down[0] == "diagnosis":
-            self._close_down(self.now)  # the job was stopped for this incident's diagnosis: it trains again now
-            training = True
-        self.hosts = [self._index[n] for n in plan.nodes]
-        self.dp = plan.dp or self.dp
-        self.out &= set(self.hosts)
-        coming = [h for h in self.hosts if h in self.out or h in joined]
-        self.out |= set(coming)
-        if coming:
-            self._push(self.now + self.cfg.stages.group_join.total_seconds(), "joined", tuple(coming))
-        if training:
-            self._start_training()
-
-    def _stopped_at(self, inc: SimIncident) -> float:
-        """When the job stopped for `inc`: its fault, or for a group's incident (the others trained on) now."""
-        return self.now if inc.degraded else inc.fault_at
-
-    def _on_joined(self, hosts: tuple[int, ...]) -> None:
-        self.out -= set(hosts)
-        if self.segment is not None:
-            self._close_training(self.now)
-            self._start_training()
 
     def _open(self, host: int, cat: Category) -> None:
         self._stall += 1  # NOTE: the whole job stops for this one: a group's stall in flight does not end it

@@ -12,13 +12,11 @@ import resource
 import socket
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from exporters.client import RankClient
@@ -31,7 +29,8 @@ from train.checkpoint.writers import writers
 from train.config import TrainConfig
 from train.data import PrefetchLoader, TokenSource, TokenStream, build_source
 from train.ft.batches import SharedBatches
-from train.ft.replicas import Quorum, ReplicaGroups
+from train.ft.replicas import Quorum
+from train.ft.steps import GroupSteps
 from train.hang_faults import HangInjector
 from train.layout import stage_ids, stage_layers, validate_layout
 from train.mfu import Peak, flops_per_token, mfu, resolve_peak
@@ -40,6 +39,7 @@ from train.optim import build_lr_scheduler, build_optimizer
 from train.parallelize import apply_data_parallel, apply_tensor_parallel
 from train.param_checksum import ReplicaChecksum
 from train.pipeline import build_schedule
+from train.place import build_mesh, rank_device, rank_place
 from train.records import StepRecordWriter, StepTable
 from train.replica_faults import ReplicaFlipper
 from train.rerun import Layout, Outcome, Rerunner
@@ -56,22 +56,7 @@ from wire.run_paths import RunPaths
 from wire.step_record import StepRecord, to_line
 
 
-@dataclass(frozen=True, slots=True)
-class RankPlace:
-    """Where this process sits: its global rank and its (pp, dp, tp) mesh coordinates."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    pp: int
-    dp: int
-    tp: int
-
-    def coords(self) -> dict[str, int]:
-        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
-
-
-class Trainer:
+class Trainer(GroupSteps):
     def __init__(self, cfg: TrainConfig, run_dir: Path, snapshot: Snapshot | None = None,
                  replicas: Replicas | None = None) -> None:
         """`snapshot`: resume from this in-memory state instead of the disk (a warm restart, same layout);
@@ -80,9 +65,9 @@ class Trainer:
         self.run_dir = run_dir
         world = dist.get_world_size() if dist.is_initialized() else 1
         validate_layout(cfg.parallel, cfg.model, cfg.global_batch, world)
-        self.device = _rank_device(cfg.device)
-        self.mesh = _build_mesh(cfg, self.device) if world > 1 else None
-        self.place = _rank_place(self.mesh, world)
+        self.device = rank_device(cfg.device)
+        self.mesh = build_mesh(cfg, self.device) if world > 1 else None
+        self.place = rank_place(self.mesh, world)
         self.ft_env = ft_env.read(os.environ, cfg.ft.groups) if cfg.ft.enabled else None
         self.record_rank = self.place.rank + (self.ft_env.group * world if self.ft_env is not None else 0)
         """The rank's number in its records and telemetry: over the whole job, every replica group's ranks in turn."""
@@ -214,35 +199,6 @@ class Trainer:
                     if cfg.replica_checksum and par.dp > 1 and self.mesh is not None else None)
         return Rerunner(cfg, Layout(pp=par.pp, dp=par.dp, tp=par.tp), list(self.chunks), self.device, this_node(),
                         pipelined=pipelined, checksum=checksum)
-
-    def _replica_groups(self) -> ReplicaGroups | None:
-        """Under ft.enabled: this rank's part in the quorum of replica groups (train/ft/), told where this group
-        resumed from so that a group that is behind is sent a live peer's state."""
-        if self.ft_env is None:
-            return None
-        groups = ReplicaGroups(self.cfg.ft, self.ft_env, self.device, state_dict=self._live_state,
-                               load_state_dict=self._take_live_state)
-        groups.resume_at(self.step_index)
-        return groups
-
-    def _live_state(self) -> dict[str, Any]:
-        """This rank's state as a joining group's rank at the same place takes it: plain host tensors."""
-        state = capture(self.parts, self.optimizer, self.lr_scheduler, self.step_index, self.loader.position,
-                        self.place.rank)
-        return Snapshot.take(state, self.step_index, self.place.rank, self.layout).state
-
-    def _take_live_state(self, state: dict[str, Any]) -> None:
-        """A live peer's state (its rank at this rank's place in its group): this group is at the peers' step now."""
-        template = load_template(self.parts, self.optimizer, self.lr_scheduler, self.place.rank, same_world=True)
-        Snapshot(step=int(state["train"]["step"]), rank=self.place.rank, layout=self.layout, state=state).fill(
-            template, self.place.rank, self.layout)
-        behind = self.step_index
-        self.step_index, position = restore(template, self.parts, self.optimizer, self.lr_scheduler,
-                                            self.place.rank)
-        self.loader.load_state_dict({"sample_index": position})
-        if self.place.rank == 0:
-            print(f"replica group {self.ft_env.group if self.ft_env else '?'}: took a live peer's state at step "
-                  f"{self.step_index} (was at {behind})", flush=True)
 
     def _build_schedule(self):
         if self.cfg.parallel.pp == 1:
@@ -399,33 +355,6 @@ class Trainer:
         if self.beacon is not None:
             self.beacon.between(self.step_index)
         return record
-
-    def _average_over_groups(self, checked: Outcome) -> Outcome:
-        """The gradients (each this rank's shard, already reduced over its group's dp) and the loss averaged over
-        the replica groups of the step: each group trained on an equal share of the step's batch."""
-        assert self.ft is not None
-        grads = [p.grad for chunk in self.chunks for p in chunk.parameters() if p.grad is not None]
-        loss = (checked.loss.detach().float().reshape(1).clone() if checked.loss is not None
-                else torch.zeros(1, device=self.device))
-        self.ft.average([*grads, loss])
-        return replace(checked, loss=loss[0]) if checked.loss is not None else checked
-
-    def _abandon(self, position: int, timer: PhaseTimer) -> None:
-        """A step the replica groups did not commit: no update, the same batch again at the next quorum."""
-        assert self.ft is not None
-        self.optimizer.zero_grad(set_to_none=True)
-        self.loader.load_state_dict({"sample_index": position})
-        scratch = PhaseTimer(self.device)
-        self.reduce_timer.drain_into(scratch)
-        self.gather_timer.drain_into(scratch)
-        if self.pipeline_waits is not None:
-            self.pipeline_waits.drain_into(scratch)
-        timer.collect()
-        why = self.ft.failure() or "too few replica groups took part"
-        self.telemetry.event("ft_step_abandoned", step=self.step_index, reason=why[:300],
-                             replicas=self._quorum.participants if self._quorum else None)
-        if self.place.rank == 0:
-            print(f"replica group {self.ft.group}: step {self.step_index} not committed ({why}); again", flush=True)
 
     def _tell(self, checkpoint_events: list[dict[str, Any]]) -> None:
         for event in checkpoint_events:
@@ -662,31 +591,3 @@ class Trainer:
         self.loader.close()
         self.writer.close()
         self.telemetry.close()
-
-
-def _rank_device(kind: str) -> torch.device:
-    if kind == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def _build_mesh(cfg: TrainConfig, device: torch.device) -> DeviceMesh:
-    par = cfg.parallel
-    return init_device_mesh(device.type, (par.pp, par.dp, par.tp), mesh_dim_names=("pp", "dp", "tp"))
-
-
-def _rank_place(mesh: DeviceMesh | None, world: int) -> RankPlace:
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if mesh is None:
-        return RankPlace(rank=rank, world_size=world, local_rank=local_rank, pp=0, dp=0, tp=0)
-    return RankPlace(
-        rank=rank,
-        world_size=world,
-        local_rank=local_rank,
-        pp=mesh["pp"].get_local_rank(),
-        dp=mesh["dp"].get_local_rank(),
-        tp=mesh["tp"].get_local_rank(),
-    )

@@ -31,6 +31,7 @@ from healer.launchers.drain import Drainer
 from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.placement import Placement
 from healer.launchers.preflight import PREFLIGHT_RUNBOOK, failed, screened_placement
+from healer.launchers.remediator_groups import GroupRestarts
 from healer.launchers.warm_control import WarmUnavailable
 from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
@@ -67,7 +68,7 @@ class SavedCheckpoints(Protocol):
     def forget_saved_after(self, job: str, step: int) -> None: ...
 
 
-class AgentRemediator:
+class AgentRemediator(GroupRestarts):
     @dataclass(kw_only=True, slots=True)
     class Config:
         nodes: tuple[str, ...]
@@ -494,46 +495,6 @@ class AgentRemediator:
         return Started(attempt=attempt.number, at=datetime.fromtimestamp(attempt.started_at, UTC),
                        from_step=from_step, resume=resume, nodes=self.nodes,
                        dp=self.dp, mode="warm", mode_why=order.mode_why + taken, stages=stages)
-
-    def _regroup(self, order: RestartOrder) -> Started:
-        """The running attempt goes on on the order's hosts (Coordinator.regroup): the groups of the hosts that leave
-        are stopped, a spare's group joins in a leaving one's place, a group that ended starts again; every other
-        group trains on. The step the others were at is where the joining groups resume, from a live peer."""
-        ordered = time.monotonic()
-        placement, left_out = self.placement.moved_to(order.nodes, order.dp, order.released)
-        doubts = self.drainer.witness(order.incident_id) if left_out and self.drainer is not None else None
-        try:
-            left, started = self.sup.regroup(self.token, placement.nodes, why=order.mode_why)
-        except NothingToJoin:
-            if doubts is not None:
-                doubts.cancel()
-            raise
-        self.placement = placement
-        attempt = self.sup.attempt
-        assert attempt is not None
-        if left_out and self.drainer is not None:
-            threading.Thread(target=self._drain_left_out, args=(order.incident_id, left_out, doubts), daemon=True,
-                             name="megaheal-drain").start()
-        at = self.highest_step(attempt.number)
-        return Started(attempt=attempt.number, at=datetime.now(UTC), from_step=at + 1 if at is not None else None,
-                       resume="a live peer group's state", nodes=self.nodes, dp=self.dp, mode="replica",
-                       mode_why=order.mode_why + (f"; left: {', '.join(left)}" if left else "")
-                       + (f"; started: {', '.join(started)}" if started else ""),
-                       stages={"regroup_s": round(time.monotonic() - ordered, 3)})
-
-    def groups_trained(self, nodes: tuple[str, ...], since: float) -> int | None:
-        """Once every host of `nodes` recorded a step since `since` (a regroup's new groups joined and trained), the
-        lowest of their first steps; else None."""
-        a = self.sup.attempt
-        if a is None:
-            return None
-        on: dict[str, set[int]] = {}
-        for r in list(a.ranks.values()):
-            on.setdefault(r.node, set()).add(r.rank)
-        # NOTE: each host's own ranks (as its agent reported them): a group started again keeps its ranks' numbers,
-        # and only its records since the regroup are its
-        first = [rank_records.first_step_since(self.sup.cfg.run_dir, sorted(on.get(n, ())), since) for n in nodes]
-        return None if None in first else min(f for f in first if f is not None)
 
     def _drain_left_out(self, incident_id: int, left_out: set[str], doubts: futures.Future | None) -> None:
         """Drain the hosts a warm restart left out that their incident proved bad (Drainer.left_out)."""
