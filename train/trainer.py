@@ -269,6 +269,9 @@ class Trainer(GroupSteps):
         if self.ft is not None:
             with timer.phase("ft_quorum", host=True):
                 self._quorum = self.ft.begin()
+            if self._quorum.behind:
+                self._wait_for_state(timer)
+                return None
             assert isinstance(self.loader, SharedBatches)
             self.loader.share(self._quorum.participants, self._quorum.rank)
         position = self.loader.position

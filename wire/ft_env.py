@@ -19,6 +19,8 @@ LIGHTHOUSE = "MEGAHEAL_FT_LIGHTHOUSE"
 KEY_FILE = "MEGAHEAL_FT_KEY_FILE"
 """A private file (0600) holding the run's key, which authenticates a live state transfer between groups
 (train/ft/transport.py): the path, never the key (an environment is readable through /proc)."""
+AT_LEAST = "MEGAHEAL_FT_AT_LEAST"
+"""The step the job's groups have reached when this one starts (wire/orders.ReplicaStart.at_least); unset: 0."""
 ADDRESS = "MEGAHEAL_FT_ADDRESS"
 """The address this host trains on: where its live state is served to a joining group, and the name its manager
 gives the Lighthouse. Unset: 127.0.0.1 (every group on this machine)."""
@@ -33,6 +35,7 @@ class FtEnv:
     lighthouse: str
     key_file: Path
     address: str
+    at_least: int = 0
 
 
 def read(environ: Mapping[str, str], groups: int) -> FtEnv:
@@ -51,7 +54,11 @@ def read(environ: Mapping[str, str], groups: int) -> FtEnv:
     address = environ.get(ADDRESS) or "127.0.0.1"
     if _ADDRESS.fullmatch(address) is None:
         raise ValueError(f"{ADDRESS}={address!r}: expected a host name or an IP address")
-    return FtEnv(group=int(text), lighthouse=lighthouse, key_file=Path(environ[KEY_FILE]), address=address)
+    at_least = environ.get(AT_LEAST) or "0"
+    if not at_least.isdigit():
+        raise ValueError(f"{AT_LEAST}={at_least!r}: expected a step, an integer >= 0")
+    return FtEnv(group=int(text), lighthouse=lighthouse, key_file=Path(environ[KEY_FILE]), address=address,
+                 at_least=int(at_least))
 
 
 def ft_key(token: str, job: str) -> bytes:

@@ -79,6 +79,9 @@ class ReplicaStart(Struct, frozen=True, kw_only=True):
     lighthouse: Annotated[str, Meta(pattern=r"^http://[A-Za-z0-9.:\[\]-]{1,253}:[0-9]{1,5}\Z",
                                     description="http://HOST:PORT")]
     """The Lighthouse the groups agree on each step's quorum through (the healer runs it)."""
+    at_least: Count = 0
+    """The step the groups that train have reached: a group started with nothing trains in no quorum short of it (two
+    groups started at once must not train on from step 0 by themselves while the others are busy)."""
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -412,7 +412,8 @@ class NodeAgent:
         path only: an environment is readable through /proc)."""
         key_file = write_key(self._attempt_dir(order) / "ft.key", ft_env.ft_key(self.cfg.token, order.job))
         return {ft_env.GROUP: str(replica.group), ft_env.LIGHTHOUSE: replica.lighthouse,
-                ft_env.KEY_FILE: str(key_file), ft_env.ADDRESS: self._rdzv_host()}
+                ft_env.KEY_FILE: str(key_file), ft_env.ADDRESS: self._rdzv_host(),
+                ft_env.AT_LEAST: str(replica.at_least)}
 
     def _rank_env(self, order: StartOrder, phase_dir: Path) -> dict[str, str]:
         """The environment of the ranks of a start order on this host."""

@@ -42,7 +42,7 @@ class Groups(CoordinatorBase):
     _regroups: int
     """Regroups of the current attempt so far."""
 
-    def group_order(self, order: StartOrder, node: str) -> StartOrder:
+    def group_order(self, order: StartOrder, node: str, at_least: int = 0) -> StartOrder:
         """`order` as the start of `node`'s replica group: a world of one host, its group's index, the Lighthouse."""
         assert self.cfg.groups is not None
         return StartOrder(**{f: getattr(order, f) for f in order.__struct_fields__ if f not in
@@ -50,7 +50,8 @@ class Groups(CoordinatorBase):
                           # NOTE: a group started again on a host within the attempt is another start: its own id
                           id=self._order_id("start", order.attempt, node, f":regroup-{self._regroups}"),
                           nnodes=1, node_rank=0, rdzv_endpoint=None,
-                          replica=ReplicaStart(group=self.group_of[node], lighthouse=self.cfg.groups.lighthouse))
+                          replica=ReplicaStart(group=self.group_of[node], lighthouse=self.cfg.groups.lighthouse,
+                                               at_least=at_least))
 
     def _start_groups(self, number: int, nodes: tuple[str, ...], resume: str | None,
                       overrides: tuple[str, ...]) -> list[Exception]:
@@ -61,11 +62,11 @@ class Groups(CoordinatorBase):
         return self._launch_groups(number, list(nodes), resume, overrides)
 
     def _launch_groups(self, number: int, nodes: list[str], resume: str | None,
-                       overrides: tuple[str, ...]) -> list[Exception]:
+                       overrides: tuple[str, ...], at_least: int = 0) -> list[Exception]:
         failures: list[Exception] = []
 
         def launch(node: str) -> None:
-            order = self.group_order(self.start_order(number, (node,), 0, None, resume, overrides), node)
+            order = self.group_order(self.start_order(number, (node,), 0, None, resume, overrides), node, at_least)
             try:
                 result = self._client(node).run(order, START_TIMEOUT_S)
             except (AgentUnreachable, OrderFailed) as exc:
@@ -77,7 +78,7 @@ class Groups(CoordinatorBase):
         on_each(nodes, launch)
         return failures
 
-    def regroup(self, token: str, nodes: tuple[str, ...], why: str = "") -> tuple[list[str], list[str]]:
+    def regroup(self, token: str, nodes: tuple[str, ...], why: str = "", at_least: int = 0) -> tuple[list[str], list[str]]:
         """The current attempt goes on on `nodes`: the groups of its hosts not in `nodes` are stopped (SIGKILL: a
         lost host's agent does not answer, and a group that leaves has nothing to save: its peers hold the same
         state), and a group is started on every host of `nodes` that joins, or whose group ended or lost a rank
@@ -110,7 +111,7 @@ class Groups(CoordinatorBase):
             self.view.regrouped(self.cfg.job, tuple(nodes), (*left, *again))
         # NOTE: from nothing (resume none): the group takes a live peer's state at its first quorum; its own
         # checkpoints on the disk are older than that, and reading them would only add to its time to join
-        failures = self._launch_groups(a.number, started, "none", self._group_overrides)
+        failures = self._launch_groups(a.number, started, "none", self._group_overrides, at_least)
         self._journal(journal.Regrouped(attempt=a.number, at=self.clock(), nodes=list(nodes), left=left,
                                         started=started, groups={n: self.group_of[n] for n in nodes}, why=why[:2000]))
         if failures:

@@ -26,7 +26,11 @@ class GroupRestarts:
         placement, left_out = self.placement.moved_to(order.nodes, order.dp, order.released)
         doubts = self.drainer.witness(order.incident_id) if left_out and self.drainer is not None else None
         try:
-            left, started = self.sup.regroup(self.token, placement.nodes, why=order.mode_why)
+            # NOTE: the groups started join only a quorum that reached the job's step: two of them at once must not
+            # train on from step 0 by themselves while the others are busy (a fresh make test's bed run did)
+            reached = self.highest_step(self.sup.attempt.number) if self.sup.attempt is not None else None
+            left, started = self.sup.regroup(self.token, placement.nodes, why=order.mode_why,
+                                             at_least=reached + 1 if reached is not None else 0)
         except NothingToJoin:
             if doubts is not None:
                 doubts.cancel()

@@ -52,6 +52,9 @@ def test_the_environment_names_the_variable_that_is_missing_or_wrong(tmp_path: P
         ft_env.read(good | {ft_env.LIGHTHOUSE: "http://host:1/; rm -rf /"}, groups=2)
     with pytest.raises(ValueError, match=ft_env.ADDRESS):
         ft_env.read(good | {ft_env.ADDRESS: "10.0.0.1 --evil"}, groups=2)
+    assert ft_env.read(good | {ft_env.AT_LEAST: "161"}, groups=2).at_least == 161
+    with pytest.raises(ValueError, match=ft_env.AT_LEAST):
+        ft_env.read(good | {ft_env.AT_LEAST: "-1"}, groups=2)
 
 
 def test_the_groups_that_take_part_share_each_steps_whole_batch_once() -> None:

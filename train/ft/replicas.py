@@ -44,6 +44,9 @@ class Quorum:
     """The step about to be trained (a group that healed is at its peers' step now)."""
     healed: bool
     """This group took a live peer's state to get here."""
+    behind: bool = False
+    """The quorum has not reached the step the job was at when this group started (ft_env.AT_LEAST): no group of it
+    holds the job's state, and it must not train."""
 
 
 class ReplicaGroups:
@@ -69,6 +72,7 @@ class ReplicaGroups:
             read_key(env.key_file, "replica groups' key"), env.address, timeout)
         pg = SaltedNCCL(timeout=timeout) if device.type == "cuda" else SaltedGloo(timeout=timeout)
         self._healed = False
+        self._commit_timeout = timedelta(seconds=cfg.quorum_timeout_s)
 
         def load(state: dict[str, Any]) -> None:
             load_state_dict(state)
@@ -100,8 +104,9 @@ class ReplicaGroups:
         rank = self.manager.participating_rank()
         if rank is None:  # NOTE: only under torchft's fixed-with-spares mode, which is not used here
             raise RuntimeError(f"replica group {self.group} is not taking part in step {self.manager.current_step()}")
-        return Quorum(participants=self.manager.num_participants(), rank=rank, step=self.manager.current_step(),
-                      healed=self._healed)
+        step = self.manager.current_step()
+        return Quorum(participants=self.manager.num_participants(), rank=rank, step=step, healed=self._healed,
+                      behind=step < self.env.at_least)
 
     def average(self, tensors: list[torch.Tensor]) -> None:
         """Each tensor (a DTensor's local shard) replaced by its average over the groups taking part, in one
@@ -123,7 +128,11 @@ class ReplicaGroups:
     def commit(self) -> bool:
         """Whether this step's update is to be made: every rank of every group taking part got through, and
         enough groups took part (ft.min_groups)."""
-        return self.manager.should_commit()
+        # NOTE: the group's ranks agree here, and a lost peer fails their average at different times (at once where
+        # its connection closed, after ft.timeout_s where it went silent): waiting only ft.timeout_s for the slowest
+        # made the fastest fail the group (a TimeoutError in a fresh make test's bed run): it waits as long as a
+        # quorum may
+        return self.manager.should_commit(timeout=self._commit_timeout)
 
     def failure(self) -> str | None:
         """What failed the step (the peer lost, a timeout), when it was not committed."""

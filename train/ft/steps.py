@@ -5,6 +5,7 @@ Trainer; every method works on the trainer's own objects (its model parts, optim
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,9 @@ from train.ft.replicas import ReplicaGroups
 from train.rerun import Outcome
 from train.timing import PhaseTimer
 from train.warm.snapshot import Snapshot
+
+WAIT_FOR_STATE_S = 0.5
+"""Between two quorums that no group holding the job's state took part in."""
 
 if TYPE_CHECKING:
     from train.trainer import Trainer
@@ -59,6 +63,16 @@ class GroupSteps:
                 else torch.zeros(1, device=self.device))
         self.ft.average([*grads, loss])
         return replace(checked, loss=loss[0]) if checked.loss is not None else checked
+
+    def _wait_for_state(self: Trainer, timer: PhaseTimer) -> None:
+        """A quorum of groups that all started after the job's step (two started at once, the others busy): none
+        holds the job's state. Nothing is trained; the next quorum is waited for."""
+        assert self.ft is not None and self._quorum is not None
+        timer.collect()
+        if self.place.rank == 0:
+            print(f"replica group {self.ft.group}: a quorum at step {self._quorum.step}, short of step "
+                  f"{self.ft.env.at_least} the job had reached: waiting for a group that holds its state", flush=True)
+        time.sleep(WAIT_FOR_STATE_S)
 
     def _abandon(self: Trainer, position: int, timer: PhaseTimer) -> None:
         """A step the replica groups did not commit: no update, the same batch again at the next quorum."""
