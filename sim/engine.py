@@ -392,6 +392,19 @@ class Simulation(GroupLosses):
             # A fault that stopped the job, answered by telling someone: nobody restarts it but a person.
             self._escalate(inc, f"{inc.kind}: notify only, and the job is stopped")
             return
+        self._take_hosts(inc, plan)
+        self.hosts = [self._index[n] for n in plan.nodes]
+        self.dp = plan.dp or self.dp
+        self.restart_times.append(self.now)
+        if plan.remedy is Remedy.ROLLBACK and plan.resume_step is not None:
+            resume = self._progress_of_step(plan.resume_step, warm=plan.warm)
+        else:
+            resume = self.memory if plan.warm else self._durable_at(self._stopped_at(inc))
+        self._lose(resume, inc.cause)
+        self._restart(warm=plan.warm, stopped=inc.stopped, cause=inc.cause)
+
+    def _take_hosts(self, inc: SimIncident, plan: Any) -> list[int]:
+        """A plan's hosts: the excluded ones to repair, spares in (returned), released ones spares again."""
         self.lemons_left_out += len(plan.basis.get("lemons") or {})
         for name in plan.exclude:
             host = self._index[name]
@@ -403,15 +416,7 @@ class Simulation(GroupLosses):
         self.spares_taken += len(joined)
         for name in plan.released:
             self.fleet.where[self._index[name]] = Where.SPARE  # half a replica: idle, a spare for the next loss
-        self.hosts = [self._index[n] for n in plan.nodes]
-        self.dp = plan.dp or self.dp
-        self.restart_times.append(self.now)
-        if plan.remedy is Remedy.ROLLBACK and plan.resume_step is not None:
-            resume = self._progress_of_step(plan.resume_step, warm=plan.warm)
-        else:
-            resume = self.memory if plan.warm else self._durable_at(self._stopped_at(inc))
-        self._lose(resume, inc.cause)
-        self._restart(warm=plan.warm, stopped=inc.stopped, cause=inc.cause)
+        return joined
 
     def _restart(self, *, warm: bool, stopped: bool, cause: str) -> None:
         self.attempt += 1

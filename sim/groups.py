@@ -13,7 +13,6 @@ from healer.decide.catalogue import fault
 from healer.decide.plans import JobFacts, replica_reason
 from sim.config import Category
 from sim.decisions import SimIncident
-from sim.fleet import Where
 
 if TYPE_CHECKING:
     from sim.engine import Simulation
@@ -57,17 +56,7 @@ class GroupLosses:
         self.restarts["replica"] += 1
         # NOTE: not in restart_times: a group replaced stops no job, and spends no restart budget (the real store's
         # restart_times leaves mode replica out); the lemon limit bounds a host that keeps failing
-        self.lemons_left_out += len(plan.basis.get("lemons") or {})
-        for name in plan.exclude:
-            host = self._index[name]
-            self._to_repair(host, self.broken.get(host) or self._category(inc.cause))
-        current = set(self.hosts)
-        joined = [self._index[n] for n in plan.nodes if self._index[n] not in current]
-        for host in joined:
-            self.fleet.where[host] = Where.JOB
-        self.spares_taken += len(joined)
-        for name in plan.released:
-            self.fleet.where[self._index[name]] = Where.SPARE
+        joined = self._take_hosts(inc, plan)
         training = self.segment is not None
         if training:
             self._close_training(self.now)
