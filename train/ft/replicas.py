@@ -42,8 +42,6 @@ class Quorum:
     """This group's place among them, 0 to participants - 1: which share of the step's batch it trains on."""
     step: int
     """The step about to be trained (a group that healed is at its peers' step now)."""
-    healed: bool
-    """This group took a live peer's state to get here."""
     behind: bool = False
     """The quorum has not reached the step the job was at when this group started (ft_env.AT_LEAST): no group of it
     holds the job's state, and it must not train."""
@@ -67,19 +65,15 @@ class ReplicaGroups:
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
         timeout = timedelta(seconds=cfg.timeout_s)
+        # NOTE: kept: rank 0's is the master, which the group's store lives in for as long as the group trains
         self._store, store_address, port = _group_store(env.address, rank, timeout)
         self._transport: SignedTransport[dict[str, Any]] = SignedTransport(
             read_key(env.key_file, "replica groups' key"), env.address, timeout)
         pg = SaltedNCCL(timeout=timeout) if device.type == "cuda" else SaltedGloo(timeout=timeout)
-        self._healed = False
         self._commit_timeout = timedelta(seconds=cfg.quorum_timeout_s)
 
-        def load(state: dict[str, Any]) -> None:
-            load_state_dict(state)
-            self._healed = True
-
         self.manager = Manager(
-            pg=pg, min_replica_size=cfg.min_groups, load_state_dict=load, state_dict=state_dict,
+            pg=pg, min_replica_size=cfg.min_groups, load_state_dict=load_state_dict, state_dict=state_dict,
             replica_id=f"group{env.group}", lighthouse_addr=env.lighthouse, rank=rank, world_size=world,
             store_addr=store_address, store_port=port, hostname=env.address, timeout=timeout,
             quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
@@ -99,13 +93,12 @@ class ReplicaGroups:
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
 
     def begin(self) -> Quorum:
-        self._healed = False
         self.manager.start_quorum()
         rank = self.manager.participating_rank()
         if rank is None:  # NOTE: only under torchft's fixed-with-spares mode, which is not used here
             raise RuntimeError(f"replica group {self.group} is not taking part in step {self.manager.current_step()}")
         step = self.manager.current_step()
-        return Quorum(participants=self.manager.num_participants(), rank=rank, step=step, healed=self._healed,
+        return Quorum(participants=self.manager.num_participants(), rank=rank, step=step,
                       behind=step < self.env.at_least)
 
     def average(self, tensors: list[torch.Tensor]) -> None:
