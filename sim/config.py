@@ -14,9 +14,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from ground.typedconfig import ConfigError, apply_overrides, from_mapping, load_yaml
+from healer.decide.save_interval import IntervalBounds
 
-KINDS = ("crash", "hang", "gpu_fault", "host_lost", "nonfinite")
-"""The fault kinds a failure can show as (the healer's detectors of the same name)."""
+KINDS = ("crash", "hang", "gpu_fault", "host_lost", "nonfinite", "sdc")
+"""The fault kinds a failure can show as (the healer's detectors of the same name). `sdc`: a host whose arithmetic
+goes wrong; the trainer's re-run of the anomalous step (train/rerun.py) judges it, and the `sdc` detector convicts the
+host (at once on a persistent verdict, after `convict_after` transient ones); without a re-run (restart: replica,
+where the trainer runs none) it shows as `nonfinite`."""
 RESTART_MODES = ("warm", "cold", "replica")
 
 
@@ -38,7 +42,9 @@ class Category:
     host_at_fault: bool = True
     """The host itself is broken: as long as it stays in the job it fails again (after `recur_after`)."""
     found: float = 1.0
-    """For a kind whose suspect host is diagnosed first (crash, hang): the chance node-health fails that host."""
+    """For a kind whose suspect host is diagnosed first (crash, hang): the chance node-health fails that host. For
+    `sdc`: the chance a re-run's verdict is persistent (the fault reproduced on the host: convicted at once) rather
+    than transient (the step mended in place, a strike against the host)."""
     found_live: float | None = None
     """The same for node-health-live, the checks before a warm restart (it exercises no GPU); None: `found`."""
     repair: timedelta = timedelta(days=1)
@@ -77,6 +83,10 @@ class Failures:
     lemon_factor: float = 1.0
     recur_after: timedelta = timedelta(hours=1)
     """A broken host kept in the job (its diagnosis passed) fails again after this long on average."""
+    change_at: timedelta | None = None
+    """From this far into the run, every rate is `change_scale` times the record's (a fleet that ages, a bad batch
+    of parts): what a save interval tuned from the failures seen must follow."""
+    change_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.reference_nodes < 1 or self.reference_days <= 0:
@@ -91,6 +101,8 @@ class Failures:
         if self.planned < 0 or self.scale <= 0 or self.lemon_factor < 1 or not 0 <= self.lemon_fraction < 1:
             raise ValueError("planned must be >= 0, scale > 0, lemon_factor >= 1 and lemon_fraction in [0, 1)")
         _positive(self, "recur_after")
+        if self.change_scale <= 0 or (self.change_at is not None and self.change_at < timedelta(0)):
+            raise ValueError("change_scale must be > 0 and change_at >= 0")
 
     def per_node_rate(self, category: Category) -> float:
         """Failures per host-second of `category` (scaled)."""
@@ -147,11 +159,19 @@ class Checkpoint:
     also those still in memory)."""
     load: timedelta
     """Reading a checkpoint back on a cold restart."""
+    snapshot_interval: timedelta | None = None
+    """restart: warm. Training time between two in-memory snapshots (train/warm/: each rank's state in host memory,
+    a replica on a peer host; `snapshot_every_steps`): a warm restart resumes from the newest, a lost host's part
+    taken from its peer's replica. Every save is also a snapshot; None: the saves are the only snapshots."""
+    snapshot_stall: timedelta = timedelta(0)
+    """How long a snapshot that is not also a save holds the training up (the device-to-host copy)."""
 
     def __post_init__(self) -> None:
         _positive(self, "interval")
-        if min(self.stall, self.persist, self.load) < timedelta(0):
-            raise ValueError("stall, persist and load must be >= 0")
+        if min(self.stall, self.persist, self.load, self.snapshot_stall) < timedelta(0):
+            raise ValueError("stall, persist, load and snapshot_stall must be >= 0")
+        if self.snapshot_interval is not None and self.snapshot_interval <= timedelta(0):
+            raise ValueError(f"snapshot_interval must be > 0, got {self.snapshot_interval}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -183,7 +203,14 @@ class Stages:
     """restart: replica. A group started in a lost one's place to its first step with the others: new processes,
     and its state from a live peer group (no checkpoint read)."""
     planned_downtime: timedelta
-    """A planned interruption's stop to its restart (the maintenance itself)."""
+    """restart: cold. A planned interruption's stop to its restart (the maintenance itself)."""
+    planned_restart: timedelta = timedelta(seconds=20)
+    """restart: warm or replica. A planned interruption taken at a snapshot boundary without a cold start: the hosts
+    to maintain swapped for spares, or a new config applied, in one warm restart (replica: a rolling restart, one
+    group at a time, the job's GPU-time the same as this pause); nothing is lost."""
+    rerun: timedelta = timedelta(seconds=12)
+    """The trainer's re-run of an anomalous step (on its ranks, then moved) before it judges it (train/rerun.py):
+    the job waits this long at each sdc fault."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -214,6 +241,24 @@ class Sweeps:
 
 
 @dataclass(kw_only=True, slots=True)
+class Tuning:
+    """The healer's self-tuning save interval (healer/decide/save_interval.py), as the simulated job runs it: the
+    interval restarts resume from (the snapshots' where the job runs warm with snapshots, else the saves') moved
+    toward Daly's optimum for the failures seen, at each attempt's start."""
+
+    enabled: bool = False
+    least: timedelta = timedelta(seconds=30)
+    most: timedelta = timedelta(hours=2)
+    window: timedelta = timedelta(days=7)
+
+    def __post_init__(self) -> None:
+        self.bounds()  # its own checks, named
+
+    def bounds(self) -> IntervalBounds:
+        return IntervalBounds(least=self.least, most=self.most, window=self.window)
+
+
+@dataclass(kw_only=True, slots=True)
 class SimConfig:
     days: float
     seed: int = 0
@@ -233,6 +278,7 @@ class SimConfig:
     sources: dict[str, str] = field(default_factory=dict)
     """Where each stage time and checkpoint parameter comes from (`stages.cold_start: "..."`)."""
     sweeps: Sweeps = field(default_factory=Sweeps)
+    tuning: Tuning = field(default_factory=Tuning)
 
     def __post_init__(self) -> None:
         if self.days <= 0:

@@ -38,6 +38,9 @@ class SimIncident:
     stopped: bool = False
     """The attempt was stopped for the diagnosis (a cold restart then need not stop it)."""
     degraded: tuple[int, ...] = ()
+    suspect_ranks: tuple[int, ...] = ()
+    """A hang's: the ranks the hang attribution names as holding the job up (healer/detect/hang_attribution.py):
+    the suspect host's."""
     """restart: replica: the hosts of the replica group it took out; the others train on meanwhile."""
     decisions: list[str] = field(default_factory=list)
 
@@ -56,6 +59,8 @@ class JobSnapshot:
     warm_unavailable: str | None
     replica_groups: int = 0
     """restart: replica: the data-parallel replicas, each a replica group (JobFacts.replica_groups)."""
+    replica_hosts: dict[str, str] = field(default_factory=dict)
+    """restart: warm: the host keeping each host's snapshot replicas (JobFacts.replica_hosts)."""
 
 
 def rule_for(rules: RuleSet, kind: str) -> Rule | None:
@@ -72,9 +77,10 @@ def decide_incident(inc: SimIncident, rules: RuleSet, job: JobSnapshot, names: l
     facts = JobFacts(nodes=job.nodes, spares=job.spares, dp=job.dp, checkpoint_steps=job.checkpoint_steps,
                      restarts=tuple(at(t) for t in job.restarts if now - t < window),
                      node_incidents=job.node_incidents, warm_unavailable=job.warm_unavailable,
-                     replica_groups=job.replica_groups)
+                     replica_groups=job.replica_groups, replica_hosts=job.replica_hosts)
     return decide(facts_of(incident_id=inc.id, kind=inc.kind, state=inc.state, state_since=at(inc.state_since),
                            now=at(now), rule=rule, rules=rules,
                            suspects=(names[inc.host],) if inc.host is not None else (), attempt=inc.attempt,
-                           first_bad_step=inc.first_bad_step, verdict=inc.verdict, job=JobNow(facts=facts,
+                           first_bad_step=inc.first_bad_step, verdict=inc.verdict, suspect_ranks=inc.suspect_ranks,
+                           job=JobNow(facts=facts,
                                                                                              attempt=job.attempt)))

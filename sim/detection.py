@@ -5,6 +5,7 @@
     hang        the hang rule's timeout of a step, max(floor, k x p99 step time), plus a heartbeat
     host_lost   the host-lost rule's `after` of silence, plus a heartbeat
     nonfinite   the next step's record (a NaN shows in the loss of the step after the bad batch), plus a heartbeat
+    sdc         the anomalous step, the trainer's re-run of it (Stages.rerun) and its verdict's heartbeat
 
 A kind whose rule is not in the rule set is never detected by the healer: the simulation then pages a person
 (sim/engine.py), as nothing else would notice.
@@ -40,4 +41,6 @@ def detection_seconds(rules: RuleSet, cfg: SimConfig) -> dict[str, float]:
         out["host_lost"] = lost.after.total_seconds() + beat  # type: ignore[attr-defined]
     if rule_params(rules, "nonfinite") is not None:
         out["nonfinite"] = cfg.job.step_time.total_seconds() + beat
+    if rule_params(rules, "sdc") is not None:
+        out["sdc"] = cfg.job.step_time.total_seconds() + stages.rerun.total_seconds() + beat
     return out

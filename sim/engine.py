@@ -4,19 +4,26 @@ own policy (sim/decisions.py) stage by stage, each stage taking the time the con
     a failure on a host of the training job   the attempt stops; detection (sim/detection.py); then what the policy
                                               decides: a diagnosis (node-health, or node-health-live before a warm
                                               restart: it fails a broken host with the category's `found`
-                                              chance), a restart (warm: the survivors' memory; cold: the newest
-                                              durable checkpoint, the stop, the startup, the load), hosts left out
+                                              chance), a restart (warm: the newest in-memory snapshot, a lost
+                                              host's part from its peer's replica; cold: the newest durable
+                                              checkpoint, the stop, the startup, the load), hosts left out
                                               (to repair, spares in), a rollback, a backoff, or a page
     a page                                    a person acts after Stages.person: broken hosts out, spares in, the
                                               job smaller by whole replicas if it must, a cold restart
     a failure while the job is down           its host is broken: the next attempt fails on it when it starts
     a failure of a spare                      the spare goes to repair
     a broken host kept in the job             it fails again after Failures.recur_after on average
-    a planned interruption                    a clean stop (nothing lost), the maintenance, a cold start
+    an sdc fault                              the trainer's re-run (Stages.rerun) judges it: transient, the step is
+                                              mended and the host has a strike; persistent, or the strike that
+                                              convicts, opens the host's sdc incident
+    a planned interruption                    at a snapshot boundary, nothing lost: one warm restart (restart: warm
+                                              or replica); cold: a clean stop, the maintenance, a cold start
 
-Training between two interruptions is closed-form: saves every `interval` of training, each stalling it, so no
-event is needed per step or per save. With `policy: false` every failure costs one fixed restart instead (the
-analytic baseline of sim/analytic.py).
+Training between two interruptions is closed-form: snapshots every `snapshot_interval` of training and saves every
+`interval` (every k-th snapshot is a save), each stalling it, so no event is needed per step or per save. With
+`tuning.enabled` both intervals move at each attempt's start, by the healer's own rule
+(healer/decide/save_interval.py), toward Daly's optimum for the failures seen. With `policy: false` every failure
+costs one fixed restart instead (the analytic baseline of sim/analytic.py).
 """
 
 from __future__ import annotations
@@ -34,10 +41,11 @@ from healer.decide.catalogue import Remedy, fault
 from healer.decide.plans import Verdict
 from healer.decide.policy import LIVE_RUNBOOK, Action, Decision, page_now
 from healer.decide.rules import RuleSet
+from healer.decide.save_interval import tune
 from healer.decide.states import IncidentState
 from sim.config import Category, SimConfig
 from sim.decisions import JobSnapshot, SimIncident, at, decide_incident, rule_for
-from sim.detection import detection_seconds
+from sim.detection import detection_seconds, rule_params
 from sim.fleet import Failure, Fleet, Where
 from sim.groups import GroupLosses
 from sim.ledger import Ledger
@@ -49,12 +57,18 @@ KEEP_CHECKPOINTS = 5
 
 @dataclass(slots=True)
 class _Segment:
-    """The job training since `start` from `p0`, `hosts` of its `size` running (speed hosts/size)."""
+    """The job training since `start` from `p0`, `hosts` of its `size` running (speed hosts/size): a snapshot every
+    `snap` of training, each stalling it `snap_stall`, and every `every`-th of them a save, stalling it `save_stall`
+    instead (without snapshots: every = 1, each snapshot is a save)."""
 
     start: float
     p0: float
     hosts: int
     size: int
+    snap: float
+    every: int
+    snap_stall: float
+    save_stall: float
 
     @property
     def speed(self) -> float:
@@ -78,6 +92,8 @@ class SimResult:
     sim_seconds: float
     """How long the simulation itself ran (this machine's wall clock)."""
     events: int
+    interval_changes: list[dict[str, Any]]
+    """The tuned save interval's moves (tuning.enabled): when, from, to, and why."""
 
     @property
     def ettr(self) -> float:
@@ -91,7 +107,7 @@ class SimResult:
                 "restarts": dict(sorted(self.restarts.items())), "pages": len(self.pages),
                 "page_reasons": self.pages, "spares_taken": self.spares_taken, "repairs": self.repairs,
                 "lemons_left_out": self.lemons_left_out, "sim_seconds": round(self.sim_seconds, 3),
-                "events": self.events}
+                "events": self.events, "interval_changes": self.interval_changes}
 
 
 class Simulation(GroupLosses):
@@ -128,6 +144,18 @@ class Simulation(GroupLosses):
         self.named: dict[int, list[float]] = {}
         """Host -> when incidents named it (the lemon limit's history)."""
         self.restart_times: list[float] = []
+        ck = cfg.checkpoint
+        self.save_s = ck.interval.total_seconds()
+        self.snap_s = (ck.snapshot_interval.total_seconds() if self._snapshots and ck.snapshot_interval is not None
+                       else self.save_s)
+        """The intervals the job runs at now (the tuning moves the one restarts resume from)."""
+        self.lossy_restarts: list[float] = []
+        """Training done (the job's own clock) at each restart of the whole job that lost work since a snapshot."""
+        self.disk_restarts: list[float] = []
+        """The same, of the restarts that resumed from a save (cold ones): what the saves' interval is tuned by."""
+        self.interval_changes: list[dict[str, Any]] = []
+        self.strikes: Counter[int] = Counter()
+        """Host -> transient sdc verdicts against it (convicted at the rule's convict_after)."""
         self.last_restart_warm_untrained = False
         self.down: tuple[str, float, str | None] | None = ("restart", 0.0, None)
         """(ledger category, since, failure category) of the time the job is not training; the first start is a
@@ -170,7 +198,8 @@ class Simulation(GroupLosses):
                          failures_on_job=self.failures_on_job, incidents=self.incidents, remedies=self.remedies,
                          restarts=self.restarts, pages=self.pages, spares_taken=self.spares_taken,
                          repairs=self.repairs, lemons_left_out=self.lemons_left_out,
-                         sim_seconds=time.perf_counter() - t0, events=self.n_events)
+                         sim_seconds=time.perf_counter() - t0, events=self.n_events,
+                         interval_changes=self.interval_changes)
 
     def schedule(self, failure: Failure) -> None:
         """A failure at a time of the caller's choosing, beside the drawn ones (tests, what-ifs); before run()."""
@@ -181,37 +210,77 @@ class Simulation(GroupLosses):
 
     # ---- training, closed-form -------------------------------------------------------------------------------
 
+    @property
+    def _snapshots(self) -> bool:
+        """The job keeps in-memory snapshots between its saves (a warm job with checkpoint.snapshot_interval; the
+        analytic baseline has saves only)."""
+        return self.cfg.policy and self.cfg.restart == "warm" and self.cfg.checkpoint.snapshot_interval is not None
+
     def _start_training(self) -> None:
-        self.segment = _Segment(self.now, self.progress, len([h for h in self.hosts if h not in self.out]), self.size)
+        self._retune()
+        ck = self.cfg.checkpoint
+        every = max(1, round(self.save_s / self.snap_s)) if self._snapshots else 1
+        self.segment = _Segment(self.now, self.progress, len([h for h in self.hosts if h not in self.out]), self.size,
+                                snap=self.snap_s, every=every, snap_stall=ck.snapshot_stall.total_seconds(),
+                                save_stall=ck.stall.total_seconds())
         self.last_restart_warm_untrained = False
         for host, cat in self.broken.items():
             self._recur(host, cat)
 
+    def _retune(self) -> None:
+        """tuning.enabled: each interval moved toward the optimum for the failures that resume from it: the
+        snapshots' by every restart that lost work, the saves' by those that resumed from a save (without
+        snapshots, the saves are what every restart resumes from)."""
+        tuning, ck = self.cfg.tuning, self.cfg.checkpoint
+        if not tuning.enabled or not self.cfg.policy:
+            return  # NOTE: the analytic baseline's closed forms are of fixed saves
+        if self._snapshots:
+            assert ck.snapshot_interval is not None
+            self.snap_s = self._moved("snapshot", self.snap_s, ck.snapshot_interval.total_seconds(),
+                                      ck.snapshot_stall.total_seconds(), self.lossy_restarts)
+            self.save_s = self._moved("save", self.save_s, ck.interval.total_seconds(), ck.stall.total_seconds(),
+                                      self.disk_restarts)
+        else:
+            self.save_s = self.snap_s = self._moved("save", self.save_s, ck.interval.total_seconds(),
+                                                    ck.stall.total_seconds(), self.lossy_restarts)
+
+    def _moved(self, what: str, current: float, configured: float, stall: float, failures: list[float]) -> float:
+        change = tune(current, configured_s=configured, stall_s=stall, failures_at=failures, trained_s=self.progress,
+                      bounds=self.cfg.tuning.bounds())
+        if change is None:
+            return current
+        self.interval_changes.append({"at_day": round(self.now / 86400.0, 3), "what": what,
+                                      "from_s": round(change.previous_s, 1), "to_s": round(change.interval_s, 1),
+                                      "why": change.reason})
+        return change.interval_s
+
     def _close_training(self, t: float) -> None:
-        """Stop the training segment at `t`: its work, stalls and saves into the ledger and the checkpoints."""
+        """Stop the training segment at `t`: its work, stalls, snapshots and saves into the ledger and the
+        checkpoints. A cycle is `every` snapshots, the last of them a save."""
         seg = self.segment
         if seg is None:
             return
         self.segment = None
-        interval = self.cfg.checkpoint.interval.total_seconds()
-        stall = self.cfg.checkpoint.stall.total_seconds()
         persist = self.cfg.checkpoint.persist.total_seconds()
         elapsed = t - seg.start
-        cycle = interval + stall
+        k, s = seg.every, seg.snap
+        cycle = k * s + (k - 1) * seg.snap_stall + seg.save_stall
         saves = int(elapsed // cycle)
         rest = elapsed - saves * cycle
-        work = saves * interval + min(rest, interval)
-        stalled = saves * stall + max(0.0, rest - interval)
+        more = min(k - 1, int(rest // (s + seg.snap_stall)))  # snapshots since the last save, none of them a save
+        rest -= more * (s + seg.snap_stall)
+        work = (saves * k + more) * s + min(rest, s)
+        stalled = saves * ((k - 1) * seg.snap_stall + seg.save_stall) + more * seg.snap_stall + max(0.0, rest - s)
         newest_durable = int((elapsed - persist) // cycle)  # a long persist: it may be older than the last saves
         for j in sorted({*range(max(1, saves - KEEP_CHECKPOINTS + 1), saves + 1), *([newest_durable]
                                                                                     if newest_durable >= 1 else [])}):
             done = seg.start + j * cycle
-            self.durable.append((seg.p0 + seg.speed * j * interval, done + persist))
+            self.durable.append((seg.p0 + seg.speed * j * k * s, done + persist))
         # Retention: the newest saves, and always the newest one already durable (what a cold restart would take).
         durable_now = max(i for i, (_, ready) in enumerate(self.durable) if ready <= t)
         del self.durable[:max(0, min(durable_now, len(self.durable) - KEEP_CHECKPOINTS))]
-        if saves:
-            self.memory = seg.p0 + seg.speed * saves * interval
+        if saves or more:
+            self.memory = seg.p0 + seg.speed * (saves * k + more) * s
         self.progress = seg.p0 + seg.speed * work
         self.ledger.add("checkpoint_stall", stalled * seg.hosts * self.gpn)
         self.ledger.add("degraded", elapsed * (seg.size - seg.hosts) * self.gpn)
@@ -306,23 +375,58 @@ class Simulation(GroupLosses):
 
     # ---- incidents -------------------------------------------------------------------------------------------
 
+    def _kind(self, cat: Category) -> str:
+        """What the healer sees of a failure of `cat`: an sdc fault shows as a NaN where the trainer runs no re-run
+        (replica groups)."""
+        return "nonfinite" if cat.sees == "sdc" and self.cfg.restart == "replica" else cat.sees
+
     def _interrupted(self, host: int, cat: Category) -> None:
         """A failure stops the training attempt: its incident begins. A job of replica groups loses only the group
-        of the host (restart: replica), where the policy would replace it alone."""
+        of the host (restart: replica), where the policy would replace it alone. An sdc fault the re-run judges
+        transient is mended in place (a strike against the host); a persistent one, or the strike that convicts,
+        opens the host's sdc incident."""
         if host in self.out:
             return  # its group is out already: the incident that took it out answers this too
+        if self._kind(cat) == "sdc" and not self._convicted(host, cat):
+            self.incidents["sdc_mended"] += 1
+            self._pause(self.cfg.stages.rerun.total_seconds(), cat.name)
+            return
         if self._replica(cat):
             self._lose_group(host, cat)
             return
         self._close_training(self.now)
         self._open(host, cat)
 
+    def _convicted(self, host: int, cat: Category) -> bool:
+        """The re-run's verdict on `host`: persistent (the category's `found` chance), or the strike that reaches the
+        sdc rule's convict_after."""
+        if self.rng.random() < cat.found:
+            return True
+        self.strikes[host] += 1
+        params = rule_params(self.rules, "sdc")
+        return self.strikes[host] >= int(getattr(params, "convict_after", 1))
+
+    def _pause(self, seconds: float, cause: str) -> None:
+        """Every GPU waits `seconds` (a collective timing out on a lost group, a step re-run), nothing else changes;
+        the job trains again after, unless something stopped it meanwhile."""
+        self._close_training(self.now)
+        self._down_as("detection", cause)
+        self._stall += 1
+        self._push(self.now + seconds, "resume", self._stall)
+
+    def _on_resume(self, token: int) -> None:
+        if token != self._stall or self.segment is not None or self.down is None or self.down[0] != "detection":
+            return  # the job was stopped meanwhile, for another reason: its restart brings it back
+        self._close_down(self.now)
+        self._start_training()
+
     def _open(self, host: int, cat: Category) -> None:
         self._stall += 1  # NOTE: the whole job stops for this one: a group's stall in flight does not end it
-        kind = cat.sees
+        kind = self._kind(cat)
         bad_batch = not fault(kind).names_host
         inc = SimIncident(id=next(self._ids), kind=kind, cause=cat.name, fault_at=self.now, attempt=self.attempt,
-                          host=None if bad_batch else host, first_bad_step=self._step(self.progress) if bad_batch else None)
+                          host=None if bad_batch else host, first_bad_step=self._step(self.progress) if bad_batch else None,
+                          suspect_ranks=self._ranks_of(host) if fault(kind).replaces_named else ())
         self.incidents[kind] += 1
         if kind not in self.detect or rule_for(self.rules, kind) is None:
             # Nothing of the healer's watches for it: it stays down until someone notices.
@@ -419,6 +523,9 @@ class Simulation(GroupLosses):
         return joined
 
     def _restart(self, *, warm: bool, stopped: bool, cause: str) -> None:
+        self.lossy_restarts.append(self.progress)
+        if not warm:
+            self.disk_restarts.append(self.progress)
         self.attempt += 1
         self.out.clear()  # every group starts again with the job
         self._stall += 1
@@ -492,15 +599,22 @@ class Simulation(GroupLosses):
         if self.segment is None:
             return  # the job is down already: the maintenance waits for it
         self._close_training(self.now)
-        # A clean stop: every rank saves and leaves, nothing is lost.
-        self.durable.append((self.progress, self.now))
+        # NOTE: taken at a snapshot boundary (the job trains on until it): nothing is lost. A cold job stops cleanly
+        # (every rank saves and leaves), waits out the maintenance and starts cold; a warm one swaps the hosts to
+        # maintain for spares, or applies its new config, in one warm restart (replica groups: one group at a time).
         self.memory = self.progress
         self._down_as("planned", "planned")
-        self.out.clear()
         self._stall += 1
-        self.attempt += 1
         self.restarts["planned"] += 1
-        gap = self.cfg.stages.planned_downtime.total_seconds() + self._cold_time(stopped=False)
+        if self.cfg.restart == "cold":
+            self.durable.append((self.progress, self.now))
+            self.out.clear()
+            self.attempt += 1
+            gap = self.cfg.stages.planned_downtime.total_seconds() + self._cold_time(stopped=False)
+        else:
+            if self.cfg.restart == "warm":
+                self.attempt += 1
+            gap = self.cfg.stages.planned_restart.total_seconds()
         self._push(self.now + gap, "trained", None)
 
     # ---- the analytic baseline ---------------------------------------------------------------------------------
@@ -555,7 +669,21 @@ class Simulation(GroupLosses):
                            spares=tuple(names[h] for h in self.fleet.hosts(Where.SPARE)), dp=self.dp,
                            checkpoint_steps=tuple(sorted(saves)), restarts=tuple(self.restart_times),
                            node_incidents=counts, attempt=self.attempt, warm_unavailable=warm_off,
-                           replica_groups=self.dp if self.cfg.restart == "replica" else 0)
+                           replica_groups=self.dp if self.cfg.restart == "replica" else 0,
+                           replica_hosts=self._keepers() if self.cfg.restart == "warm" else {})
+
+    def _ranks_of(self, host: int) -> tuple[int, ...]:
+        """The global ranks of a host of the job (a host's GPUs in order, hosts in the job's order)."""
+        if host not in self.hosts:
+            return ()
+        first = self.hosts.index(host) * self.gpn
+        return tuple(range(first, first + self.gpn))
+
+    def _keepers(self) -> dict[str, str]:
+        """Each host's keeper of its ranks' snapshot replicas: the next host of the job (train/warm/replicas.py,
+        a stride of a host's ranks)."""
+        names = [self.fleet.names[h] for h in self.hosts]
+        return dict(zip(names, names[1:] + names[:1])) if len(names) > 1 else {}
 
     def _summary(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -2,7 +2,8 @@
 
 Failures are one Poisson process over the fleet: every host fails at the record's per-host rate (a lemon at
 `lemon_factor` times a normal host's, the rates scaled so that the fleet's mean rate stays the record's), and the
-category of each failure is drawn in proportion to the record's counts. Hosts in repair do not fail.
+category of each failure is drawn in proportion to the record's counts. Hosts in repair do not fail. From
+`change_at` on (when set), every rate is `change_scale` times the record's.
 Only rates matter here; what a failure does to the job is sim/engine.py's.
 """
 
@@ -59,7 +60,12 @@ class Fleet:
     def next_failure(self, now: float) -> Failure:
         """The fleet's next failure after `now`, on any host (the caller drops one on a host in repair: thinning a
         process over every host is the process over the hosts that can fail, whatever moves in between)."""
-        at = now + float(self.rng.exponential(1.0 / self._total_rate))
+        change = self.failures.change_at.total_seconds() if self.failures.change_at is not None else None
+        changed = change is not None and now >= change
+        rate = self._total_rate * (self.failures.change_scale if changed else 1.0)
+        at = now + float(self.rng.exponential(1.0 / rate))
+        if change is not None and not changed and at > change:
+            return self.next_failure(change)  # memoryless: from the change on, drawn at the new rate
         host = int(np.searchsorted(self._host_cdf, self.rng.random() * self._host_cdf[-1], side="right"))
         category = self.failures.categories[
             int(np.searchsorted(self._category_cdf, self.rng.random() * self._category_cdf[-1], side="right"))]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class GroupLosses:
     def _replica(self: Simulation, cat: Category) -> bool:
         return (self.cfg.restart == "replica" and self.segment is not None
-                and replica_reason(fault(cat.sees), JobFacts(nodes=(), replica_groups=self.dp)) is not None)
+                and replica_reason(fault(self._kind(cat)), JobFacts(nodes=(), replica_groups=self.dp)) is not None)
 
     def _group_of(self: Simulation, host: int) -> list[int]:
         i = self.hosts.index(host) // self.hpr * self.hpr
@@ -35,20 +35,12 @@ class GroupLosses:
         self._lose(max(0.0, self.progress - self.cfg.job.step_time.total_seconds()), cat.name)
         group = self._group_of(host)
         self.out |= set(group)
-        self._down_as("detection", cat.name)
-        self._stall += 1
-        self._push(self.now + self.cfg.stages.ft_timeout.total_seconds(), "regrouped", self._stall)
-        kind = cat.sees
+        self._pause(self.cfg.stages.ft_timeout.total_seconds(), cat.name)
+        kind = self._kind(cat)
         inc = SimIncident(id=next(self._ids), kind=kind, cause=cat.name, fault_at=self.now, attempt=self.attempt,
                           host=host, degraded=tuple(group))
         self.incidents[kind] += 1
         self._push(self.now + self.detect.get(kind, 0.0), "detected", inc)
-
-    def _on_regrouped(self: Simulation, token: int) -> None:
-        if token != self._stall or self.segment is not None or self.down is None or self.down[0] != "detection":
-            return  # the job was stopped meanwhile, for another reason: its restart brings it back
-        self._close_down(self.now)
-        self._start_training()
 
     def _regroup(self: Simulation, inc: SimIncident, plan: Any) -> None:
         """The policy's replica restart: the excluded hosts to repair, spares in their place; the group's hosts

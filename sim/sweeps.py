@@ -49,7 +49,17 @@ def headline(cfg: SimConfig, rules: RuleSet) -> dict[str, Any]:
 
 
 def _interval(cfg: SimConfig, t: timedelta) -> SimConfig:
-    return replace(cfg, checkpoint=replace(cfg.checkpoint, interval=t))
+    """The saves every `t`, fixed (not tuned)."""
+    return replace(cfg, checkpoint=replace(cfg.checkpoint, interval=t), tuning=replace(cfg.tuning, enabled=False))
+
+
+def _resumed_interval(cfg: SimConfig, t: timedelta) -> SimConfig:
+    """The interval restarts resume from fixed at `t`: the snapshots' where the job runs warm with snapshots, else
+    the saves'."""
+    fixed = replace(cfg, tuning=replace(cfg.tuning, enabled=False))
+    if cfg.restart == "warm" and cfg.checkpoint.snapshot_interval is not None:
+        return replace(fixed, checkpoint=replace(cfg.checkpoint, snapshot_interval=t))
+    return _interval(fixed, t)
 
 
 def _scaled(cfg: SimConfig, scale: float) -> SimConfig:
@@ -84,10 +94,33 @@ def sweep(cfg: SimConfig, rules: RuleSet) -> dict[str, Any]:
                             "cold": point(run_seeds(with_mode(_cold_start(cfg, t), "cold"), rules, n))}
                            for t in sw.cold_start]
     out["warm"] = point(run_seeds(with_mode(cfg, "warm"), rules, n))
+    out["rate_change"] = rate_change(cfg, rules)
     for name in ("checkpoint_interval_s",):
         for mode in MODES:
             best = max(out[name], key=lambda p, m=mode: p[m]["ettr"])
             out[f"best_{name}_{mode}"] = {"value": best["value"], "ettr": best[mode]["ettr"]}
+    return out
+
+
+def rate_change(cfg: SimConfig, rules: RuleSet, modes: tuple[str, ...] = ("warm", "cold")) -> dict[str, Any]:
+    """The failure rate doubles halfway through the run: the tuned intervals (healer/decide/save_interval.py)
+    against each fixed interval of the sweep for the interval restarts resume from, per mode."""
+    days = timedelta(days=cfg.days / 2)
+    doubled = replace(cfg, failures=replace(cfg.failures, change_at=days, change_scale=2.0))
+    n, out = cfg.sweeps.seeds, {}
+    for mode in modes:
+        base = with_mode(doubled, mode)
+        tuned = point(run_seeds(replace(base, tuning=replace(base.tuning, enabled=True)), rules, n))
+        fixed = [{"value": t.total_seconds(), **point(run_seeds(_resumed_interval(base, t), rules, n))}
+                 for t in cfg.sweeps.checkpoint_interval]
+        best = max(fixed, key=lambda p: p["ettr"])
+        configured = point(run_seeds(_resumed_interval(base, (base.checkpoint.snapshot_interval
+                                                               if mode == "warm" and base.checkpoint.snapshot_interval
+                                                               else base.checkpoint.interval)), rules, n))
+        out[mode] = {"tuned": tuned, "fixed": fixed, "configured": configured,
+                     "best_fixed": {"value": best["value"], "ettr": best["ettr"]},
+                     "gain_vs_best_fixed": round(tuned["ettr"] - best["ettr"], 5),
+                     "gain_vs_configured": round(tuned["ettr"] - configured["ettr"], 5)}
     return out
 
 
