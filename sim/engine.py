@@ -287,7 +287,10 @@ class Simulation(GroupLosses):
 
     def _durable_at(self, t: float) -> float:
         """The newest checkpoint durable at `t` (a cold restart resumes from it)."""
-        return max(p for p, ready in self.durable if ready <= t)
+        ready = [p for p, when in self.durable if when <= t]
+        if not ready:
+            raise AssertionError(f"no checkpoint durable at {t:.0f} s among {self.durable}")
+        return max(ready)
 
     def _step(self, progress: float) -> int:
         return int(progress // self.cfg.job.step_time.total_seconds())
@@ -565,6 +568,8 @@ class Simulation(GroupLosses):
 
     def _on_person(self, inc: SimIncident) -> None:
         """Someone answered the page: broken hosts out, spares in, whole replicas dropped if short, a cold restart."""
+        if self.segment is not None and not inc.degraded:
+            return  # NOTE: the answer to another page (two were open) restarted the job, its broken hosts all out
         if self.segment is not None:
             self._close_training(self.now)  # NOTE: restart: replica trains on meanwhile; the person stops it
         for host in [h for h in self.hosts if h in self.broken or h in self.pending]:

@@ -32,7 +32,10 @@ class GroupLosses:
         step again without it (ft_timeout, the step in flight lost), then the others train on while its incident
         runs; its hosts are out until a group joins in its place."""
         self._close_training(self.now)
-        self._lose(max(0.0, self.progress - self.cfg.job.step_time.total_seconds()), cat.name)
+        # NOTE: the step in flight, begun after the newest save at the latest (a save is taken between two steps):
+        # that save stays, and the job's saves never all go with one lost step.
+        saved = max((p for p, _ in self.durable if p <= self.progress), default=0.0)
+        self._lose(max(saved, self.progress - self.cfg.job.step_time.total_seconds()), cat.name)
         group = self._group_of(host)
         self.out |= set(group)
         self._pause(self.cfg.stages.ft_timeout.total_seconds(), cat.name)

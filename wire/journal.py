@@ -152,8 +152,19 @@ class Regrouped(_Event, frozen=True, tag="regrouped"):
     why: str = ""
 
 
+class Retuned(_Event, frozen=True, tag="retuned"):
+    """The job's save (`what`: save) or snapshot interval moved by the healer (healer/launchers/save_tuning.py) from
+    attempt `attempt` on: every `steps` steps, was `previous_steps`; `why` gives the failures, the stall and the
+    optimum it aimed at."""
+
+    what: str
+    steps: int
+    previous_steps: int
+    why: str = ""
+
+
 Event = (Start | Launched | Ranks | End | WarmReady | Adopted | LeftoverStopped | AgentRestarted | Screened | Returned
-         | Grown | Regrouped)
+         | Grown | Regrouped | Retuned)
 _decode = msgspec.json.Decoder(Event).decode  # type: ignore[arg-type]
 KINDS = frozenset(str(t.__struct_config__.tag) for t in Event.__args__)  # type: ignore[attr-defined]
 

@@ -9,8 +9,8 @@ the workers (train/warm/worker.py, inprocess/generations.py) connect to it as cl
     end/<g>/<worker>      how its generation ended for it: "ok", or "failed: <why>"
 
 Every value is sealed with the pool's key (wire/warm_seal.py): the store takes writes from any client that reaches
-it, and a value that is not sealed is refused as if absent. A plan carries generations and assignments only, and
-what a rollback changes (where to resume from, batches to skip): what runs (the trainer's config, its overrides, the
+it, and a value that is not sealed is refused as if absent. A plan carries generations and assignments only,
+what a rollback changes (where to resume from, batches to skip) and the save and snapshot intervals the healer tuned: what runs (the trainer's config, its overrides, the
 run directory, and with it the checkpoint root) is fixed when a worker is started (WorkerStart), by the pool or by
 the node agent from the healer's authenticated start order. A plan's checkpoint is a name inside that root.
 
@@ -54,6 +54,11 @@ class Plan:
     """Resume from a state at or before this step (a rollback past a bad step)."""
     skip_steps: list[int] = field(default_factory=list)
     """Steps whose batches are passed over (every rollback's so far): they take the place of the worker's own."""
+    every_steps: int | None = None
+    """checkpoint.every_steps for this generation, where the healer tuned it (healer/launchers/save_tuning.py);
+    None: the worker's own."""
+    snapshot_every_steps: int | None = None
+    """snapshot_every_steps likewise."""
     stop: bool = False
     """No generation: every worker that reads this exits."""
     backend: str = "gloo"
@@ -67,6 +72,9 @@ class Plan:
             raise ValueError(f"plan {self.generation}: disk_resume names a checkpoint, not a path")
         if any(not isinstance(s, int) or s < 0 for s in self.skip_steps) or (self.at_most_step or 0) < 0:
             raise ValueError(f"plan {self.generation}: steps are integers >= 0")
+        for every in (self.every_steps, self.snapshot_every_steps):
+            if every is not None and (not isinstance(every, int) or every < 1):
+                raise ValueError(f"plan {self.generation}: an interval is an integer >= 1 of steps, got {every!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

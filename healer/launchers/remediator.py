@@ -16,13 +16,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from ground.names import check_name
 from healer.decide.catalogue import BadStep, fault
+from healer.decide.save_interval import IntervalBounds
 from healer.launchers import rank_records
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.coordinator_base import program_resume
@@ -32,10 +33,11 @@ from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.placement import Placement
 from healer.launchers.preflight import PREFLIGHT_RUNBOOK, failed, screened_placement
 from healer.launchers.remediator_groups import GroupRestarts
+from healer.launchers.save_tuning import MEASURE_WINDOW_S, Intervals, SaveTuning
 from healer.launchers.warm_control import WarmUnavailable
 from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
-from wire.journal import Grown, Journal, Returned, Screened
+from wire.journal import Grown, Journal, Retuned, Returned, Screened
 from wire.run_paths import RunPaths
 from wire.verdict import Status
 from wire.warm_plan import keeper_hosts
@@ -103,6 +105,10 @@ class AgentRemediator(GroupRestarts):
         replica_groups: int = 0
         """The job trains as replica groups, one per host, at most this many (train/ft/; `dp` counts the groups);
         0: one world."""
+        save_intervals: Intervals | None = None
+        """megaheal's trainer's configured save and snapshot intervals, tuned at each restart that loses work
+        (healer/launchers/save_tuning.py); None: left as they are (a program's, or tuning off)."""
+        save_bounds: IntervalBounds = field(default_factory=IntervalBounds)
 
         def __post_init__(self) -> None:
             if not self.nodes or set(self.nodes) & set(self.spares):
@@ -127,6 +133,8 @@ class AgentRemediator(GroupRestarts):
         self.job = supervisor.cfg.job
         self.placement = Placement(nodes=tuple(cfg.nodes), spares=tuple(cfg.spares), dp=cfg.dp)
         """Where the job runs: replaced whole at each change (state() reads it from another thread)."""
+        self.tuning = (SaveTuning(cfg.save_intervals, cfg.save_bounds, started_at=time.time())
+                       if cfg.save_intervals is not None else None)
         self._orders: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._screening = threading.Lock()
         """Held while idle spares and left-out hosts are screened again (rescreen)."""
@@ -235,7 +243,7 @@ class AgentRemediator(GroupRestarts):
                 if self.sup.cfg.program is None else None
             self.placement, _ = self.placement.moved_to(nodes, dp, ())
             attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume="auto",
-                                     extra=self.placement.skip_override(), spares=self.spares)
+                                     extra=self._extra(), spares=self.spares)
             step = choice.checkpoint.step if choice is not None and choice.checkpoint is not None else None
             self.sup.journal_event(Grown(at=time.time(), attempt=attempt.number, nodes=list(nodes), dp=dp,
                                          from_nodes=list(before), from_dp=before_dp, resume_step=step))
@@ -268,7 +276,7 @@ class AgentRemediator(GroupRestarts):
 
     def start_next(self, resume: str = "auto") -> None:
         """The next attempt on the current hosts, outside any incident (a take-over found nothing to finish)."""
-        self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self.placement.skip_override(),
+        self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume, extra=self._extra(),
                        spares=self.spares)
 
     def take_over(self, excluded: set[str], skip_steps: set[int]) -> TakenOver:
@@ -430,8 +438,33 @@ class AgentRemediator(GroupRestarts):
 
         self._submit(run)
 
+    def _extra(self, skip_steps: tuple[int, ...] = ()) -> tuple[str, ...]:
+        """The `--set` items of the next attempt beyond the run's own: the batches to skip and the tuned intervals."""
+        return self.placement.skip_override(skip_steps) + (self.tuning.overrides() if self.tuning is not None else ())
+
+    def _retune(self, order: RestartOrder) -> None:
+        """A restart that loses the work since a snapshot (warm) or a save (cold): the intervals are moved for the
+        failures so far, from the stalls the attempt that failed measured, and each move journalled."""
+        if self.tuning is None or order.replica:
+            return
+        now, current = time.time(), self.sup.attempt
+        self.tuning.failed(now, from_disk=not order.warm)
+        since = max(current.started_at if current is not None else now, now - MEASURE_WINDOW_S)
+        records = rank_records.rank0_steps(Path(self.sup.cfg.run_dir), since,
+                                           attempt=current.number if current is not None else None)
+        for move in self.tuning.retune(records, now):
+            log.info("%s: %s interval every %d steps (was %d): %s", self.job, move.what, move.steps,
+                     move.previous_steps, move.change.reason)
+            self.sup.journal_event(Retuned(at=now, attempt=current.number + 1 if current is not None else 0,
+                                           what=move.what, steps=move.steps, previous_steps=move.previous_steps,
+                                           why=move.change.reason))
+
     def _restart(self, order: RestartOrder) -> Started:
         cold_why = order.mode_why or "cold by the policy"
+        try:
+            self._retune(order)
+        except (OSError, ValueError) as exc:  # NOTE: the intervals stay as they are; the restart must not wait on them
+            log.warning("%s: the save intervals were not tuned: %s", self.job, exc)
         if order.replica:
             try:
                 return self._regroup(order)
@@ -455,7 +488,7 @@ class AgentRemediator(GroupRestarts):
         doubts = self.drainer.witness(order.incident_id) if left_out and self.drainer is not None else None
         try:
             attempt = self.sup.restart_warm(self.token, placement.nodes, placement.dp,
-                                            extra=self.placement.skip_override(order.skip_steps),
+                                            extra=self._extra(order.skip_steps),
                                             at_most_step=order.resume_step, why=order.mode_why,
                                             spares=placement.spares, replace_ranks=order.replace_ranks)
         except WarmUnavailable:
@@ -542,7 +575,7 @@ class AgentRemediator(GroupRestarts):
         stopped = time.monotonic()
         try:
             attempt = self.sup.start(self.token, self.nodes, dp=self.dp, resume=resume,
-                                     extra=self.placement.skip_override(), spares=self.spares)
+                                     extra=self._extra(), spares=self.spares)
         finally:
             if left_out and self.drainer is not None:
                 # NOTE: after the start, so the scheduler's answer never adds to the time to recover; whether the

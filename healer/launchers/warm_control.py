@@ -203,7 +203,7 @@ class WarmControl:
         survivor, which watches for it). `overrides` are the attempt's: the workers run with their formation's (its
         start orders), and a plan changes only the batches to skip; a warm generation whose other overrides differ
         is WarmUnavailable. `disk_resume`: auto, None or a checkpoint (its name goes in the plan)."""
-        pinned, skip = _split(overrides)
+        pinned, skip, tuned = _split(overrides)
         if gen.kind == "warm" and pinned != self._pinned:
             changed = ", ".join(sorted(set(pinned) ^ set(self._pinned)))
             raise WarmUnavailable(f"the attempt's settings changed ({changed}): the workers run with their formation's")
@@ -211,7 +211,7 @@ class WarmControl:
         plan = Plan(generation=gen.number, world=len(gen.assign), assign=gen.assign,
                     local_rank={w: r % self.nproc for w, r in gen.assign.items()}, per_host=self.nproc,
                     resume="memory" if gen.kind == "warm" else "disk", disk_resume=resume, at_most_step=at_most_step,
-                    skip_steps=skip, timeout_s=self.settings.collective_timeout_s)
+                    skip_steps=skip, timeout_s=self.settings.collective_timeout_s, **tuned)
         write_plan(self.sealed, plan)
         if gen.kind != "warm":
             self._pinned = pinned
@@ -239,13 +239,21 @@ class WarmControl:
         self.forget()
 
 
-def _split(overrides: tuple[str, ...]) -> tuple[tuple[str, ...], list[int]]:
-    """An attempt's overrides but `skip_steps=[a,b]` (healer/launchers/placement.py writes it), and its steps."""
-    rest, skip = [], []
+TUNED = {"checkpoint.every_steps": "every_steps", "snapshot_every_steps": "snapshot_every_steps"}
+"""Overrides the healer tunes (healer/launchers/save_tuning.py) -> the plan's field that carries them."""
+
+
+def _split(overrides: tuple[str, ...]) -> tuple[tuple[str, ...], list[int], dict[str, int]]:
+    """An attempt's overrides but `skip_steps=[a,b]` (healer/launchers/placement.py writes it) and the tuned
+    intervals (the last of each wins, as in the trainer's own `--set`), the steps to skip, and the intervals by the
+    plan's field."""
+    rest, skip, tuned = [], [], {}
     for item in overrides:
         name, _, value = item.partition("=")
         if name == "skip_steps":
             skip = sorted({int(s) for s in value.strip("[] ").split(",") if s.strip()})
+        elif name in TUNED:
+            tuned[TUNED[name]] = int(value)
         else:
             rest.append(item)
-    return tuple(rest), skip
+    return tuple(rest), skip, tuned

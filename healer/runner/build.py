@@ -38,6 +38,7 @@ from healer.oncall.sinks import AlertmanagerSink, Sink, Sinks
 from healer.runner.lighthouse import Lighthouse
 from healer.runner.loop import LoopConfig, SelfHealingJob
 from healer.runner.reports import ReportServer
+from healer.launchers.save_tuning import Intervals
 from train.config import TrainConfig, load_config
 from train.ft.config import FtConfig
 from train.layout import LayoutError, validate_layout
@@ -93,6 +94,9 @@ class JobSpec:
     warm: WarmSettings | None = None
     """Run the attempts as generations of warm workers, so a crash of a rank or a rollback restarts warm (the
     survivors keep their processes and state, a standby takes a lost rank); None: a torchrun agent per attempt."""
+    tune_saves: bool = False
+    """megaheal's trainer: move its save (and under `warm`, snapshot) interval toward the optimum for the failures
+    the job has, at each restart that loses work (healer/launchers/save_tuning.py); off: as configured."""
 
 
 def valid_dp(cfg: TrainConfig) -> tuple[int, ...]:
@@ -194,6 +198,20 @@ def _layout(spec: JobSpec) -> tuple[int, int, tuple[int, ...], int | None]:
     return world // len(spec.nodes), cfg.parallel.dp, valid_dp(cfg), cfg.steps
 
 
+def _save_intervals(spec: JobSpec) -> Intervals | None:
+    """The trainer's configured save and snapshot intervals, where the healer tunes them (spec.tune_saves): a program
+    saves on its own terms, and a job that never saves has nothing to tune."""
+    if not spec.tune_saves or spec.program is not None or spec.config is None:
+        return None
+    cfg = load_config(spec.config, list(spec.overrides))
+    every = cfg.checkpoint.every_steps
+    if every <= 0:
+        return None
+    # NOTE: only a warm worker keeps snapshots (train/trainer.py _maybe_snapshot); 0 there means at the saves
+    return Intervals(every_steps=every,
+                     snapshot_every_steps=(cfg.snapshot_every_steps or every) if spec.warm is not None else None)
+
+
 def _answers(coordinator: Coordinator, node: str) -> bool:
     """Whether the agent of `node` answers the healer's own call (a drain's first witness, healer/launchers/drain.py)."""
     client = coordinator.agents.get(node)
@@ -250,7 +268,8 @@ def build_job(spec: JobSpec, token: str | None = None) -> SelfHealingJob:
                                                       valid_dp=accepted, total_steps=total_steps,
                                                       preflight=spec.preflight,
                                                       rescreen_every=spec.rescreen_every,
-                                                      replica_groups=ft.groups if ft is not None else 0),
+                                                      replica_groups=ft.groups if ft is not None else 0,
+                                                      save_intervals=_save_intervals(spec)),
                                coordinator, token,
                                drainer=Drainer(agents, store, spec.job, drain=spec.drain,
                                                agent_answers=lambda node: _answers(coordinator, node)),

@@ -1,7 +1,8 @@
 """One self-healing run shared by the end-to-end tests of a straggler and of a crash (tests/selfheal/test_e2e.py) and
 by the pages read in a browser after it (tests/pages/test_browser.py): 2 nodes x 2 ranks of the demo job healed by the
 embedded healer, rank 2 slowed by a SIGSTOP/SIGCONT duty cycle from step 3 for 15 s (a straggler: notified, nothing
-restarted), then, once that incident is open, rank 3 SIGKILLed (a crash: diagnosed, restarted from the checkpoint).
+restarted), then, once that incident is open, rank 3 SIGKILLed (a crash: diagnosed, restarted from the checkpoint, with the save
+interval the healer tuned at the restart).
 One job for the three modules' checks: about a minute on 2 cores (`straggler_then_crash` in tests/conftest.py runs it
 once per session)."""
 
@@ -41,7 +42,7 @@ class HealedRun:
 def heal(root: Path) -> HealedRun:
     spec = JobSpec(job=JOB, config=str(REPO / "configs" / "demo.yaml"), run_dir=root / JOB, nodes=("n1", "n2"),
                    overrides=(f"steps={STEPS}", "checkpoint.every_steps=4"), grace=timedelta(seconds=20),
-                   rules=shipped_rules(straggler={"window": 3, "consecutive": 2}))
+                   rules=shipped_rules(straggler={"window": 3, "consecutive": 2}), tune_saves=True)
     loop = build_job(spec)
     fired: dict[str, float] = {}
 

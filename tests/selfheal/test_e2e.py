@@ -32,7 +32,8 @@ from tests.conftest import REPO
 from tests.healer.services import Alertmanager
 from tests.selfheal.straggler_crash_run import HealedRun
 from tests.support import free_port, wait_for
-from wire.journal import Journal, Screened
+from train.checkpoint.catalog import list_checkpoints
+from wire.journal import Journal, Retuned, Screened
 from wire.run_paths import RunPaths
 
 pytestmark = pytest.mark.e2e
@@ -151,6 +152,14 @@ def test_a_killed_rank_is_detected_as_a_crash_and_the_job_resumes_from_its_check
     assert inc.evidence["signal"] == "SIGKILL" and inc.summary.startswith("rank 3 on n2 killed by SIGKILL")
     assert inc is run.incidents[-1] or all(i.kind == "straggler" for i in run.incidents if i is not inc)
     check_resumed_after(run, inc)
+    # The restart moved the save interval (healer/launchers/save_tuning.py): its stall measured on the saves of
+    # the first attempt, toward the optimum for one failure in ~20 s, held at the 30 s least a save interval is
+    # given and so doubled, at most, in one move: every 8 steps from the second attempt on, and journalled.
+    (moved,) = [e for e in Journal.of(RunPaths(run.run_dir).journal).events if isinstance(e, Retuned)]
+    assert (moved.what, moved.previous_steps, moved.steps, moved.attempt) == ("save", 4, 8, 1), moved
+    assert "1 failure(s) in the window" in moved.why
+    saved = {c.step for c in list_checkpoints(RunPaths(run.run_dir).checkpoints)}
+    assert {16, 24} <= saved and 20 not in saved, saved
 
 
 @pytest.mark.timeout(180)

@@ -95,11 +95,16 @@ class Worker:
             self.trainer = None
 
     def _config(self, plan: Plan) -> TrainConfig:
-        """The config the worker was started with, with what the plan changes: the batches to skip, and the disk
-        checkpoint to resume from (a name inside the started config's checkpoint directory, never a free path)."""
+        """The config the worker was started with, with what the plan changes: the batches to skip, the save and
+        snapshot intervals, and the disk checkpoint to resume from (a name inside the started config's checkpoint
+        directory, never a free path)."""
         overrides = [*self.start.overrides]
         if plan.skip_steps:
             overrides.append(f"skip_steps=[{','.join(map(str, plan.skip_steps))}]")
+        if plan.every_steps is not None:
+            overrides.append(f"checkpoint.every_steps={plan.every_steps}")
+        if plan.snapshot_every_steps is not None:
+            overrides.append(f"snapshot_every_steps={plan.snapshot_every_steps}")
         cfg = load_config(self.start.config, overrides)
         # NOTE: the disk is where a generation without a common snapshot (or the first) starts from.
         if plan.disk_resume == "auto":
