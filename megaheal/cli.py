@@ -350,6 +350,9 @@ def run(
     warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, and every host (spares too) keeps standbys, so a crashed or hung rank, a rollback, or a lost host replaced by a spare restarts from the state held in memory (a lost host's from its replicas on the next host) in seconds; cold: every restart starts new processes from the newest checkpoint; under both launchers; a take-over (--take-over) of a warm run restarts it cold")] = False,
     standbys: Annotated[int, typer.Option("--standbys", help="warm: idle workers each host keeps ready to take a crashed rank's place")] = 1,
     dcgm_url: Annotated[Optional[str], typer.Option("--dcgm-url", help="slurm: each host's agent reads its GPUs from the dcgm-exporter at this URL as that host sees it, e.g. http://127.0.0.1:9400/metrics [default: none: NVML]")] = None,
+    ettr_target: Annotated[float, typer.Option("--ettr-target", help="the job's ETTR objective (productive / wall time, a fraction > 0 and < 1), served with the goodput ledger: Prometheus pages on-call when the job spends its error budget (1 - target) too fast, not for each healed incident (docs/operations.md, \"The job's ETTR objective\")")] = 0.95,
+    ettr_window: Annotated[str, typer.Option("--ettr-window", help="the rolling window the ETTR objective is judged over, e.g. 7d or 36h")] = "7d",
+    tune_saves: Annotated[bool, typer.Option("--tune-saves/--fixed-saves", help="megaheal's trainer: at each restart that loses work, move its save interval (and with --warm its snapshot interval) toward the optimum for the failures the job has had and the stall each save measured, within 30 s to 2 h of training, each move journalled (docs/operations.md, \"Save intervals that follow the failures\")")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error or critical (the live view holds the terminal: warning and up by default)")] = "warning",
     log_format: LogFormat = "text",
     old_resume: Annotated[bool, typer.Option("--resume", hidden=True, help="the old name of --take-over")] = False,
@@ -360,8 +363,10 @@ def run(
 
     from ground.shipped import shipped_config
     from ground.slurm import SlurmError
+    from ground.typedconfig import parse_duration
     from healer.errors import DatabaseError
     from healer.launchers.preflight import PreflightError
+    from healer.ledger.metrics import GoodputCollector
     from healer.runner.run import run_job  # torch, rich: imported only here
     from healer.runner.shutdown import RunDirBusy
     from healer.service.config import read_db_password
@@ -374,6 +379,11 @@ def run(
         if not rescreen_min >= 0:
             raise ValueError(f"--rescreen-min must be >= 0, got {rescreen_min}")
         launch = _program_launch(program or [], module, nproc_per_node, nnodes, config)
+        window = parse_duration(ettr_window, "--ettr-window")
+        try:
+            ettr = GoodputCollector.Config(ettr_target=ettr_target, ettr_window=window)
+        except ValueError as exc:  # NOTE: its messages start with the field's name, the option's: --ettr-target
+            raise ValueError("--" + str(exc).replace("_", "-", 1)) from exc
         password = read_db_password(db_password_file)
         code = run_job(config or str(shipped_config("demo.yaml")), Path(run_dir) if run_dir else None, chaos,
                        timedelta(minutes=timeout_min) if timeout_min is not None else None,
@@ -382,7 +392,8 @@ def run(
                        launcher=launcher, spares=spares, drain=drain,
                        standbys=standbys if warm else None, program=launch, db_password=password,
                        dcgm_url=dcgm_url, preflight=preflight,
-                       rescreen=timedelta(minutes=rescreen_min) if rescreen_min > 0 else None)
+                       rescreen=timedelta(minutes=rescreen_min) if rescreen_min > 0 else None, ettr=ettr,
+                       tune_saves=tune_saves)
     except (ConfigError, ValueError, DatabaseError, RunDirBusy, SlurmError, PreflightError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -31,7 +31,7 @@ from healer.launchers.launchers import LauncherConfig
 from healer.launchers.local_agents import LocalAgents
 from healer.launchers.slurm_agents import SlurmAgents
 from healer.launchers.warm_control import WarmSettings
-from healer.ledger.metrics import GoodputServer
+from healer.ledger.metrics import GoodputCollector, GoodputServer
 from healer.runner.build import JobSpec, build_job
 from healer.runner.chaos import Chaos, Schedule, load_schedule
 from healer.runner.hosts import record_states
@@ -52,10 +52,10 @@ NO_TIMEOUT = timedelta(days=365 * 100)
 
 
 def _serve_goodput(run_dir: Path, job: str, incidents: Callable[[], list[dict[str, Any]]],
-                   port: int | None) -> GoodputServer | None:
+                   port: int | None, ettr: GoodputCollector.Config | None = None) -> GoodputServer | None:
     if port is None:
         return None
-    server = GoodputServer(run_dir, job, incidents, port=port)
+    server = GoodputServer(run_dir, job, incidents, port=port, cfg=ettr)
     try:
         bound = server.start()
     except OSError as exc:  # the job matters more than its metrics: say so and go on without them
@@ -89,7 +89,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
             rules: tuple[str, ...] = (), launcher: str = "local", spares: int = 1, drain: bool | None = None,
             standbys: int | None = None, program: ProgramLaunch | None = None, db_password: str | None = None,
             dcgm_url: str | None = None, preflight: bool = True,
-            rescreen: timedelta | None = timedelta(minutes=10)) -> int:
+            rescreen: timedelta | None = timedelta(minutes=10), ettr: GoodputCollector.Config | None = None,
+            tune_saves: bool = False) -> int:
     """`timeout`: stop the job after this long (None: it runs until it finishes, escalates or is stopped, as under
     torchrun or Slurm, whose own time limit still holds). `resume`: take over `run_dir` from a healer that died (its
     incidents, budgets and hosts go on).
@@ -102,7 +103,9 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     out are screened again (one that passes is a spare again, and a job that came back smaller grows back onto it;
     None: never). `standbys`: run warm with that many standby workers per host (healer/launchers/warm_control.py);
     None: every restart is cold. `dcgm_url`: under slurm, each host's agent reads its GPUs from the dcgm-exporter at
-    that URL (as the host sees it) instead of NVML. Returns FENCED_EXIT when a newer healer took the job over (it is
+    that URL (as the host sees it) instead of NVML. `ettr`: the job's ETTR objective, served with the goodput ledger
+    [default: 95% over 7 days]. `tune_saves`: megaheal's trainer's save (and warm, snapshot) interval moved at each
+    restart toward the optimum for the failures the job has (healer/launchers/save_tuning.py). Returns FENCED_EXIT when a newer healer took the job over (it is
     left running as it is), CRASH_LOOP_EXIT when it stopped the job in a crash loop (do not run it again as it is).
     Raises RunDirBusy
     when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation, ConfigError
@@ -127,7 +130,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
         warm = WarmSettings(standbys=standbys) if standbys is not None else None
         with RunDirLock(run_dir, resume):
             return _run_locked(None, program, run_dir, None, timeout, metrics_port, (), resume, db_url,
-                               alertmanager_url, rule_set, placement, warm, db_password, preflight, rescreen)
+                               alertmanager_url, rule_set, placement, warm, db_password, preflight, rescreen, ettr)
     cfg = load_config(config, list(overrides))
     schedule = load_schedule(chaos_path) if chaos_path else None
     placement = _placement(cfg, launcher, spares, drain, dcgm_url)
@@ -139,7 +142,7 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     with RunDirLock(run_dir, resume):
         return _run_locked(cfg, config, run_dir, schedule, timeout, metrics_port, (*placement.overrides, *overrides),
                            resume, db_url, alertmanager_url, rule_set, placement, warm, db_password, preflight,
-                           rescreen)
+                           rescreen, ettr, tune_saves)
 
 
 FENCED_EXIT = 3
@@ -240,7 +243,8 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
                 timeout: timedelta | None, metrics_port: int | None, overrides: tuple[str, ...], resume: bool,
                 db_url: str | None, alertmanager_url: str | None, rules: RuleSet | None, placement: Placement,
                 warm: WarmSettings | None, db_password: str | None = None, preflight: bool = False,
-                rescreen: timedelta | None = timedelta(minutes=10)) -> int:
+                rescreen: timedelta | None = timedelta(minutes=10),
+                ettr: GoodputCollector.Config | None = None, tune_saves: bool = False) -> int:
     """`cfg` and `what` (its path) for megaheal's trainer; None and the program's launch for a user's program."""
     # NOTE: a host holds world // hosts consecutive ranks (the launchers' placement), which a bit-flip fault names.
     per_host = cfg.parallel.world_size // max(1, len(placement.nodes)) if cfg else 1
@@ -258,7 +262,8 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
     else:
         assert cfg is not None
         spec = JobSpec(job=job_name(cfg.job, run_dir, resume), config=what,
-                       overrides=("checkpoint.every_steps=5", *start_overrides, *overrides), warm=warm, **common)
+                       overrides=("checkpoint.every_steps=5", *start_overrides, *overrides), warm=warm,
+                       tune_saves=tune_saves, **common)
         world = cfg.parallel.world_size
     job = build_job(spec)
     sup = job.sup
@@ -271,7 +276,7 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
     def incidents() -> list[dict[str, Any]]:
         return [t.to_payload() for t in job.incidents()]
 
-    metrics = _serve_goodput(run_dir, spec.job, incidents, metrics_port)
+    metrics = _serve_goodput(run_dir, spec.job, incidents, metrics_port, ettr)
     view = LiveView(job, chaos)
     with view.live(), Interrupts() as interrupts:
         def on_tick(j: SelfHealingJob) -> None:

@@ -16,7 +16,8 @@ DEPLOY = REPO / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 ALERTS = PROMETHEUS_DIR / "rules" / "alerts.yml"
 RECORDING = PROMETHEUS_DIR / "rules" / "recording.yml"
-ALERT_TESTS = PROMETHEUS_DIR / "tests" / "alerts_test.yml"
+# promtool's unit tests of the rules: every *_test.yml (alerts_test.yml; ettr_test.yml, evaluated every 5 minutes).
+ALERT_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*_test.yml"))
 ALERTMANAGER_DIR = DEPLOY / "alertmanager"
 ALERTMANAGER = ALERTMANAGER_DIR / "alertmanager.yml"
 COMPOSE = REPO / "docker-compose.yml"
@@ -44,6 +45,11 @@ UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, 
 
 def load_yaml(path: Path) -> Any:
     return yaml.load(path.read_text(), Loader=UniqueKeyLoader)
+
+
+def unit_tests() -> list[dict[str, Any]]:
+    """The test groups of every promtool unit test file (ALERT_TESTS), in file order."""
+    return [group for path in ALERT_TESTS for group in load_yaml(path)["tests"]]
 
 
 def rules(path: Path) -> list[dict[str, Any]]:

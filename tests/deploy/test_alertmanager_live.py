@@ -1,13 +1,14 @@
 """Live: a real Alertmanager (Debian's package) loaded with deploy/alertmanager/alertmanager.yml as it is. Each alert
 of the rule file, posted with its own labels, is routed to its owner; the fleet's GPU alerts are held back while the
 healer's own gpu_fault incident on the same node is open (the healer's real incident alert) or the node is down,
-and come back when that incident resolves. amtool cannot show inhibitions; only a running Alertmanager can."""
+and come back when that incident resolves; a job's ETTR ticket is held back while its burn pages. amtool cannot show
+inhibitions; only a running Alertmanager can."""
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,20 @@ def gpu_fault_incident(state: str, now: datetime) -> Incident:
                     opened_at=now - timedelta(minutes=1), resolved_at=now if state == "resolved" else None)
 
 
-def seen(am: AlertmanagerClient) -> dict[tuple[str, str], dict[str, Any]]:
-    """(alertname, node) -> {state, receivers, inhibited_by} of every alert Alertmanager holds, resolved ones left out."""
-    return {(a["labels"]["alertname"], a["labels"].get("node", "")): {
+def seen(am: AlertmanagerClient, by: str = "node") -> dict[tuple[str, str], dict[str, Any]]:
+    """(alertname, its `by` label) -> {state, receivers, inhibited_by} of every alert Alertmanager holds, resolved ones
+    left out."""
+    return {(a["labels"]["alertname"], a["labels"].get(by, "")): {
         "state": a["status"]["state"], "receivers": sorted(r["name"] for r in a["receivers"]),
         "inhibited": bool(a["status"]["inhibitedBy"])} for a in am.alerts()}
 
 
-def settles(am: AlertmanagerClient, expected: dict[tuple[str, str], dict[str, Any]], what: str) -> None:
+def settles(am: AlertmanagerClient, expected: dict[tuple[str, str], dict[str, Any]], what: str,
+            by: str = "node") -> None:
     try:
-        wait_for(what, lambda: seen(am) == expected, timeout_s=20)
+        wait_for(what, lambda: seen(am, by) == expected, timeout_s=20)
     except AssertionError:
-        assert seen(am) == expected, what  # pytest shows which alert went where
+        assert seen(am, by) == expected, what  # pytest shows which alert went where
 
 
 @pytest.mark.timeout(90)
@@ -95,3 +98,28 @@ def test_alertmanager_routes_each_alert_to_its_owner_and_holds_fleet_gpu_alerts_
     del expected[("MegahealIncident", "n1")]
     expected[("MegahealGpuCriticalXid", "n1")] = {"state": "active", "receivers": ["oncall"], "inhibited": False}
     settles(am, expected, "the GPU alert of n1 back once the incident resolved")
+
+
+@pytest.mark.timeout(90)
+def test_alertmanager_sends_a_jobs_ettr_burn_to_oncall_and_holds_its_ticket_while_it_pages(
+        deployed_alertmanager: AlertmanagerClient) -> None:
+    am, now = deployed_alertmanager, datetime.now(UTC)
+    am.post_alerts([
+        fleet_alert("MegahealEttrFastBurn", now, job="llama-70b"),
+        fleet_alert("MegahealEttrBudgetBurn", now, job="llama-70b"),
+        fleet_alert("MegahealEttrBudgetBurn", now, job="gpt-1b"),  # another job's: not held back
+    ])
+    active = {"state": "active", "receivers": ["oncall"], "inhibited": False}
+    expected = {
+        ("MegahealEttrFastBurn", "llama-70b"): active,
+        ("MegahealEttrBudgetBurn", "llama-70b"): {"state": "suppressed", "receivers": ["oncall"], "inhibited": True},
+        ("MegahealEttrBudgetBurn", "gpt-1b"): active,
+    }
+    settles(am, expected, "the page to on-call, the paged job's ticket held back", by="job")
+
+    # The burn stops (the fast burn's 5-minute window is healthy again): the 3-day ticket, still true, is sent.
+    done = datetime.now(UTC)
+    am.post_alerts([{**fleet_alert("MegahealEttrFastBurn", done, job="llama-70b"), "endsAt": done.isoformat()}])
+    del expected[("MegahealEttrFastBurn", "llama-70b")]
+    expected[("MegahealEttrBudgetBurn", "llama-70b")] = active
+    settles(am, expected, "the ticket sent once the page resolved", by="job")

@@ -121,6 +121,9 @@ def test_prometheus_loaded_with_deploy_answers_every_dashboard_and_rule_query(tm
             add_run_target(tmp_path, f"127.0.0.1:{goodput.start()}")
             wait_for("the run's ETTR in Prometheus",
                      lambda: prom.query(f'megaheal_goodput_ettr_ratio{{job="{job_name}"}}'), timeout_s=60)
+            # NOTE: a burn rate is an increase() of the run's counters: it needs two of their scrapes, then a rule run.
+            burn = f'job:megaheal_ettr_error_budget:burn_rate3d{{job="{job_name}"}}'
+            wait_for("the run's ETTR burn rates recorded", lambda: prom.query(burn), timeout_s=30)
 
             mfu = run(prom, "MFU", f'job:megaheal_mfu:avg{{job="{job_name}"}}')
             assert len(mfu) == 1 and 0 < float(mfu[0]["value"][1]) < 1

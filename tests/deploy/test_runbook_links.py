@@ -11,7 +11,7 @@ import pytest
 from healer.incidents.models import Incident
 from healer.oncall.alertmanager import INCIDENT_RUNBOOK_ANCHOR, check_runbook_base, runbook_url
 from healer.oncall.sinks import alertmanager_alerts
-from tests.deploy.configs import ALERT_TESTS, OPERATIONS, PROMETHEUS_DIR, load_yaml, markdown_anchors
+from tests.deploy.configs import OPERATIONS, PROMETHEUS_DIR, load_yaml, markdown_anchors, unit_tests
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ def test_prometheus_renders_the_links_the_healer_would_make_for_the_same_base() 
     # NOTE: the promtool unit tests (tests/deploy/test_configs.py runs them) prove these are what Prometheus
     # renders, with and without the label; here they are held to the healer's rule for a base.
     checked = {None: 0, BASE: 0}
-    for group in load_yaml(ALERT_TESTS)["tests"]:
+    for group in unit_tests():
         base = group.get("external_labels", {}).get("runbook_base")
         for case in group.get("alert_rule_test", []):
             for alert in case.get("exp_alerts", []):

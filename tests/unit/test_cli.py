@@ -113,6 +113,21 @@ def test_run_has_no_timeout_unless_given_one() -> None:
     assert _invoke("run", "--timeout-min", "0").output.strip().endswith("--timeout-min must be > 0, got 0.0")
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (["--ettr-target", "1"], "error: --ettr-target must be a fraction > 0 and < 1 (0.95 is 95%), got 1.0"),
+    (["--ettr-target", "0"], "error: --ettr-target must be a fraction > 0 and < 1 (0.95 is 95%), got 0.0"),
+    (["--ettr-target", "nan"], "error: --ettr-target must be a fraction > 0 and < 1"),
+    (["--ettr-window", "0d"], "error: --ettr-window must be > 0, got 0:00:00"),
+    (["--ettr-window", "a week"], "error: --ettr-window: expected a duration such as 30s, 500ms, 2m, 1h or 7d"),
+])
+def test_run_refuses_an_ettr_objective_out_of_range_naming_the_option(tmp_path: Path, args: list[str],
+                                                                      said: str) -> None:
+    run_dir = tmp_path / "run"
+    result = _invoke("run", *args, "--run-dir", str(run_dir), "--metrics-port", "-1")
+    assert result.exit_code == 2 and said in result.output
+    assert not run_dir.exists()
+
+
 def test_a_report_of_a_directory_that_is_not_there_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "nonexistent"
     result = _invoke("report", str(missing))
