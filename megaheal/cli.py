@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar
 
 import typer
 
 from ground.typedconfig import ConfigError
 
 if TYPE_CHECKING:  # NOTE: the CLI imports what each command needs when it runs
+    from pathlib import Path
+
+    from healer.ledger.metrics import GoodputCollector
     from healer.runner.run import ProgramLaunch
 
 # NOTE: rich_markup_mode=None: with rich markup, Typer read the help's "[default: hostname]" notes as markup tags and
@@ -350,8 +353,8 @@ def run(
     warm: Annotated[bool, typer.Option("--warm/--cold", help="warm: the ranks are workers that outlive an attempt, and every host (spares too) keeps standbys, so a crashed or hung rank, a rollback, or a lost host replaced by a spare restarts from the state held in memory (a lost host's from its replicas on the next host) in seconds; cold: every restart starts new processes from the newest checkpoint; under both launchers; a take-over (--take-over) of a warm run restarts it cold")] = False,
     standbys: Annotated[int, typer.Option("--standbys", help="warm: idle workers each host keeps ready to take a crashed rank's place")] = 1,
     dcgm_url: Annotated[Optional[str], typer.Option("--dcgm-url", help="slurm: each host's agent reads its GPUs from the dcgm-exporter at this URL as that host sees it, e.g. http://127.0.0.1:9400/metrics [default: none: NVML]")] = None,
-    ettr_target: Annotated[float, typer.Option("--ettr-target", help="the job's ETTR objective (productive / wall time, a fraction > 0 and < 1), served with the goodput ledger: Prometheus pages on-call when the job spends its error budget (1 - target) too fast, not for each healed incident (docs/operations.md, \"The job's ETTR objective\")")] = 0.95,
-    ettr_window: Annotated[str, typer.Option("--ettr-window", help="the rolling window the ETTR objective is judged over, e.g. 7d or 36h")] = "7d",
+    ettr_target: Annotated[Optional[float], typer.Option("--ettr-target", help="the job's ETTR objective (productive / wall time, a fraction > 0 and < 1), served with the goodput ledger and recorded in the run directory for its report: Prometheus pages on-call when the job spends its error budget (1 - target) too fast, not for each healed incident (docs/operations.md, \"The job's ETTR objective\") [default: 0.95; --take-over: the run's own]")] = None,
+    ettr_window: Annotated[Optional[str], typer.Option("--ettr-window", help="the rolling window the ETTR objective is judged over, e.g. 7d or 36h [default: 7d; --take-over: the run's own]")] = None,
     tune_saves: Annotated[bool, typer.Option("--tune-saves/--fixed-saves", help="megaheal's trainer: at each restart that loses work, move its save interval (and with --warm its snapshot interval) toward the optimum for the failures the job has had and the stall each save measured, within 30 s to 2 h of training, each move journalled (docs/operations.md, \"Save intervals that follow the failures\")")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error or critical (the live view holds the terminal: warning and up by default)")] = "warning",
     log_format: LogFormat = "text",
@@ -363,10 +366,8 @@ def run(
 
     from ground.shipped import shipped_config
     from ground.slurm import SlurmError
-    from ground.typedconfig import parse_duration
     from healer.errors import DatabaseError
     from healer.launchers.preflight import PreflightError
-    from healer.ledger.metrics import GoodputCollector
     from healer.runner.run import run_job  # torch, rich: imported only here
     from healer.runner.shutdown import RunDirBusy
     from healer.service.config import read_db_password
@@ -379,11 +380,7 @@ def run(
         if not rescreen_min >= 0:
             raise ValueError(f"--rescreen-min must be >= 0, got {rescreen_min}")
         launch = _program_launch(program or [], module, nproc_per_node, nnodes, config)
-        window = parse_duration(ettr_window, "--ettr-window")
-        try:
-            ettr = GoodputCollector.Config(ettr_target=ettr_target, ettr_window=window)
-        except ValueError as exc:  # NOTE: its messages start with the field's name, the option's: --ettr-target
-            raise ValueError("--" + str(exc).replace("_", "-", 1)) from exc
+        ettr = _ettr_objective(ettr_target, ettr_window, Path(run_dir) if take_over and run_dir else None)
         password = read_db_password(db_password_file)
         code = run_job(config or str(shipped_config("demo.yaml")), Path(run_dir) if run_dir else None, chaos,
                        timedelta(minutes=timeout_min) if timeout_min is not None else None,
@@ -398,6 +395,29 @@ def run(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(code)
+
+
+def _ettr_objective(target: float | None, window: str | None,
+                    taken_over: Path | None) -> GoodputCollector.Config | None:
+    """The objective `megaheal run` was given: None where neither option was (a new run's defaults, a take-over's
+    recorded one); one given alone is set on those. ValueError naming the option that is wrong; ConfigError naming
+    the file where a taken-over run's objective file is not one."""
+    from dataclasses import replace
+
+    from ground.typedconfig import parse_duration
+    from healer.ledger.metrics import GoodputCollector
+    from healer.ledger.objective import read_objective
+
+    if target is None and window is None:
+        return None
+    given: dict[str, Any] = {"ettr_target": target} if target is not None else {}
+    if window is not None:
+        given["ettr_window"] = parse_duration(window, "--ettr-window")
+    base = read_objective(taken_over).cfg if taken_over is not None else GoodputCollector.Config()
+    try:
+        return replace(base, **given)
+    except ValueError as exc:  # NOTE: its messages start with the field's name, the option's: --ettr-target
+        raise ValueError("--" + str(exc).replace("_", "-", 1)) from exc
 
 
 def _program_launch(words: list[str], module: bool, nproc_per_node: int | None, nnodes: str | None,

@@ -11,6 +11,7 @@ healer, the pages, the benches) takes them from here.
     <run_dir>/launcher/healer.url         where the healer driving the run serves (https; `megaheal incidents`)
     <run_dir>/launcher/tls/               the run's certificate authority and certificates (run_authority.py)
     <run_dir>/launcher/runner.lock        held by the `megaheal run` that drives the run
+    <run_dir>/launcher/objective.json     the job's ETTR objective the run was started with (healer/ledger/objective.py)
     <run_dir>/healer.db                   the embedded healer's database (SQLite)
     <run_dir>/report.html                 the run's report
 
@@ -75,6 +76,10 @@ class RunPaths:
     @property
     def runner_lock(self) -> Path:
         return self.launcher / "runner.lock"
+
+    @property
+    def objective(self) -> Path:
+        return self.launcher / "objective.json"
 
     @property
     def database(self) -> Path:

@@ -66,8 +66,9 @@ class GoodputCollector(Collector):
 
     @dataclass(frozen=True, kw_only=True, slots=True)
     class Config:
-        """The job's ETTR objective (`megaheal run --ettr-target --ettr-window`). On-call is paged when the job spends
-        its error budget (1 - target of the window's wall time) too fast, not for each incident the healer heals."""
+        """The job's ETTR objective (`megaheal run --ettr-target --ettr-window`; the run records it: healer/ledger/
+        objective.py). On-call is paged when the job spends its error budget (1 - target of the window's wall time) too
+        fast, not for each incident the healer heals."""
 
         ettr_target: float = 0.95
         """ETTR (productive / wall seconds) the job should reach over `ettr_window`, a fraction: 0 < target < 1."""

@@ -59,6 +59,14 @@ class Cost:
     """The ranks of the attempt the incident happened in (None: not known, e.g. no run directory)."""
     slowdown: Slowdown | None = None
     """A straggler's: the time it added to the steps it lasted (None: not a slowdown, or no step records)."""
+    until: float | None = None
+    """When the last of its seconds in the ledger ended (None: the ledger charged it none): when it was over."""
+
+    @property
+    def ledger_s(self) -> float:
+        """The ledger's seconds charged: of the job's unproductive time, this incident's (a slowdown's is not in it:
+        the job trained)."""
+        return sum(self.seconds.values())
 
     @property
     def total_s(self) -> float:
@@ -74,18 +82,25 @@ def incident_costs(spans: Iterable[Interval], restarts: Iterable[tuple[int, floa
     """Per incident id of `ranks` (incident -> its attempt's rank count), its Cost. `spans`: the ledger's intervals;
     `restarts`: (incident id, start time of the attempt its restart began)."""
     seconds: dict[int, dict[str, float]] = {i: dict.fromkeys(PARTS, 0.0) for i in ranks}
+    until: dict[int, float] = {}
     spans = list(spans)
+
+    def charge(incident: int, part: str, span: Interval) -> None:
+        seconds[incident][part] += span.seconds
+        until[incident] = max(until.get(incident, span.end), span.end)
+
     for span in spans:
-        if span.incident in seconds and span.kind in PARTS:
-            seconds[span.incident][span.kind] += span.seconds
+        if span.incident is not None and span.incident in seconds and span.kind in PARTS:
+            charge(span.incident, span.kind, span)
     startups = [s for s in spans if s.kind == "startup"]
     for incident, started in restarts:
         if incident not in seconds:
             continue
         for span in startups:
             if abs(span.start - started) < SAME_START_S:
-                seconds[incident]["startup"] += span.seconds
-    return {i: Cost({k: round(v, 3) for k, v in parts.items()}, ranks[i]) for i, parts in seconds.items()}
+                charge(incident, "startup", span)
+    return {i: Cost({k: round(v, 3) for k, v in parts.items()}, ranks[i],
+                    until=round(until[i], 3) if i in until else None) for i, parts in seconds.items()}
 
 
 def slowdown(records: Sequence[Step], incident: dict[str, Any], ended_at: float | None) -> Slowdown | None:

@@ -25,6 +25,9 @@ from urllib.parse import quote, urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from healer.ledger.objective import RECORDED
+from healer.ledger.objective import label as window_label
+from healer.ledger.objective import lines as ledger_lines
 from healer.pages.axes import LABEL_ROW_H, duration
 from healer.pages.cost import PARTS, Cost
 from healer.pages.evidence import hang_evidence, phase_evidence
@@ -131,16 +134,22 @@ def number(value: Any, digits: int = 3) -> str:
     return "-" if value is None else str(value)
 
 
+def percent(ratio: float | None, digits: int = 1) -> str:
+    """0.2879 as 28.8%."""
+    return "-" if ratio is None or not math.isfinite(ratio) else f"{100 * ratio:.{digits}f}%"
+
+
 @cache
 def environment() -> Environment:
     env = Environment(loader=PackageLoader("healer.pages", "templates"), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(when=when, dur=duration, gpu=gpu_time, pretty=pretty, number=number, status_said=status_said,
-                       lost_steps=lost_steps)
+                       lost_steps=lost_steps, window=window_label, percent=percent)
     env.globals.update(cost_parts=PARTS, states=STATES, stage_list=stage_list, stage_lengths=stage_lengths,
                        headline=headline, decision_of=decision_of, decision_sentences=decision_sentences,
                        hang_evidence=hang_evidence, phase_evidence=phase_evidence,
-                       rerun_sentences=rerun_sentences, row_h=LABEL_ROW_H)
+                       rerun_sentences=rerun_sentences, row_h=LABEL_ROW_H, ledger_lines=ledger_lines,
+                       recorded=RECORDED)
     return env
 
 

@@ -7,11 +7,13 @@ drawn from the ranks' step records. Without it the ledger is the one `megaheal r
 (goodput_intervals), and the pages say what they cannot show. A listing's rows (the incidents page, a job's page) take
 their costs from the database's ledger first, where it holds their job's: read for those rows alone, since a page of
 100 rows must not compute the whole ledger of every job it names; a served incident's page reads its own in the
-same way (incident_ledger).
+same way (incident_ledger). Both are judged against the job's ETTR objective (healer.ledger.objective): the run
+directory's where known, else the defaults; a job at the end of its ledger, an incident when it was over.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -21,18 +23,21 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from ground.typedconfig import ConfigError
 from healer.decide.states import IncidentState
 from healer.incidents.jobstore import JobStore
 from healer.incidents.models import GoodputInterval, Incident, Remediation, Restart
 from healer.incidents.store import IncidentStore
 from healer.incidents.timeline import job_timelines, suspects
 from healer.ledger.goodput import CATEGORIES, KINDS, Interval, compute, intervals
+from healer.ledger.objective import RECORDED, Objective, Standing, read_objective, standing
 from healer.pages import heatmap, lossplot, waterfall
 from healer.pages.cost import SAME_START_S, SLOWDOWN_KINDS, Cost, incident_costs, slowdown
 from healer.pages.hosts import host_table
 from healer.pages.rundir import RunDir, find_run_dir
 from healer.pages.story import lost_steps
 
+log = logging.getLogger(__name__)
 STATES = tuple(s.value for s in IncidentState)
 PAGE_SIZE = 100
 """Incidents on one served page (the list, a job's); older ones are a link away (`offset`)."""
@@ -89,6 +94,12 @@ class JobLedger:
     incident page's (incident_ledger: that incident's alone)."""
     marks: list[tuple[int, str, float]] = field(default_factory=list)
     """(id, kind, detected_at) of each incident of the job, for the time line."""
+    objective: Objective | None = None
+    """The job's ETTR objective (job_objective); None where its run directory's file is not one."""
+    objective_note: str = ""
+    """Where the objective comes from, when not from the run directory, or why there is none."""
+    standing: Standing | None = None
+    """The job against its objective at the end of its ledger; None without a ledger or a step in it."""
 
 
 def job_ledger(src: Sources, job: str, whole: bool = True) -> JobLedger:
@@ -112,6 +123,8 @@ def job_ledger(src: Sources, job: str, whole: bool = True) -> JobLedger:
                 out.seconds[CATEGORIES[KINDS.index(s.kind)] if s.kind in KINDS else "other"] += s.seconds
             out.wall_s = out.spans[-1].end - out.spans[0].start
             out.ettr = out.seconds["productive"] / out.wall_s if out.wall_s > 0 else None
+    out.objective, out.objective_note = job_objective(run)
+    out.standing = standing(out.spans, out.objective) if out.objective is not None else None
     if not whole:
         with Session(src.engine) as session:
             out.marks = [(i, kind, at.timestamp()) for i, kind, at in session.execute(
@@ -125,6 +138,20 @@ def job_ledger(src: Sources, job: str, whole: bool = True) -> JobLedger:
     out.costs = with_slowdowns(run, out.timelines, incident_costs(
         out.spans, restarts, {t["id"]: _ranks(run, t) for t in out.timelines})) if out.spans else {}
     return out
+
+
+def job_objective(run: RunDir | None) -> tuple[Objective | None, str]:
+    """The job's objective, as its run recorded it, and a note on where it comes from when it is not from there."""
+    if run is None:
+        return Objective(), ("the default: the job's run directory, where megaheal run records the job's objective, "
+                             "is not known to this healer")
+    try:
+        found = read_objective(run.path)
+    except ConfigError:
+        # NOTE: the page does not name the file (a served page shows no server path); the log and the report do.
+        log.warning("the job's objective is not judged on its pages", exc_info=True)
+        return None, "the run's launcher/objective.json is not an objective (megaheal report RUN_DIR says why)"
+    return found, "" if found.source == RECORDED else "the default: the run recorded none"
 
 
 def with_slowdowns(run: RunDir | None, incidents: list[dict[str, Any]], costs: dict[int, Cost]) -> dict[int, Cost]:
@@ -298,6 +325,8 @@ class IncidentView:
     nodes: list[str]
     grafana: str | None
     has_run: bool
+    standing: Standing | None = None
+    """The job against its objective when this incident was over (standing_at)."""
 
 
 def incident_view(src: Sources, incident_id: int, ledger: JobLedger | None = None) -> IncidentView:
@@ -319,18 +348,29 @@ def incident_view(src: Sources, incident_id: int, ledger: JobLedger | None = Non
                     for r in session.execute(select(Restart).where(
                         Restart.job == job, Restart.incident_id == incident_id).order_by(Restart.id)).scalars()] \
             if job else []
-    return IncidentView(incident, timeline, remediations, restarts, ledger.costs.get(incident_id) if ledger else None,
-                        heat, note, ranks, nodes, _grafana(src.grafana_url, incident), ledger is not None
-                        and ledger.run is not None)
+    cost = ledger.costs.get(incident_id) if ledger else None
+    return IncidentView(incident, timeline, remediations, restarts, cost, heat, note, ranks, nodes,
+                        _grafana(src.grafana_url, incident), ledger is not None and ledger.run is not None,
+                        standing_at(ledger, cost, timeline))
+
+
+def standing_at(ledger: JobLedger | None, cost: Cost | None, timeline: dict[str, Any] | None) -> Standing | None:
+    """The job against its objective when the incident was over: when its last second in the ledger ended, else
+    (charged none: a straggler the job trained through) when it was detected."""
+    if ledger is None or ledger.objective is None or not ledger.spans:
+        return None
+    at = cost.until if cost is not None and cost.until is not None else (timeline or {}).get("detected_at")
+    return standing(ledger.spans, ledger.objective, at) if at is not None else None
 
 
 def incident_ledger(src: Sources, job: str, incident_id: int) -> JobLedger:
     """The job's ledger as far as one incident's served page shows it, in statements that do not grow with the job's
     incidents: the incident's own timeline (with its stage lengths from the run directory, where known: they depend
     on the run's files and this incident alone) and its cost from the database's ledger, where that holds the job's
-    (read as `row_costs` reads a listing's). NOTE: where only the run directory holds the ledger, an incident's cost
-    depends on every other's (where two claim the same time, the older incident gets it: healer/ledger/goodput.py),
-    so that case computes the job's whole ledger (job_ledger), reading every incident's timeline."""
+    (read as `row_costs` reads a listing's), with the job's intervals for its standing against its objective. NOTE:
+    where only the run directory holds the ledger, an incident's cost depends on every other's (where two claim the
+    same time, the older incident gets it: healer/ledger/goodput.py), so that case computes the job's whole ledger
+    (job_ledger), reading every incident's timeline."""
     run = src.run_for(job)
     ran = run is not None and bool(run.attempts())
     with Session(src.engine) as session:
@@ -341,8 +381,11 @@ def incident_ledger(src: Sources, job: str, incident_id: int) -> JobLedger:
     timelines = [t.to_payload() for t in job_timelines(src.engine, job, ids=[incident_id])]
     if run is not None and ran:
         timelines = compute(run.path, timelines).incidents
-    return JobLedger(job=job, source="database" if costs else None, run=run, timelines=timelines, costs=costs,
-                     whole=False)
+    # NOTE: the job's intervals, for its standing when the incident was over: one statement, whatever its incidents.
+    spans = [_interval(r) for r in JobStore(src.engine).intervals(job)] if costs else []
+    objective, note = job_objective(run)
+    return JobLedger(job=job, source="database" if costs else None, run=run, timelines=timelines, spans=spans,
+                     costs=costs, whole=False, objective=objective, objective_note=note)
 
 
 def _heat(run: RunDir | None, timeline: dict[str, Any] | None,

@@ -1,7 +1,9 @@
-"""`megaheal report RUN_DIR`: the incident table and the goodput ledger of a supervised run, printed with rich
-and written as JSON to `<run_dir>/report.json`; with `--html FILE`, also the run's pages (healer/pages/) as one
-self-contained HTML file. The incidents come from the healer's store (by default the SQLite database `megaheal run`
-keeps in the run directory), the times from the run's journals."""
+"""`megaheal report RUN_DIR`: the incident table and the goodput ledger of a supervised run, and the run against
+its ETTR objective (healer/ledger/objective.py: met or missed, the error budget spent, the burn rate over the last
+hour and 6 hours), printed with rich and written as JSON to `<run_dir>/report.json`; with `--html FILE`, also the
+run's pages (healer/pages/) as one self-contained HTML file. The incidents come from the healer's store (by default
+the SQLite database `megaheal run` keeps in the run directory), the times from the run's journals, the objective
+from `launcher/objective.json` (the defaults where the run recorded none)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from sqlalchemy.exc import ArgumentError
 
 from healer.incidents.db import ensure_schema, make_engine
 from healer.incidents.timeline import job_timelines
-from healer.ledger.goodput import CATEGORIES, Ledger, compute
+from healer.ledger.goodput import Ledger, compute, intervals
+from healer.ledger.objective import RECORDED, Objective, Standing, label, lines, read_objective, standing
+from healer.pages.axes import duration
 from healer.pages.hosts import host_table
 from wire.journal import Journal
 from wire.run_paths import RunPaths
@@ -92,7 +96,8 @@ def _s(value: Any) -> str:
     return f"{value:.1f} s" if isinstance(value, (int, float)) else "-"
 
 
-def render(ledger: Ledger) -> None:
+def render(ledger: Ledger, said: list[str] | None = None) -> None:
+    """`said`: the run against its objective (objective_said), printed under its ETTR."""
     from rich.console import Console
     from rich.table import Table
 
@@ -116,14 +121,15 @@ def render(ledger: Ledger) -> None:
                       str(inc.get("lost_steps") if inc.get("lost_steps") is not None else "-"), action, verdict or "-", inc.get("state", "-"), str(inc.get("summary", ""))[:90])
     console.print(table)
     split = Table(title=f"goodput: wall {ledger.wall_s:.1f} s, {ledger.steps_done} steps, {ledger.attempts} attempt(s)")
-    split.add_column("where the time went")
+    split.add_column("where the time went (losses: largest first)")
     split.add_column("seconds", justify="right")
     split.add_column("share", justify="right")
-    for name in CATEGORIES:
-        value = ledger.seconds[name]
-        split.add_row(name, f"{value:.1f}", f"{100 * value / ledger.wall_s:.1f}%" if ledger.wall_s else "-")
+    for name, value, share in lines(ledger.seconds, ledger.wall_s):
+        split.add_row(name, f"{value:.1f}", f"{100 * share:.1f}%" if ledger.wall_s else "-")
     console.print(split)
     console.print(f"ETTR (productive / wall): [bold]{100 * ledger.ettr:.1f}%[/bold]")
+    for line in said or []:
+        console.print(line, markup=False, highlight=False)
     if ledger.degraded_s:
         console.print(f"degraded (trained on fewer ranks than the job's most, within productive): "
                       f"{ledger.degraded_s:.1f} s")
@@ -132,6 +138,36 @@ def render(ledger: Ledger) -> None:
         console.print("restarts: " + ", ".join(f"{n} {mode}" for mode, n in modes.items()) + "; "
                       + "; ".join(f"#{i['id']} {i['restart_mode']}: {i['restart_why']}"
                                   for i in ledger.incidents if i.get("restart_mode")))
+
+
+def objective_said(objective: Objective, judged: Standing | None) -> list[str]:
+    """The run against its objective, in lines of text (the report's; the pages say the same in their words)."""
+    cfg = objective.cfg
+    where = "the run's own" if objective.source == RECORDED else "the default: the run recorded none"
+    head = f"objective: ETTR >= {100 * cfg.ettr_target:.1f}% over {label(cfg.ettr_window.total_seconds())} ({where})"
+    if judged is None:
+        return [(f"{head}: not judged: the run trained no step (a program that writes no step records has no "
+                 "productive time the ledger knows of)")]
+    over = (f"the run's {duration(judged.judged_s)} (shorter than the window)" if judged.judged_s < judged.window_s
+            else f"the last {label(judged.window_s)}")
+    verdict = "met" if judged.met else "missed"
+    budget = f"{duration(judged.budget * judged.judged_s)} of {duration(judged.judged_s)}"
+    out = [head,
+           f"  ETTR {100 * judged.ettr:.1f}% over {over}: {verdict} by {abs(judged.points):.1f} points",
+           (f"  error budget {100 * judged.budget:.1f}% ({budget}): {duration(judged.unproductive_s)} not "
+            f"productive, {100 * judged.spent:.0f}% of it spent"),
+           "  burn rate (1 spends the budget exactly over the window): "
+           + ", ".join(f"{label(b.window_s)} {b.rate:.3g}" for b in judged.burns)]
+    short = [label(b.window_s) for b in judged.burns if b.short]
+    if short:
+        out.append(f"    the run had {duration(judged.burns[0].seen_s)} since its first step, less than "
+                   f"{' and '.join(short)}: the rest of the window counts productive, as Prometheus's rules count it")
+    return out
+
+
+def objective_payload(objective: Objective, judged: Standing | None) -> dict[str, Any]:
+    return {"ettr_target": objective.cfg.ettr_target, "ettr_window_s": objective.cfg.ettr_window.total_seconds(),
+            "source": objective.source, "standing": judged.to_payload() if judged is not None else None}
 
 
 def restart_modes(incidents: list[dict[str, Any]]) -> dict[str, int]:
@@ -162,16 +198,22 @@ def render_hosts(hosts: list[dict[str, Any]]) -> None:
 
 
 def report(run_dir: Path, incidents: list[dict[str, Any]], quiet: bool = False,
-           chaos: dict[str, Any] | None = None) -> Ledger:
-    """`chaos`: the schedule's faults that fired and those that did not (Chaos.summary), when one was played."""
+           chaos: dict[str, Any] | None = None, objective: Objective | None = None) -> Ledger:
+    """`chaos`: the schedule's faults that fired and those that did not (Chaos.summary), when one was played;
+    `objective`: the one the run ran under [default: the run directory's, read_objective: ConfigError where its file
+    is not one, before anything is written]."""
+    objective = objective or read_objective(run_dir)
     ledger = compute(run_dir, incidents)
+    judged = standing(intervals(run_dir, incidents), objective)
     hosts = host_table(run_dir, incidents)
     extra = {"chaos": chaos} if chaos is not None else {}
-    (run_dir / "report.json").write_text(json.dumps(ledger.to_payload() | {"hosts": hosts,
-                                                                            "restarts": restart_modes(incidents)}
-                                                    | extra, indent=2, default=str))
+    shares = [{"category": c, "seconds": v, "share": round(share, 4)} for c, v, share in lines(ledger.seconds,
+                                                                                                ledger.wall_s)]
+    (run_dir / "report.json").write_text(json.dumps(ledger.to_payload() | {
+        "lines": shares, "objective": objective_payload(objective, judged), "hosts": hosts,
+        "restarts": restart_modes(incidents)} | extra, indent=2, default=str))
     if not quiet:
-        render(ledger)
+        render(ledger, objective_said(objective, judged))
         if hosts:
             render_hosts(hosts)
         if chaos is not None:

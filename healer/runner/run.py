@@ -5,10 +5,11 @@ the local launcher (healer.runner.build): every detector the rules enable (the s
 them), diagnostics on the suspect hosts after a crash or a hang, the remediation policy, the restart budget. With
 `--chaos FILE` the schedule's faults are injected into the real processes. Incidents live in the healer's
 database (`--db`, SQLite in the run directory by default) and page through Alertmanager (`--alertmanager`). At the
-end it prints the incident table and the goodput ledger (ETTR), writes them to `<run_dir>/report.json`, and writes
-the run's pages as one file, `<run_dir>/report.html` (healer/pages/), whose path it prints last. While
-it runs, the same ledger is served as Prometheus metrics (healer/ledger/metrics.py) on
-127.0.0.1:`--metrics-port`.
+end it prints the incident table and the goodput ledger (ETTR, against the job's objective), writes them to
+`<run_dir>/report.json`, and writes the run's pages as one file, `<run_dir>/report.html` (healer/pages/), whose path it
+prints last. While it runs, the same ledger is served as Prometheus metrics (healer/ledger/metrics.py) on
+127.0.0.1:`--metrics-port`. The objective is recorded in the run directory as the run starts
+(healer/ledger/objective.py), for the report, the pages and a healer that takes the run over.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from healer.launchers.local_agents import LocalAgents
 from healer.launchers.slurm_agents import SlurmAgents
 from healer.launchers.warm_control import WarmSettings
 from healer.ledger.metrics import GoodputCollector, GoodputServer
+from healer.ledger.objective import RECORDED, Objective, read_objective, write_objective
 from healer.runner.build import JobSpec, build_job
 from healer.runner.chaos import Chaos, Schedule, load_schedule
 from healer.runner.hosts import record_states
@@ -104,12 +106,13 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     None: never). `standbys`: run warm with that many standby workers per host (healer/launchers/warm_control.py);
     None: every restart is cold. `dcgm_url`: under slurm, each host's agent reads its GPUs from the dcgm-exporter at
     that URL (as the host sees it) instead of NVML. `ettr`: the job's ETTR objective, served with the goodput ledger
-    [default: 95% over 7 days]. `tune_saves`: megaheal's trainer's save (and warm, snapshot) interval moved at each
+    and recorded in the run directory [default: a take-over's, the one its run recorded; else
+    GoodputCollector.Config's]. `tune_saves`: megaheal's trainer's save (and warm, snapshot) interval moved at each
     restart toward the optimum for the failures the job has (healer/launchers/save_tuning.py). Returns FENCED_EXIT when a newer healer took the job over (it is
     left running as it is), CRASH_LOOP_EXIT when it stopped the job in a crash loop (do not run it again as it is).
     Raises RunDirBusy
     when another runner holds `run_dir`, ValueError (NotInAllocation) for slurm outside an allocation, ConfigError
-    for a bad config, rule file or chaos schedule (before anything is written)."""
+    for a bad config, rule file, chaos schedule or, taking over, objective file (before anything is written)."""
     if resume and (run_dir is None or not RunPaths(run_dir).journal.exists()):
         raise ValueError(f"--take-over needs the --run-dir of a supervised run (no attempts' journal in {run_dir})")
     if resume and chaos_path:
@@ -122,6 +125,8 @@ def run_job(config: str, run_dir: Path | None, chaos_path: str | None, timeout: 
     # NOTE: read before the run directory is made: a broken rule file leaves nothing behind.
     rule_set = load_rule_set(list(rules)) if rules else None
     run_dir = run_dir or Path(time.strftime("runs/run-%Y%m%d-%H%M%S"))
+    # NOTE: read before anything is written, as the rules are: a take-over goes on under the objective its run had.
+    ettr = ettr or (read_objective(run_dir).cfg if resume else GoodputCollector.Config())
     if program is not None:
         if chaos_path or overrides:
             raise ValueError("a script or module takes its own arguments: --chaos and --set are for megaheal's own "
@@ -265,6 +270,8 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
                        overrides=("checkpoint.every_steps=5", *start_overrides, *overrides), warm=warm,
                        tune_saves=tune_saves, **common)
         world = cfg.parallel.world_size
+    objective = Objective(ettr or GoodputCollector.Config(), RECORDED)
+    write_objective(run_dir, objective.cfg)  # NOTE: once the job's name is checked, before anything of the job starts
     job = build_job(spec)
     sup = job.sup
     # NOTE: a break-node fault breaks the host's local disk from here: only where the hosts are this machine's.
@@ -276,7 +283,7 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
     def incidents() -> list[dict[str, Any]]:
         return [t.to_payload() for t in job.incidents()]
 
-    metrics = _serve_goodput(run_dir, spec.job, incidents, metrics_port, ettr)
+    metrics = _serve_goodput(run_dir, spec.job, incidents, metrics_port, objective.cfg)
     view = LiveView(job, chaos)
     with view.live(), Interrupts() as interrupts:
         def on_tick(j: SelfHealingJob) -> None:
@@ -312,7 +319,7 @@ def _run_locked(cfg: TrainConfig | None, what: str | ProgramLaunch, run_dir: Pat
             if metrics is not None:
                 metrics.stop()
     record_states(run_dir, job.agents, [*spec.nodes, *spec.spares])  # Slurm's say on each host, for the report
-    ledger = report(run_dir, incidents(), chaos=chaos.summary() if chaos is not None else None)
+    ledger = report(run_dir, incidents(), chaos=chaos.summary() if chaos is not None else None, objective=objective)
     job.close()
     html = write_html(run_dir, RunPaths(run_dir).report, db_url, db_password)
     if outcome == "interrupted":

@@ -72,6 +72,7 @@ def test_it_charges_an_incident_its_ledger_seconds_and_the_startup_of_the_attemp
     assert costs[1].seconds == {"detection": 2, "diagnosis": 3, "restart": 1, "lost": 4, "startup": 10}
     assert costs[1].gpu_seconds == 4 * 20
     assert costs[2].total_s == 1 and costs[2].gpu_seconds is None  # rank count unknown: no GPU-time made up
+    assert (costs[1].until, costs[2].until, costs[1].ledger_s) == (30.0, 41.0, 20.0)  # when each was over
 
 
 def test_it_never_looks_for_a_run_directory_outside_its_roots(tmp_path: Path) -> None:
@@ -212,3 +213,53 @@ def test_a_served_straggler_page_leads_with_its_story_and_counts_its_slowdown_in
     listed = client.get("/incidents").text
     row = listed[listed.index(f'<tr data-incident="{straggler}">'):]
     assert f">{cost} GPU-s</td>" in row[:row.index("</tr>")]
+
+
+def test_the_report_shows_the_job_and_each_incident_against_the_objective_the_run_recorded(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from healer.incidents.db import make_engine
+    from healer.ledger.metrics import GoodputCollector
+    from healer.ledger.objective import write_objective
+
+    run = write_run(tmp_path)
+    write_objective(run, GoodputCollector.Config(ettr_target=0.8, ettr_window=timedelta(days=1)))
+    db_url = f"sqlite:///{tmp_path / 'healer.db'}"
+    write_incidents(db_url)
+    engine = make_engine(db_url)
+    page = write_report(run, engine, JOB, tmp_path / "report.html").read_text()
+    engine.dispose()
+    # The job at the end of its ledger: 19.9 s of 23 s productive (the first 3.1 s are the attempt's startup).
+    job = page[page.index("<h2>Against its objective</h2>"):page.index("<h2>Where the time went</h2>")]
+    assert ("ETTR 86.5% over the run&#39;s 23.0 s (shorter than the window), against an objective of 80.0% over 1d: "
+            "<b>met by 6.5 points</b>. Error budget 20.0% (4.6 s): 3.1 s not productive, 67% of it spent.") in job
+    assert '<table class="burn">' in job and "<tr><td>1h</td><td class=\"num\">0</td>" in job
+    assert "Losses, largest first: startup 3.1 s (13.5%)." in job and "the default" not in job
+    # The straggler when it was detected (it cost no second of downtime: the job trained through it).
+    (line,) = re.findall(r"<dt>the job's ETTR</dt><dd class=\"objective\">(.*?)</dd>", page)
+    assert line == ("79.3% at the time (the run so far), against 80.0% over 1d: missed by 0.7 points; burn rate 0 "
+                    "over the last 1h; this incident: 0.0 s of the 3.1 s the job did not train (0%), its slowdown "
+                    "aside (the job trained)")
+
+
+def test_a_served_page_without_the_run_directory_judges_the_job_against_the_default_objective(
+        tmp_path: Path) -> None:
+    from healer.incidents.db import make_engine
+    from healer.ledger.store import LedgerWriter
+    from healer.pages import render
+    from healer.pages.views import incident_view, job_ledger, job_view
+
+    run = write_run(tmp_path / "runs")
+    db_url = f"sqlite:///{tmp_path / 'healer.db'}"
+    straggler, _ = write_incidents(db_url)
+    engine = make_engine(db_url)
+    assert LedgerWriter(run, engine, JOB).write() > 0
+    src = Sources(engine=engine)  # no run_roots: the database's ledger alone
+    view = incident_view(src, straggler)
+    assert view == incident_view(src, straggler, job_ledger(src, JOB))
+    assert view.standing is not None and view.standing.objective.source == "default"
+    assert "against 95.0% over 7d (the default): missed by 15.7 points" in render.incident_page(view)
+    page = render.job_page(job_view(src, JOB))
+    assert "missed by 8.5 points" in page
+    assert "Objective: the default: the job&#39;s run directory, where megaheal run records" in page
+    engine.dispose()
