@@ -30,8 +30,11 @@ from healer.runner.loop import SelfHealingJob
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
-STEPS = 34
-SLOW_SAVE = 32
+STEPS = 42
+SLOW_SAVE = 40
+# NOTE: the freeze (step 29) waits while its rank is in a save (healer/runner/chaos.py): with the slow save at 32 it had
+# steps 29-31 to land in, about a second of heartbeats, and a fresh make test missed it (the job then ended inside
+# the slow save). Steps 29-39 now, the save at 32 and 36 quick ones.
 # (kind, step, rank, node, what names it, the frame of the rank's own stack that shows it): ranks 0, 1 on n1; 2, 3 on
 # n2 (n3 is the spare).
 HANGS = [("hang-spin", 5, 1, "n1", "not in any collective", "_spin_in_compute"),
