@@ -33,11 +33,11 @@ from healer.launchers.node_diagnosis import diagnose_nodes
 from healer.launchers.placement import Placement
 from healer.launchers.preflight import PREFLIGHT_RUNBOOK, failed, screened_placement
 from healer.launchers.remediator_groups import GroupRestarts
-from healer.launchers.save_tuning import MEASURE_WINDOW_S, Intervals, SaveTuning
+from healer.launchers.save_tuning import Intervals, SaveTuning
 from healer.launchers.warm_control import WarmUnavailable
 from healer.ports import Failed, HostVerdict, JobState, RestartOrder, Started, TakenOver
 from train.checkpoint.catalog import choose_resume, list_checkpoints, verify
-from wire.journal import Grown, Journal, Retuned, Returned, Screened
+from wire.journal import Grown, Journal, Returned, Screened
 from wire.run_paths import RunPaths
 from wire.verdict import Status
 from wire.warm_plan import keeper_hosts
@@ -442,29 +442,12 @@ class AgentRemediator(GroupRestarts):
         """The `--set` items of the next attempt beyond the run's own: the batches to skip and the tuned intervals."""
         return self.placement.skip_override(skip_steps) + (self.tuning.overrides() if self.tuning is not None else ())
 
-    def _retune(self, order: RestartOrder) -> None:
-        """A restart that loses the work since a snapshot (warm) or a save (cold): the intervals are moved for the
-        failures so far, from the stalls the attempt that failed measured, and each move journalled."""
-        if self.tuning is None or order.replica:
-            return
-        now, current = time.time(), self.sup.attempt
-        self.tuning.failed(now, from_disk=not order.warm)
-        since = max(current.started_at if current is not None else now, now - MEASURE_WINDOW_S)
-        records = rank_records.rank0_steps(Path(self.sup.cfg.run_dir), since,
-                                           attempt=current.number if current is not None else None)
-        for move in self.tuning.retune(records, now):
-            log.info("%s: %s interval every %d steps (was %d): %s", self.job, move.what, move.steps,
-                     move.previous_steps, move.change.reason)
-            self.sup.journal_event(Retuned(at=now, attempt=current.number + 1 if current is not None else 0,
-                                           what=move.what, steps=move.steps, previous_steps=move.previous_steps,
-                                           why=move.change.reason))
-
     def _restart(self, order: RestartOrder) -> Started:
         cold_why = order.mode_why or "cold by the policy"
-        try:
-            self._retune(order)
-        except (OSError, ValueError) as exc:  # NOTE: the intervals stay as they are; the restart must not wait on them
-            log.warning("%s: the save intervals were not tuned: %s", self.job, exc)
+        if self.tuning is not None and not order.replica:  # a replica group's restart loses no job's work
+            current = self.sup.attempt
+            self.tuning.at_restart(Path(self.sup.cfg.run_dir), (current.number, current.started_at) if current else None,
+                                   warm=order.warm, journal=self.sup.journal_event)
         if order.replica:
             try:
                 return self._regroup(order)

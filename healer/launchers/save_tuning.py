@@ -13,12 +13,19 @@ the saves; with no warm pool every one counts for the saves. Their clock is the 
 
 from __future__ import annotations
 
+import logging
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from healer.decide.save_interval import IntervalBounds, IntervalChange, tune
+from healer.launchers import rank_records
+from wire.journal import Retuned
 from wire.step_record import StepRecord
+
+log = logging.getLogger(__name__)
 
 MEASURE_WINDOW_S = 3600.0
 """How far back before a restart the step records are read for the step time and the stalls."""
@@ -72,6 +79,26 @@ class SaveTuning:
     def overrides(self) -> tuple[str, ...]:
         """The `--set` items of the next attempt (nothing until a move)."""
         return () if self.now is None else self.now.overrides()
+
+    def at_restart(self, run_dir: Path, attempt: tuple[int, float] | None, *, warm: bool,
+                   journal: Callable[[Retuned], None]) -> None:
+        """A restart of the job that loses the work since a snapshot (`warm`) or a save: the failure counted, the
+        intervals moved from the stalls the failed `attempt` (number, start) measured, each move journalled for the
+        next attempt. Nothing here holds up the restart: an unreadable record leaves the intervals as they are."""
+        now = time.time()
+        self.failed(now, from_disk=not warm)
+        number, started = attempt if attempt is not None else (None, now)
+        try:
+            records = rank_records.rank0_steps(run_dir, max(started, now - MEASURE_WINDOW_S), attempt=number)
+            moves = self.retune(records, now)
+        except (OSError, ValueError) as exc:
+            log.warning("the save intervals were not tuned: %s", exc)
+            return
+        for move in moves:
+            log.info("%s interval every %d steps (was %d): %s", move.what, move.steps, move.previous_steps,
+                     move.change.reason)
+            journal(Retuned(at=now, attempt=number + 1 if number is not None else 0, what=move.what,
+                            steps=move.steps, previous_steps=move.previous_steps, why=move.change.reason))
 
     def retune(self, records: Sequence[StepRecord], at: float) -> list[Move]:
         """Move the intervals toward the optimum for the failures so far, from the stalls `records` show; the moves

@@ -4,13 +4,18 @@ step records, the moves made at a restart and their `--set` items, and their way
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from healer.decide.save_interval import IntervalBounds, optimum
 from healer.launchers.save_tuning import Intervals, SaveTuning, measure
 from healer.launchers.warm_control import _split
+from wire.journal import Retuned
+from wire.run_paths import RunPaths
 from wire.step_record import StepRecord
 from wire.warm_plan import Plan
 
@@ -82,3 +87,23 @@ def test_the_tuned_items_ride_in_a_warm_plan_and_not_in_the_pinned_settings() ->
     assert Plan.from_json(plan.to_json()) == plan
     with pytest.raises(ValueError, match="an interval is an integer >= 1"):
         Plan(generation=1, world=1, assign={"a": 0}, local_rank={"a": 0}, every_steps=0)
+
+
+def test_at_a_restart_the_failed_attempts_records_are_read_and_each_move_journalled(tmp_path: Path) -> None:
+    configured = Intervals(every_steps=10, snapshot_every_steps=None)
+    path = RunPaths(tmp_path).rank_records(0)
+    path.parent.mkdir(parents=True)
+    began = time.time() - 60  # the attempt's start: its 30 steps ended in the minute before the restart
+    recs = [msgspec.structs.replace(r, time=began + 1 + r.step) for r in records(30, configured)]
+    path.write_text("".join(msgspec.json.encode(r).decode() + "\n" for r in recs))
+    tuning = SaveTuning(configured, started_at=began - 10)
+    journal: list[Retuned] = []
+    tuning.at_restart(tmp_path, (3, began), warm=False, journal=journal.append)
+    # One failure, from the disk; saves of 0.5 s every 10 s at 1 s a step: held at the 30 s least, doubled.
+    (event,) = journal
+    assert (event.what, event.steps, event.previous_steps, event.attempt) == ("save", 20, 10, 4)
+    assert tuning.disk_failures and tuning.overrides() == ("checkpoint.every_steps=20",)
+    # An attempt with no records of its own moves nothing (its stalls are not measured), and says nothing.
+    again: list[Retuned] = []
+    tuning.at_restart(tmp_path / "elsewhere", (4, time.time()), warm=True, journal=again.append)
+    assert not again and len(tuning.failures) == 2
