@@ -96,8 +96,11 @@ def test_a_lighthouse_and_two_hosts_killed_cost_the_groups_left_a_step_each_and_
         assert all(r["sample_index"] == (r["step"] + 1) * BATCH for r in ranks[rank])
     # Two groups from the step after the first host died to the end: the two left, then the one left and the
     # spare's (the second host died while the spare's group was on its way in).
+    # NOTE: the first record after the kill may be the step the three had already averaged when the host died (its
+    # record is written after the commit): a fresh make test saw step 26 so, the next ones of two.
     after = [r for r in ranks[0] if r["time"] > killed_at]
-    assert {r["replicas"] for r in after} == {2}, [(r["step"], r["replicas"]) for r in after]
+    assert after and after[0]["replicas"] in (2, 3), after[:1]
+    assert {r["replicas"] for r in after[1:]} == {2}, [(r["step"], r["replicas"]) for r in after]
     # The spare's group (ranks 2 and 3 again: the lost group's index) took a live peer's state and trained on.
     spare = [r for r in ranks[2] if r["node"] == hosts[3]]
     assert spare and spare[0]["step"] > at_death and spare[-1]["step"] == STEPS - 1, spare[:2]

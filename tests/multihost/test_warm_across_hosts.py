@@ -77,9 +77,12 @@ def test_a_hung_rank_a_corrupted_replica_and_a_gpu_fault_are_each_recovered_warm
         job.finish(600)
     finally:
         job.stop()
-    incidents = sorted(job.incidents(), key=lambda i: i["id"])
+    # NOTE: a straggler notice is no fault of these (nothing restarts for it): the spare's ranks, new on a loaded
+    # bed, were once named one in a fresh make test.
+    incidents = sorted((i for i in job.incidents() if i["kind"] != "straggler"), key=lambda i: i["id"])
     assert [i["kind"] for i in incidents] == ["hang", "crash", "gpu_fault"], [(i["kind"], i["summary"])
-                                                                              for i in incidents]
+                                                                              for i in job.incidents()]
+    assert all(i["action"] == "notify" for i in job.incidents() if i["kind"] == "straggler"), job.incidents()
     hang, crash, gpu = incidents
     pids = pids_by_attempt(job)
     # The hang: warm, the named rank replaced from its replica, every other rank's process kept.
