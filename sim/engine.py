@@ -19,9 +19,9 @@ own policy (sim/decisions.py) stage by stage, each stage taking the time the con
     a planned interruption                    at a snapshot boundary, nothing lost: one warm restart (restart: warm
                                               or replica); cold: a clean stop, the maintenance, a cold start
 
-Training between two interruptions is closed-form (sim/saves.py): snapshots every `snapshot_interval` of training and saves every
-`interval` (every k-th snapshot is a save), each stalling it, so no event is needed per step or per save. With
-`tuning.enabled` both intervals move at each attempt's start, by the healer's own rule
+Training between two interruptions is closed-form (sim/saves.py): snapshots every `snapshot_interval` of training
+and saves every `interval` (every k-th snapshot is a save), each stalling it, so no event is needed per step or per
+save. With `tuning.enabled` both intervals move at each attempt's start, by the healer's own rule
 (healer/decide/save_interval.py), toward Daly's optimum for the failures seen. With `policy: false` every failure
 costs one fixed restart instead (the analytic baseline of sim/analytic.py).
 """
