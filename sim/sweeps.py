@@ -53,11 +53,15 @@ def _interval(cfg: SimConfig, t: timedelta) -> SimConfig:
     return replace(cfg, checkpoint=replace(cfg.checkpoint, interval=t), tuning=replace(cfg.tuning, enabled=False))
 
 
+def _resumes_from_snapshots(cfg: SimConfig) -> bool:
+    """Whether the job's restarts resume from snapshots (a warm job with snapshots), else from its saves."""
+    return cfg.restart == "warm" and cfg.checkpoint.snapshot_interval is not None
+
+
 def _resumed_interval(cfg: SimConfig, t: timedelta) -> SimConfig:
-    """The interval restarts resume from fixed at `t`: the snapshots' where the job runs warm with snapshots, else
-    the saves'."""
+    """The interval restarts resume from fixed at `t`, untuned."""
     fixed = replace(cfg, tuning=replace(cfg.tuning, enabled=False))
-    if cfg.restart == "warm" and cfg.checkpoint.snapshot_interval is not None:
+    if _resumes_from_snapshots(cfg):
         return replace(fixed, checkpoint=replace(cfg.checkpoint, snapshot_interval=t))
     return _interval(fixed, t)
 
@@ -114,9 +118,11 @@ def rate_change(cfg: SimConfig, rules: RuleSet, modes: tuple[str, ...] = ("warm"
         fixed = [{"value": t.total_seconds(), **point(run_seeds(_resumed_interval(base, t), rules, n))}
                  for t in cfg.sweeps.checkpoint_interval]
         best = max(fixed, key=lambda p: p["ettr"])
-        configured = point(run_seeds(_resumed_interval(base, (base.checkpoint.snapshot_interval
-                                                               if mode == "warm" and base.checkpoint.snapshot_interval
-                                                               else base.checkpoint.interval)), rules, n))
+        ck = base.checkpoint
+        as_configured = ck.snapshot_interval if _resumes_from_snapshots(base) and ck.snapshot_interval else ck.interval
+        # NOTE: the configured interval is usually one of the sweep's: its runs are those, not run again
+        configured = next((f for f in fixed if f["value"] == as_configured.total_seconds()), None) or \
+            {"value": as_configured.total_seconds(), **point(run_seeds(_resumed_interval(base, as_configured), rules, n))}
         out[mode] = {"tuned": tuned, "fixed": fixed, "configured": configured,
                      "best_fixed": {"value": best["value"], "ettr": best["ettr"]},
                      "gain_vs_best_fixed": round(tuned["ettr"] - best["ettr"], 5),
