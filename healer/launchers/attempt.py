@@ -65,6 +65,9 @@ class AgentAttempt:
     """Hosts whose agent could not be reached when the attempt was stopped."""
     warm: Generation | None = None
     """The generation of the job's warm pool this attempt is (None: a torchrun attempt)."""
+    standby_hosts: tuple[str, ...] = ()
+    """Spares that run standbys of this attempt's generation and train none of its ranks: a stop must reach them too,
+    or the next pool cannot form there (an agent runs one attempt at a time)."""
     state: AttemptState = AttemptState.RUNNING
     stopped_by_healer: bool = False
     """It ended after the healer ordered it stopped (its hosts' exit codes say nothing of the job then)."""

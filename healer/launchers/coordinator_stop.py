@@ -18,6 +18,9 @@ from wire.orders import StopOrder
 
 log = logging.getLogger(__name__)
 
+STANDBYS_STOP_S = 30.0
+"""How long a spare's agent has to stop its standbys (SIGKILL, no grace: they train nothing)."""
+
 
 class Stops(CoordinatorBase):
     def close(self) -> None:
@@ -70,8 +73,22 @@ class Stops(CoordinatorBase):
                 a.hosts_lost(set(missing))
             self._journal(journal.End(attempt=a.number, at=self.clock(), exit_codes=dict(a.exit_codes), stopped=True,
                                       lost=missing))
+        self._stop_standbys(a)
         if self.warm is not None:
             self.warm.forget()  # every host stopped its whole pool: the next attempt forms a new one
+
+    def _stop_standbys(self, a: AgentAttempt) -> None:
+        """The attempt's standbys on its spares, stopped at once (they hold no rank; a spare's replicas are of a pool
+        that ends here). A spare that does not answer is logged: what runs there is stopped as a leftover once it
+        reports, and a start order it is given meanwhile is refused."""
+        def order_stop(node: str) -> None:
+            try:
+                self._client(node).run(StopOrder(id=self._order_id("stop", a.number, node, ":standbys"),
+                                                 epoch=self.epoch, attempt=a.number, grace_s=0), STANDBYS_STOP_S)
+            except (AgentUnreachable, OrderFailed) as exc:
+                log.warning("stopping the standbys of attempt %d on %s: %s", a.number, node, exc)
+
+        on_each([n for n in a.standby_hosts if n not in a.nodes], order_stop)
 
     def _hurry(self, a: AgentAttempt) -> None:
         """A stop with no grace to every host still stopping: it cuts short the stop in progress there."""

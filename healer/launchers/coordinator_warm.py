@@ -26,7 +26,7 @@ class WarmGenerations(CoordinatorBase):
         of the ranks are up the generation's plan starts them (from the disk, as `resume` says)."""
         assert self.warm is not None and self.attempt is not None
         gen = self.warm.form(number, nodes, "formation")
-        self.attempt.warm = gen
+        self.attempt.warm, self.attempt.standby_hosts = gen, spares
         try:
             self._order_warm(number, gen, resume, overrides, spares)
             self.warm.wait_up(list(gen.assign))
@@ -111,7 +111,7 @@ class WarmGenerations(CoordinatorBase):
         with self._lock:
             old.supersede()
             self.attempt = AgentAttempt(number=number, nodes=tuple(nodes), started_at=now, dp=dp, resume="memory",
-                                        warm=gen)
+                                        warm=gen, standby_hosts=spares)
             self.history.append(self.attempt)
             self._journal(journal.End(attempt=old.number, at=now, stopped=False, superseded=True))
             self._journal(journal.Start(job=self.cfg.job, attempt=number, at=now, nodes=list(nodes), dp=dp,
