@@ -220,7 +220,9 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
                           "progress (no attempt since went past the job's highest step): rolling back again would "
                           "loop; paging"})
         return gate(_rollback(kind, first_bad_step, job, limits, basis), job, budget, now)
-    targets = proven | (set(suspects) if chosen is Remedy.EXCLUDE_AND_RESTART else set())
+    # NOTE: a kind that names no host (a NaN, a spike: every rank sees it after the reduce) leaves out the hosts
+    # proven bad alone, never its suspects: a lemon among them once made a NaN leave out every host of the job.
+    targets = proven | (set(suspects) if chosen is Remedy.EXCLUDE_AND_RESTART and kind.names_host else set())
     if targets & set(job.nodes):
         plan = _exclude(tuple(sorted(targets)), job, limits, basis)
         if kind.taints and first_bad_step is not None and plan.remedy is Remedy.EXCLUDE_AND_RESTART:

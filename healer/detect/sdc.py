@@ -88,12 +88,18 @@ class Sdc(Detector):
                 for node in sorted({nodes[r] for r in verdict.ranks if r in nodes}):
                     self._count(self._hosts.setdefault((job, node), _Host()), verdict, nodes)
             attempt = table.processes.attempt(job)
+            placed, _ = table.processes.placement(job)
             for (name, node), host in self._hosts.items():
                 if name != job or not host.convicted:
                     continue
                 key = f"{job}/{node}"
-                if attempt is not None and host.convicted_in is not None and host.convicted_in != attempt:
-                    healthy.add(key)  # left behind by the restart that convicted it
+                # NOTE: by the hosts the job runs on where the launcher said them: a restart for another incident
+                # (the rollback of the NaN the corruption made) keeps the host, and the conviction must stand until
+                # one leaves it out. On the bed one that went by the attempt's number resolved with that rollback,
+                # and the NaN that came back next step named both hosts.
+                if (node not in placed) if placed else \
+                        (attempt is not None and host.convicted_in is not None and host.convicted_in != attempt):
+                    healthy.add(key)  # left out by the restart that convicted it
                     continue
                 firing.append(self._finding(job, node, host))
         return Evaluation(firing=tuple(firing), healthy=frozenset(healthy))

@@ -84,6 +84,14 @@ def test_a_lemon_node_is_excluded_on_sight_even_when_the_runbook_passes() -> Non
     assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",) and p.basis["lemons"] == {"n2": 3}
 
 
+def test_a_nan_whose_suspects_hold_a_lemon_leaves_out_the_lemon_alone() -> None:
+    # Every rank reports a NaN once it passed the reduce: the hosts it names are where it was seen, not its cause.
+    p = plan("nonfinite", suspects=("n1", "n2"), first_bad_step=10, job=facts(spares=(), node_incidents={"n2": 3}),
+             limits=Limits(lemon_incidents=3))
+    assert p.remedy is Remedy.EXCLUDE_AND_RESTART and p.exclude == ("n2",) and p.nodes == ("n1",), p.basis["reason"]
+    assert plan("nonfinite", suspects=("n1", "n2"), first_bad_step=10).remedy is Remedy.ROLLBACK
+
+
 def test_a_straggler_notifies_unless_a_diagnosis_proves_its_host_bad() -> None:
     assert plan("straggler", suspects=("n1",), verdict=Verdict("pass")).remedy is Remedy.NOTIFY
     p = plan("straggler", suspects=("n1",), verdict=Verdict("degraded", ("n1",)))

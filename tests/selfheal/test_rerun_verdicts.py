@@ -43,6 +43,21 @@ def test_a_persistent_verdict_convicts_the_host_of_the_ranks_it_blames_at_once()
     assert sdc.evaluate(s.table, s.clock.now).firing  # it stands until the host is left out
 
 
+def test_a_conviction_stands_through_a_restart_that_keeps_the_host_and_ends_once_one_leaves_it_out() -> None:
+    s, sdc = stream(), Sdc(Sdc.Config())
+    s.table.processes.started("job", 0, ("n1", "n2"))
+    tell(s, step=5, verdict="persistent", ranks=[2, 3], flagged=[0, 1, 2, 3], reproduced=True, attempt=0)
+    assert [f.key for f in sdc.evaluate(s.table, s.clock.now).firing] == ["job/n2"]
+    # Another incident's restart (the rollback of the NaN the corruption made) keeps n2 in the job.
+    s.table.processes.started("job", 1, ("n1", "n2"))
+    s.advance()
+    assert [f.key for f in sdc.evaluate(s.table, s.clock.now).firing] == ["job/n2"]
+    s.table.processes.started("job", 2, ("n1", "n3"))
+    s.advance()
+    out = sdc.evaluate(s.table, s.clock.now)
+    assert not out.firing and "job/n2" in out.healthy
+
+
 def test_two_transient_faults_on_one_host_convict_it_and_the_first_is_a_notice() -> None:
     s, sdc, notice = stream(), Sdc(Sdc.Config(convict_after=2)), RerunNotice(RerunNotice.Config())
     tell(s, step=3, verdict="transient", ranks=[1], flagged=[0, 1, 2, 3], skipped=False)
