@@ -107,12 +107,12 @@ def trainer_faults(slots: list[Slot], bed: Bed) -> list[str]:
     """The `--set` items that make the trainer play the nan and bitflip slots (at most one of each: the trainer
     takes one NaN sample; a bitflip host flips from its first step on)."""
     items = []
-    nan = next((s for s in slots if s.kind == "nan"), None)
-    flip = next((s for s in slots if s.kind == "bitflip"), None)
+    nan = next((s.step for s in slots if s.kind == "nan" and s.step is not None), None)
+    flip = next((s.step for s in slots if s.kind == "bitflip" and s.step is not None), None)
     if nan is not None:
-        items.append(f"inject_nan_at_sample={nan.step * GLOBAL_BATCH}")
+        items.append(f"inject_nan_at_sample={nan * GLOBAL_BATCH}")
     if flip is not None:
-        items.append(f'inject_matmul_flips=[{{"node":"{bed.hosts[2].name}","from_step":{flip.step},"rate":1.0}}]')
+        items.append(f'inject_matmul_flips=[{{"node":"{bed.hosts[2].name}","from_step":{flip},"rate":1.0}}]')
     return items
 
 
@@ -130,23 +130,24 @@ def live_pid(run_dir: Path, rank: int) -> tuple[int, str] | None:
 
 
 def strike(bed: Bed, kind: str, run_dir: Path) -> dict[str, Any]:
-    """A live fault, now: what was hit."""
+    """A live fault, now: what was hit, and when (`at`: a crash or hang due during a restart waits for its rank)."""
     if kind in ("crash", "hang"):
         rank = CRASH_RANK if kind == "crash" else HANG_RANK
         # A restart still under way has no process of the rank yet: the fault waits for the next one.
         rh.wait_until(lambda: live_pid(run_dir, rank) is not None, LATE_S, every_s=0.2)
         found = live_pid(run_dir, rank)
         if found is None:
-            return {"missed": f"no live process of rank {rank} within {LATE_S:.0f} s"}
+            return {"at": time.time(), "missed": f"no live process of rank {rank} within {LATE_S:.0f} s"}
         pid, node = found
         os.kill(pid, signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
-        return {"pid": pid, "node": node, "rank": rank}
+        return {"at": time.time(), "pid": pid, "node": node, "rank": rank}
     names = [h.name for h in bed.hosts]
     newest = max((r for r in step_records(run_dir) if r["rank"] == HOST_RANK), key=lambda r: r["time"], default=None)
     # Rank HOST_RANK's host, or hosts[1] (a training host of the first attempt) where that is the batch host.
     node = newest["node"] if newest is not None and newest.get("node") in names[1:] else names[1]
+    at = time.time()
     faults.kill_host(bed, node)
-    return {"node": node}
+    return {"at": at, "node": node}
 
 
 def drive(bed: Bed, run_dir: Path, ended: Any, slots: list[Slot], window_s: float) -> tuple[float, list[dict]]:
@@ -168,7 +169,7 @@ def drive(bed: Bed, run_dir: Path, ended: Any, slots: list[Slot], window_s: floa
             faults.revive_host(bed, str(arg))
             continue
         assert isinstance(arg, Slot)
-        hit = {"kind": arg.kind, "slot_s": arg.at_s, "at": time.time(), **strike(bed, arg.kind, run_dir)}
+        hit = {"kind": arg.kind, "slot_s": arg.at_s, **strike(bed, arg.kind, run_dir)}
         struck.append(hit)
         print(f"  {hit['at'] - t0:7.1f} s  {arg.kind}: {hit}", flush=True)
         if arg.kind == "host_death" and "node" in hit:
@@ -249,6 +250,7 @@ def fault_costs(ranks0: list[dict[str, Any]], t0: float, slots: list[Slot], stru
                 continue
             at, what = hit["at"], {k: v for k, v in hit.items() if k not in ("kind", "slot_s", "at")}
         else:
+            assert slot.step is not None, slot  # schedule() sets the step of every slot the trainer plays
             before = next((r for r in ordered if r["step"] == slot.step - 1), None)
             if before is None:
                 out.append({"kind": slot.kind, "slot_s": slot.at_s, "step": slot.step, "struck": False})
@@ -259,8 +261,10 @@ def fault_costs(ranks0: list[dict[str, Any]], t0: float, slots: list[Slot], stru
         # back for a convicted host's taint) did not regain anything.
         past = next((r for r in ordered if r["time"] > at and r["step"] > reached + IN_FLIGHT and productive(r)
                      and kept.get(r["step"]) is r), None)
-        regained = past["time"] - at if past else None
-        cost = regained - (past["step"] - reached) * pace_s if regained is not None and pace_s else None
+        regained = cost = None
+        if past is not None:
+            regained = past["time"] - at
+            cost = regained - (past["step"] - reached) * pace_s if pace_s else None
         out.append({"kind": slot.kind, "slot_s": slot.at_s, "struck": True, "at_s": round(at - t0, 1), **what,
                     "step_reached": reached, "regained_s": round(regained, 1) if regained is not None else None,
                     "cost_s": round(cost, 1) if cost is not None else None})
