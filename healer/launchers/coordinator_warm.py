@@ -87,6 +87,7 @@ class WarmGenerations(CoordinatorBase):
             number = old.number + 1
         workers: dict[str, list[Worker]] = {}
         if replace_ranks:
+            self.view.replacing(self.cfg.job, old.number, replace_ranks)
             self._kill_ranks(old, replace_ranks)
 
         def ask(node: str) -> None:

@@ -103,11 +103,23 @@ class ProcessView:
     """Jobs that train as replica groups, one per host (train/ft/): one host's standstill is not the job's."""
     _regroups: dict[str, int] = field(default_factory=dict)
     """job -> how often its current attempt was regrouped: a group that fails after a regroup is a fault of its own."""
+    _replacing: set[tuple[str, int, int]] = field(default_factory=set)
+    """(job, attempt, rank) of ranks the launcher kills to replace them (a warm restart's hung ranks)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def replacing(self, job: str, attempt: int, ranks: tuple[int, ...]) -> None:
+        """The launcher kills `ranks` of `attempt` to replace them: their exits are expected, never a crash.
+        NOTE: said before the kill: the agent may report the exit while `attempt` is still the job's current one
+        (a fresh make test saw a warm restart's own SIGKILL of a hung rank open a crash incident)."""
+        with self._lock:
+            self._replacing = {k for k in self._replacing if k[0] != job or k[1] >= attempt}
+            self._replacing.update((job, attempt, rank) for rank in ranks)
 
     def record_exit(self, ex: ProcessExit) -> None:
         """Add an exit; one that says how a rank recorded as vanished died replaces that record."""
         with self._lock:
+            if not ex.expected and (ex.job, ex.attempt, ex.rank) in self._replacing:
+                ex = replace(ex, expected=True)
             if ex.rank is not None and not ex.vanished:
                 for i, old in enumerate(self._exits):
                     if old.vanished and (old.job, old.attempt, old.rank) == (ex.job, ex.attempt, ex.rank):

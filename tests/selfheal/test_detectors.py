@@ -87,6 +87,22 @@ def test_crash_names_the_first_rank_that_died_not_the_peers_that_followed() -> N
     assert result.firing == () and result.healthy == {"job/attempt-0"}
 
 
+def test_a_rank_the_launcher_kills_to_replace_it_is_no_crash_and_a_rank_killed_otherwise_still_is() -> None:
+    # A warm restart kills a hung rank before the next attempt starts: its agent may report the exit while the old
+    # attempt is still the job's current one.
+    table = HeartbeatTable(clock=ManualClock())
+    view = table.processes
+    view.started("job", 3)
+    view.replacing("job", 3, (2,))
+    view.record_exit(ProcessExit(job="job", attempt=3, node="n1", rank=2, pid=12, at=100.0, exit_code=None,
+                                 signal=signal.SIGKILL))
+    assert Crash(Crash.Config()).evaluate(table, 101.0).firing == ()
+    view.record_exit(ProcessExit(job="job", attempt=3, node="n2", rank=5, pid=15, at=100.5, exit_code=None,
+                                 signal=signal.SIGKILL))
+    (f,) = Crash(Crash.Config()).evaluate(table, 102.0).firing
+    assert f.evidence["suspect_rank"] == 5
+
+
 # ---- hang ------------------------------------------------------------------------------------------------
 
 def test_hang_fires_after_max_floor_k_p99_and_names_the_stopped_rank() -> None:
