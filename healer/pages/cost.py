@@ -121,6 +121,13 @@ def slowdown(records: Sequence[Step], incident: dict[str, Any], ended_at: float 
     end = min(ends) if ends else float("inf")
     before = [r.step_seconds for r in records[1:begin]]
     during = [r for r in records[begin:] if r.time <= end]
+    if not before:
+        # NOTE: the detector's windows are of the job's steps, and a loaded machine's slow rank can be named before
+        # `back` of its own steps ran slow (a fresh make test: slowed from step 5, named at its step 6): its window
+        # then reaches back to the attempt's start. The faster half of its steps until the detection stands for the
+        # pace before: the slowdown cannot have been more than half of them, or nothing would have stood out.
+        seen_steps = sorted(r.step_seconds for r in records[1:seen[-1] + 1])
+        before = seen_steps[:len(seen_steps) // 2]
     if not before or not during:
         return None
     base = statistics.median(before)

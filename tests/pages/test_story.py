@@ -112,6 +112,11 @@ def test_a_slowdown_costs_what_it_added_to_each_step_from_where_the_windows_bega
     assert found is not None and (found.first_step, found.last_step, found.steps) == (7, 25, 19)
     assert found.baseline_s == 1.0 and found.excess_s == pytest.approx(0.5 * 16)
     assert slowdown(records[:1], {"detected_at": 10.5, "evidence": {}}, None) is None  # nothing before it
+    # Named before the windows' worth of its own steps ran slow (a loaded machine): its windows reach back to the
+    # attempt's start, and the faster half of the steps until then is the pace before.
+    early = [_Rec(s, 10.0 + s, 1.0 if s < 5 else 2.0) for s in range(12)]
+    found = slowdown(early, {"detected_at": 16.5, "evidence": {"windows": 2, "window_steps": 3}}, ended_at=30.0)
+    assert found is not None and found.baseline_s == 1.0 and found.excess_s == pytest.approx(1.0 * 7), found
 
 
 def test_the_chain_of_waits_ends_at_the_rank_that_holds_everyone_up() -> None:
