@@ -40,7 +40,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
@@ -407,14 +406,8 @@ def main() -> int:
             results[system] = r
             print(system, json.dumps({k: v for k, v in r.items() if k != "output_tail"}), flush=True)
     finally:
-        bed.down()
-        if args.keep:
-            print("run directories kept in", tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+        rh.take_down(bed, tmp, args.keep)
+    rh.write_results(results, Path(args.out))
     return 0
 
 

@@ -466,15 +466,24 @@ def main() -> int:
                           flush=True)
             results[fault] = {s: {"median": summary(rs), "runs": rs} for s, rs in runs.items()}
     finally:
-        bed.down()
-        if args.keep:
-            print("run directories kept in", tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+        take_down(bed, tmp, args.keep)
+    write_results(results, Path(args.out))
     return 0
+
+
+def take_down(bed: Bed, tmp: Path, keep: bool) -> None:
+    """The bed down, and the run directories under `tmp` removed unless kept (then printed)."""
+    bed.down()
+    if keep:
+        print("run directories kept in", tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_results(results: dict[str, Any], out: Path) -> None:
+    results["machine"]["loadavg_at_end"] = os.getloadavg()
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
