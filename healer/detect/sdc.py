@@ -97,8 +97,9 @@ class Sdc(Detector):
                 # (the rollback of the NaN the corruption made) keeps the host, and the conviction must stand until
                 # one leaves it out. On the bed one that went by the attempt's number resolved with that rollback,
                 # and the NaN that came back next step named both hosts.
-                if (node not in placed) if placed else \
-                        (attempt is not None and host.convicted_in is not None and host.convicted_in != attempt):
+                left_out = node not in placed if placed else \
+                    attempt is not None and host.convicted_in is not None and host.convicted_in != attempt
+                if left_out:
                     healthy.add(key)  # left out by the restart that convicted it
                     continue
                 firing.append(self._finding(job, node, host))
