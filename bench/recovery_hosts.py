@@ -306,7 +306,7 @@ class Lines:
 
 
 def torchrun_argv(bed: Bed, run_dir: Path, steps: int, rdzv_id: str, extra: tuple[str, ...] = ()) -> list[str]:
-    """As healer/agent/node.py's torchrun_argv builds it, but with torchrun's own restarts and a fixed host set."""
+    """As healer/agent/rank_start.py's torchrun_argv builds it, but with torchrun's own restarts and a fixed host set."""
     hosts = [h.name for h in bed.hosts[:3]]
     # parallel.dp: megaheal derives it from the hosts that train (3 x 2 ranks / pp 2); torchrun needs it given.
     overrides = [f"steps={steps}", *DEMO_AT_DP3.split(), f"parallel.dp={len(hosts)}", *extra,

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,15 +32,15 @@ from healer.agent import rank_evidence
 from healer.agent.confine import check_start
 from healer.agent.host import HostAttempt
 from healer.agent.order_book import OrderBook
+from healer.agent.rank_start import HostPlaces, free_port, rank_environment, replica_environment, torchrun_argv
+from healer.agent.runbook_order import run_runbook_order
 from healer.agent.warm_host import WarmHostAttempt, WarmWorkers
-from wire import ft_env, phase_now, rank_env
 from wire.orders import (
     Adopted,
     AdoptOrder,
     Evidence,
     EvidenceOrder,
     Order,
-    ReplicaStart,
     Reporting,
     ReportOrder,
     Result,
@@ -58,13 +57,8 @@ from wire.orders import (
     Workers,
     WorkersOrder,
 )
-from wire.run_ids import run_id
 from wire.telemetry import HeartbeatBatch
 from wire.warm_plan import WorkerStart
-from wire.warm_seal import write_key
-
-FR_BUFFER_SIZE = 2000
-"""Collectives the flight recorder keeps per rank (a few steps' worth: a hang needs only the last ones)."""
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +166,8 @@ class NodeAgent:
         # again: it answers a retried order as its predecessor did, and refuses the healers it refused.
         cfg.work_dir.mkdir(parents=True, exist_ok=True)
         self.orders = OrderBook(self._execute, directory=cfg.work_dir)
+        self._places = HostPlaces(node=cfg.node, scratch_dir=cfg.scratch_dir, socket_path=cfg.socket_path,
+                                  extra_env=cfg.extra_env)
         self.attempt: HostAttempt | WarmHostAttempt | None = None
         self.warm: WarmWorkers | None = None
         """The job's warm workers on this host, when its attempts run warm (they outlive each attempt)."""
@@ -392,11 +388,12 @@ class NodeAgent:
                 if self.attempt.attempt == order.attempt:
                     return self._started(order.attempt)
                 raise RuntimeError(f"attempt {self.attempt.attempt} still runs on {self.cfg.node}; stop it first")
-            self._endpoint = order.rdzv_endpoint or f"{self._rdzv_host()}:{_free_port()}"
+            self._endpoint = order.rdzv_endpoint or f"{self._rdzv_host()}:{free_port()}"
             argv = torchrun_argv(order, self._endpoint, self.cfg.python, self._attempt_dir(order) / "ranks")
-            env = self._rank_env(order, self._phase_dir(order.job, order.attempt))
+            env = rank_environment(order, self._places, self._phase_dir(order.job, order.attempt))
             if order.replica is not None:
-                env |= self._replica_env(order, order.replica)
+                env |= replica_environment(order, order.replica, self.cfg.token, self._attempt_dir(order),
+                                           self._rdzv_host())
             cwd = Path(order.program.cwd) if order.program is not None else self.cfg.cwd
             self.attempt = HostAttempt(job=order.job, attempt=order.attempt, node_rank=order.node_rank, argv=argv,
                                        env=env, cwd=cwd, log_dir=self._attempt_dir(order),
@@ -405,43 +402,6 @@ class NodeAgent:
                                        if order.replica is not None else 0)
             self.attempt.start()
             return self._started(order.attempt)
-
-    def _replica_env(self, order: StartOrder, replica: ReplicaStart) -> dict[str, str]:
-        """What the ranks of one replica group need (wire/ft_env.py): their group, the Lighthouse, this host's
-        address (where a joining group fetches a peer's state from), and the run's key, in a file of mode 0600 (the
-        path only: an environment is readable through /proc)."""
-        key_file = write_key(self._attempt_dir(order) / "ft.key", ft_env.ft_key(self.cfg.token, order.job))
-        return {ft_env.GROUP: str(replica.group), ft_env.LIGHTHOUSE: replica.lighthouse,
-                ft_env.KEY_FILE: str(key_file), ft_env.ADDRESS: self._rdzv_host(),
-                ft_env.AT_LEAST: str(replica.at_least)}
-
-    def _rank_env(self, order: StartOrder, phase_dir: Path) -> dict[str, str]:
-        """The environment of the ranks of a start order on this host."""
-        env = dict(os.environ) | self.cfg.extra_env | dict(order.env) | {
-            "OMP_NUM_THREADS": order.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
-            rank_env.NODE: self.cfg.node, "TMPDIR": str(self.cfg.scratch_dir.absolute()),
-            "MEGAHEAL_SIDECAR_SOCKET": self.cfg.socket_path, phase_now.ENV: str(phase_dir),
-            rank_env.ATTEMPT: str(order.attempt)}
-        # The flight recorder on (gloo's and NCCL's), unless the order or the host says how large: what a hang's
-        # evidence reads each rank's last collectives from (exporters/flight_recorder.py). NOTE: TORCH_FR_BUFFER_SIZE
-        # since torch 2.9; the older TORCH_NCCL_TRACE_BUFFER_SIZE, when that is what the host sets, still counts
-        # (and is deprecated: torch warns on every rank).
-        if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
-            env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER_SIZE))
-        if order.program is not None:  # a user's program learns who it is from these (wire/rank_env.py)
-            env |= {rank_env.JOB: order.job, rank_env.RESTART_COUNT: str(order.attempt),
-                    # NOTE: the bootstrap's own imports must not find the user's modules first (a `wire.py` of
-                    # theirs for megaheal's wire/): it starts on a safe path and then makes the script's own.
-                    "PYTHONSAFEPATH": "1", rank_env.SAFE_PATH_SET: "1"}
-            if order.skip_steps:
-                env[rank_env.SKIP_STEPS] = rank_env.encode_steps(order.skip_steps)
-            else:
-                env.pop(rank_env.SKIP_STEPS, None)
-            if order.resume_step is not None:
-                env[rank_env.RESUME_STEP] = str(order.resume_step)
-            else:
-                env.pop(rank_env.RESUME_STEP, None)
-        return env
 
     def _start_warm(self, order: StartOrder) -> Started:
         """A generation of the job's warm pool here: a new pool when `formed_in` names another (a cold formation; what
@@ -464,7 +424,8 @@ class NodeAgent:
             self.warm = WarmWorkers(job=order.job, node=self.cfg.node, formed_in=spec.formed_in, control=spec.control,
                                     python=self.cfg.python,
                                     cwd=Path(order.program.cwd) if order.program is not None else self.cfg.cwd,
-                                    env=self._rank_env(order, phase_dir), log_dir=self._attempt_dir(order) / "warm",
+                                    env=rank_environment(order, self._places, phase_dir),
+                                    log_dir=self._attempt_dir(order) / "warm",
                                     standbys=spec.standbys, token=self.cfg.token, program=order.program,
                                     trainer=WorkerStart(order.config, order.run_dir, tuple(order.overrides))
                                     if order.config is not None else None)
@@ -542,48 +503,11 @@ class NodeAgent:
         return Stopped(stopped=attempt.attempt, exit_code=attempt.exit_code)
 
     def _runbook(self, order: RunbookOrder) -> RunbookRun:
-        """The runbook on this host, in the environment its ranks get, under a timeout (a separate process group:
-        a timeout takes down whatever it started too)."""
-        argv = [self.cfg.python, "-m", "megaheal", "diagnose", order.runbook, "--nodes", self.cfg.node, "--json"]
+        """The runbook on this host, in the agent's environment with the host's name and scratch disk
+        (healer/agent/runbook_order.py)."""
         env = dict(os.environ) | self.cfg.extra_env | {"MEGAHEAL_NODE": self.cfg.node,
                                                         "TMPDIR": str(self.cfg.scratch_dir.absolute())}
-        with subprocess.Popen(argv, cwd=self.cfg.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
-            try:
-                out, err = proc.communicate(timeout=order.timeout_s)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.communicate()
-                return RunbookRun(returncode=None, stdout="", stderr=f"ran past {order.timeout_s:g} s", timeout=True)
-        return RunbookRun(returncode=proc.returncode, stdout=out[-200_000:], stderr=err[-20_000:])
-
-
-def torchrun_argv(o: StartOrder, endpoint: str, python: str, log_dir: Path) -> list[str]:
-    """The host's torchrun agent for start order `o` (an argument list: nothing reaches a shell); `log_dir`: the
-    ranks' log files (torchrun's --log-dir)."""
-    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(o.nnodes),
-            "--node-rank", str(o.node_rank), "--nproc-per-node", str(o.nproc_per_node),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id(o.job, o.attempt),
-            # The first host holds the rendezvous store; the others only connect to it.
-            "--rdzv-conf", f"is_host={'true' if o.node_rank == 0 else 'false'},join_timeout=120",
-            # NOTE: no restarts inside torchrun: the healer decides (and may change the host set). A short
-            # shutdown grace makes torchrun's failure report (how a rank died) come within a second or two.
-            "--max-restarts", "0", "--monitor-interval", "0.2", "--shutdown-timeout", str(o.shutdown_timeout_s),
-            "--log-dir", str(log_dir), "--redirects", "3", "--tee", "3"]
-    if o.program is not None:
-        # NOTE: the bootstrap makes an unchanged script visible (megaheal/rank/bootstrap.py), then runs it as is.
-        return [*argv, "-m", "megaheal.rank.bootstrap", *(["-m"] if o.program.module else []), o.program.target,
-                *o.program.args]
-    assert o.config is not None
-    argv += ["-m", "train", "--config", o.config, "--run-dir", o.run_dir]
-    if o.resume:
-        argv += ["--resume", o.resume]
-    for item in o.overrides:
-        argv += ["--set", item]
-    return argv
+        return run_runbook_order(order, python=self.cfg.python, node=self.cfg.node, cwd=self.cfg.cwd, env=env)
 
 
 def agent_socket_path(node: str, work_dir: Path) -> str:
@@ -593,11 +517,3 @@ def agent_socket_path(node: str, work_dir: Path) -> str:
     digest of the two."""
     digest = hashlib.sha256(f"{node}\0{work_dir.absolute()}".encode()).hexdigest()[:16]
     return str(Path(tempfile.gettempdir()) / f"mh-agent-{os.getuid()}-{digest}" / "ranks.sock")
-
-
-def _free_port() -> int:
-    # NOTE: a small race (another process may take the port before torchrun binds it); a failed rendezvous shows
-    # as a failed start, which the healer handles like any other.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])

@@ -15,7 +15,7 @@ import pytest
 from exporters.sidecar import Sidecar
 from ground.names import check_name, derive_name, is_name
 from ground.typedconfig import ConfigError
-from healer.agent.node import torchrun_argv
+from healer.agent.rank_start import torchrun_argv
 from healer.launchers.coordinator import Coordinator
 from healer.launchers.remediator import AgentRemediator
 from healer.runner.run import job_name

@@ -10,10 +10,11 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
-from healer.agent.node import torchrun_argv
+from healer.agent.rank_start import HostPlaces, rank_environment, torchrun_argv
 from healer.launchers.coordinator_base import skipped_steps
 from healer.runner.run import ProgramLaunch
 from megaheal.cli import _program_launch, app
+from wire import rank_env
 from wire.orders import StartOrder, UserProgram
 
 pytestmark = pytest.mark.unit
@@ -34,6 +35,31 @@ def test_a_program_becomes_torchruns_command_through_the_bootstrap_and_nothing_e
     module = order(UserProgram(module=True, target="pkg.train", args=["x"], cwd="/home/u"))
     assert torchrun_argv(module, "h:1", "py", Path("/l"))[-5:] == ["-m", "megaheal.rank.bootstrap", "-m", "pkg.train",
                                                                    "x"]
+
+
+def test_a_programs_ranks_are_told_who_they_are_and_an_older_orders_skips_and_resume_do_not_linger(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The agent's own environment is what the ranks inherit: a step to skip or resume from that it holds (an agent
+    # started from a rank's shell, say) must not reach an attempt that was given none.
+    monkeypatch.setenv(rank_env.SKIP_STEPS, "5")
+    monkeypatch.setenv(rank_env.RESUME_STEP, "4")
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    host = HostPlaces(node="n1", scratch_dir=tmp_path / "scratch", socket_path="/s/ranks.sock",
+                      extra_env={"EXTRA": "1"})
+    program = UserProgram(target="/home/u/train.py", cwd="/home/u")
+    env = rank_environment(order(program, env={"OMP_NUM_THREADS": "4"}), host, tmp_path / "phase")
+    assert (env[rank_env.NODE], env[rank_env.JOB], env[rank_env.ATTEMPT], env[rank_env.RESTART_COUNT]) == \
+        ("n1", "mine", "2", "2")
+    assert env["TMPDIR"] == str((tmp_path / "scratch").absolute()) and env["MEGAHEAL_SIDECAR_SOCKET"] == "/s/ranks.sock"
+    assert env["OMP_NUM_THREADS"] == "4" and env["EXTRA"] == "1" and env["PYTHONSAFEPATH"] == "1"
+    assert rank_env.SKIP_STEPS not in env and rank_env.RESUME_STEP not in env
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"  # the flight recorder on: what a hang's evidence reads
+    told = rank_environment(order(program, skip_steps=[7, 8], resume_step=6), host, tmp_path / "phase")
+    assert rank_env.decode_steps(told) == {7, 8} and told[rank_env.RESUME_STEP] == "6"
+    # A host that sizes NCCL's older buffer itself keeps its own size, with no second one beside it.
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "10")
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    assert "TORCH_FR_BUFFER_SIZE" not in rank_environment(order(program), host, tmp_path / "phase")
 
 
 @pytest.mark.parametrize("body, error", [
