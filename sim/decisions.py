@@ -61,6 +61,8 @@ class JobSnapshot:
     """restart: replica: the data-parallel replicas, each a replica group (JobFacts.replica_groups)."""
     replica_hosts: dict[str, str] = field(default_factory=dict)
     """restart: warm: the host keeping each host's snapshot replicas (JobFacts.replica_hosts)."""
+    unnamed_restarts: tuple[float, ...] = ()
+    """Those of `restarts` for a fault that names no host (JobFacts.unnamed_restarts)."""
 
 
 def rule_for(rules: RuleSet, kind: str) -> Rule | None:
@@ -76,6 +78,7 @@ def decide_incident(inc: SimIncident, rules: RuleSet, job: JobSnapshot, names: l
     window = rules.budget(rule).window.total_seconds()
     facts = JobFacts(nodes=job.nodes, spares=job.spares, dp=job.dp, checkpoint_steps=job.checkpoint_steps,
                      restarts=tuple(at(t) for t in job.restarts if now - t < window),
+                     unnamed_restarts=tuple(at(t) for t in job.unnamed_restarts if now - t < window),
                      node_incidents=job.node_incidents, warm_unavailable=job.warm_unavailable,
                      replica_groups=job.replica_groups, replica_hosts=job.replica_hosts)
     return decide(facts_of(incident_id=inc.id, kind=inc.kind, state=inc.state, state_since=at(inc.state_since),

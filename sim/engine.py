@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from healer.decide.catalogue import Remedy, fault
+from healer.decide.catalogue import UNNAMED_KINDS, Remedy, fault
 from healer.decide.plans import Verdict
 from healer.decide.policy import LIVE_RUNBOOK, Action, Decision, page_now
 from healer.decide.rules import RuleSet
@@ -123,6 +123,8 @@ class Simulation(GroupLosses, SaveCadence):
         self.named: dict[int, list[float]] = {}
         """Host -> when incidents named it (the lemon limit's history)."""
         self.restart_times: list[float] = []
+        self.unnamed_restart_times: list[float] = []
+        """Those of restart_times for an incident of a kind that names no host (the budget's unscaled part)."""
         ck = cfg.checkpoint
         self.save_s = ck.interval.total_seconds()
         self.snap_s = (ck.snapshot_interval.total_seconds() if self._snapshots and ck.snapshot_interval is not None
@@ -400,6 +402,8 @@ class Simulation(GroupLosses, SaveCadence):
         self.hosts = [self._index[n] for n in plan.nodes]
         self.dp = plan.dp or self.dp
         self.restart_times.append(self.now)
+        if inc.kind in UNNAMED_KINDS:
+            self.unnamed_restart_times.append(self.now)
         if plan.remedy is Remedy.ROLLBACK and plan.resume_step is not None:
             resume = self._progress_of_step(plan.resume_step, warm=plan.warm)
         else:
@@ -570,6 +574,7 @@ class Simulation(GroupLosses, SaveCadence):
         return JobSnapshot(nodes=tuple(names[h] for h in self.hosts),
                            spares=tuple(names[h] for h in self.fleet.hosts(Where.SPARE)), dp=self.dp,
                            checkpoint_steps=tuple(sorted(saves)), restarts=tuple(self.restart_times),
+                           unnamed_restarts=tuple(self.unnamed_restart_times),
                            node_incidents=counts, attempt=self.attempt, warm_unavailable=warm_off,
                            replica_groups=self.dp if self.cfg.restart == "replica" else 0,
                            replica_hosts=self._keepers() if self.cfg.restart == "warm" else {})

@@ -143,6 +143,9 @@ CATALOGUE: dict[str, FaultKind] = {k.name: k for k in (
 
 DETECTED = frozenset(k for k in CATALOGUE if k not in ("node_down", "telemetry_absent"))
 """The kinds a detector of the healer finds (the others come from Prometheus alerts)."""
+UNNAMED_KINDS = frozenset(k.name for k in CATALOGUE.values() if not k.names_host)
+"""The kinds whose incidents name no host (a NaN, a loss spike): what a restart budget scaled by hosts holds to its
+unscaled count (healer/decide/plans.py, `gate`)."""
 
 
 def fault(kind: str) -> FaultKind:

@@ -40,14 +40,28 @@ class RestartBudget:
     """Wait before the second restart in the window; doubled for each further one (the first is immediate)."""
     max_backoff: timedelta = timedelta(minutes=5)
     """The backoff never grows past this."""
+    per_hosts: int = 0
+    """`max_restarts` for each this many of the job's hosts (the count rounded up; never fewer than `max_restarts`);
+    0: for the whole job, whatever its size. Hosts fail independently: a job of 12,288 hosts meets six times the
+    faults of one of 2,048, each healed by one restart, and a fixed budget pages on call for a busy hour of a healthy
+    job (the simulator's 98,304 GPUs: 28-77 pages in 54 days, each a budget spent by healed faults). A restart loop
+    is what the budget is for, and it spends any budget within the hour."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.per_hosts < 0:
+            raise ValueError(f"per_hosts must be >= 0, got {self.per_hosts}")
         if self.window <= timedelta(0):
             raise ValueError(f"window must be > 0, got {self.window}")
         if self.backoff < timedelta(0) or self.max_backoff < self.backoff:
             raise ValueError(f"backoff must be >= 0 and <= max_backoff, got {self.backoff}, {self.max_backoff}")
+
+    def allowed(self, hosts: int) -> int:
+        """The restarts allowed within `window` for a job on `hosts` hosts."""
+        if not self.per_hosts:
+            return self.max_restarts
+        return self.max_restarts * max(1, -(-hosts // self.per_hosts))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -129,6 +143,9 @@ class JobFacts:
     """Steps of the good (verified) checkpoints."""
     restarts: tuple[datetime, ...] = ()
     """When the job was restarted by a remediation (take-overs do not count)."""
+    unnamed_restarts: tuple[datetime, ...] = ()
+    """Those of `restarts` for a fault that names no host (a NaN, a loss spike): a budget scaled by hosts
+    (RestartBudget.per_hosts) holds them to its unscaled `max_restarts`."""
     node_incidents: dict[str, int] = field(default_factory=dict)
     """Per host, incidents naming it within the lemon window, across jobs (this one included)."""
     warm_unavailable: str | None = "the job does not run warm"
@@ -219,7 +236,7 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
                 "reason": f"{kind.name}: this would be rollback {job.stalled_rollbacks + 1} in a row without net "
                           "progress (no attempt since went past the job's highest step): rolling back again would "
                           "loop; paging"})
-        return gate(_rollback(kind, first_bad_step, job, limits, basis), job, budget, now)
+        return gate(_rollback(kind, first_bad_step, job, limits, basis), job, budget, now, kind.names_host)
     # NOTE: a kind that names no host (a NaN, a spike: every rank sees it after the reduce) leaves out the hosts
     # proven bad alone, never its suspects: a lemon among them once made a NaN leave out every host of the job.
     targets = proven | (set(suspects) if chosen is Remedy.EXCLUDE_AND_RESTART and kind.names_host else set())
@@ -227,10 +244,10 @@ def choose(kind: FaultKind, remedy: Remedy | None, suspects: tuple[str, ...], fi
         plan = _exclude(tuple(sorted(targets)), job, limits, basis)
         if kind.taints and first_bad_step is not None and plan.remedy is Remedy.EXCLUDE_AND_RESTART:
             plan = untainted(plan, first_bad_step, job, tuple(n for n in job.nodes if n in targets))
-        return gate(plan, job, budget, now)
+        return gate(plan, job, budget, now, kind.names_host)
     why = "no host found at fault" if chosen is Remedy.RESTART else "the hosts to leave out are not in the job"
     return gate(Plan(Remedy.RESTART, basis | {"reason": f"{kind.name} with {why}: restart in place"},
-                     nodes=job.nodes, dp=job.dp), job, budget, now)
+                     nodes=job.nodes, dp=job.dp), job, budget, now, kind.names_host)
 
 
 def crash_loop(failure: ProgramFailure | None, job: JobFacts) -> dict[str, Any] | None:
@@ -419,14 +436,30 @@ def _cold(p: Plan, why: str) -> Plan:
     return replace(p, basis=p.basis | {"restart": {"mode": "cold", "why": why}})
 
 
-def gate(p: Plan, job: JobFacts, budget: RestartBudget, now: datetime) -> Plan:
-    """Apply the restart budget and the backoff to a plan that restarts."""
+def gate(p: Plan, job: JobFacts, budget: RestartBudget, now: datetime, names_host: bool = True) -> Plan:
+    """Apply the restart budget and the backoff to a plan that restarts; `names_host`: whether its fault's kind
+    names a host (one that names none is held to the unscaled budget, see below)."""
     if not p.remedy.restarts:
         return p
     recent = sorted(t for t in job.restarts if now - t < budget.window)
-    spent = {"restarts_in_window": len(recent), "max_restarts": budget.max_restarts,
-             "window_s": budget.window.total_seconds()}
-    if len(recent) >= budget.max_restarts:
+    allowed = budget.allowed(len(job.nodes))
+    spent: dict[str, Any] = {"restarts_in_window": len(recent), "max_restarts": allowed,
+                             "window_s": budget.window.total_seconds()}
+    if budget.per_hosts:
+        spent["budget_scale"] = {"restarts": budget.max_restarts, "per_hosts": budget.per_hosts,
+                                 "hosts": len(job.nodes)}
+    # NOTE: the scale is for faults of hosts, which come the more often the more hosts a job has. A fault that names
+    # no host (a NaN: bad data, a diverging run, or a corrupting GPU nothing judged) does not; its restarts in a
+    # row are a loop a person should see at the same count in a job of any size. Scaled alone, the simulation's
+    # replica groups (no re-run judges a corrupting host there) rolled back from a broken host for hours unpaged.
+    unnamed = [t for t in job.unnamed_restarts if now - t < budget.window]
+    if budget.per_hosts and not names_host and len(unnamed) >= budget.max_restarts:
+        return Plan(Remedy.ESCALATE, p.basis | spent | {
+            "unnamed_restarts_in_window": len(unnamed),
+            "reason": f"restart budget spent: {len(unnamed)} restarts in the last {budget.window} for faults that "
+                      f"named no host, of at most {budget.max_restarts} whatever the job's size; paging instead of "
+                      f"restarting again (would have: {p.basis.get('reason')})"}, exclude=p.exclude)
+    if len(recent) >= allowed:
         return Plan(Remedy.ESCALATE, p.basis | spent | {
             "reason": f"restart budget spent: {len(recent)} restarts in the last {budget.window}; "
                       f"paging instead of restarting again (would have: {p.basis.get('reason')})"},

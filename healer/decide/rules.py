@@ -89,7 +89,7 @@ class Rule:
     """restart, exclude-node-and-restart, rollback-and-skip, notify (tell the sinks, wait for the condition to
     clear) or escalate (page a person at once). Default: the fault catalogue's remedy for the kind."""
     budget: RestartBudget | None = None
-    """This rule's restart budget (max_restarts, window, backoff, max_backoff); default: the rule set's."""
+    """This rule's restart budget (max_restarts, window, backoff, max_backoff, per_hosts); default: the rule set's."""
     page: str = "on-escalation"
     """always, never, or on-escalation: when the incident carries page="true" for Alertmanager's routing."""
     cooldown: timedelta = timedelta(minutes=15)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from healer.decide.catalogue import Remedy, fault
+from healer.decide.catalogue import UNNAMED_KINDS, Remedy, fault
 from healer.decide.fail_slow import slowdown_from
 from healer.decide.plans import JobFacts, ProgramFailure, Verdict, kept_out
 from healer.decide.policy import Action, Decision, IncidentFacts, JobNow, decide, facts_of
@@ -196,6 +196,8 @@ class Responder:
         facts = JobFacts(nodes=st.nodes, spares=st.spares, dp=st.dp, valid_dp=st.valid_dp,
                          warm_unavailable=st.warm_unavailable, replica_hosts=st.replica_hosts,
                          checkpoint_steps=r.checkpoint_steps(), restarts=self.jobs.restart_times(r.job, now - budget.window),
+                         unnamed_restarts=self.jobs.restart_times(r.job, now - budget.window, UNNAMED_KINDS)
+                         if budget.per_hosts else (),
                          node_incidents=self.jobs.node_incident_counts(now - self.ruleset.limits.lemon_window),
                          # NOTE: read where the policy looks at them only (a crash as it opens, a rollback until
                          # its remedy is chosen): each reads the ranks' records.

@@ -6,7 +6,7 @@ Shared by every job on the same database: a host that failed in one job is known
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from healer.incidents.models import GoodputInterval, Job, Node, NodeIncident, Restart
+from healer.incidents.models import GoodputInterval, Incident, Job, Node, NodeIncident, Restart
 from healer.incidents.store import utcnow
 
 
@@ -140,15 +140,19 @@ class JobStore:
         with Session(self.engine, expire_on_commit=False) as session:
             return list(session.execute(select(Restart).where(Restart.job == job).order_by(Restart.id)).scalars())
 
-    def restart_times(self, job: str, since: datetime) -> tuple[datetime, ...]:
-        """When the job was restarted by a remediation (what the restart budget counts). NOTE: not a replica group
-        replaced while the others trained on (mode `replica`): that stops no job, and a large job of groups loses one
-        every half hour; a host that keeps failing is bounded by the lemon limit instead."""
+    def restart_times(self, job: str, since: datetime,
+                      kinds: Collection[str] | None = None) -> tuple[datetime, ...]:
+        """When the job was restarted by a remediation (what the restart budget counts); `kinds`: only for incidents
+        of those kinds. NOTE: not a replica group replaced while the others trained on (mode `replica`): that stops
+        no job, and a large job of groups loses one every half hour; a host that keeps failing is bounded by the
+        lemon limit instead."""
+        query = select(Restart.requested_at).where(
+            Restart.job == job, Restart.cause == "remediation", Restart.requested_at >= since,
+            or_(Restart.mode.is_(None), Restart.mode != "replica"))
+        if kinds is not None:
+            query = query.join(Incident, Incident.id == Restart.incident_id).where(Incident.kind.in_(list(kinds)))
         with Session(self.engine) as session:
-            return tuple(session.execute(select(Restart.requested_at).where(
-                Restart.job == job, Restart.cause == "remediation", Restart.requested_at >= since,
-                or_(Restart.mode.is_(None), Restart.mode != "replica"))
-                .order_by(Restart.requested_at)).scalars())
+            return tuple(session.execute(query.order_by(Restart.requested_at)).scalars())
 
     # ---- goodput ---------------------------------------------------------------------------------------------
 

@@ -25,8 +25,9 @@ HAPPENED = {"crash": "crashed", "hang": "hung", "gpu_fault": "had a GPU fault", 
 """Per catalogue kind, the verb of the headline."""
 BASIS_DONE = frozenset({"reason", "rule", "remediate", "remedy_from", "runbook", "kind", "verdict", "verdict_bad_nodes",
                         "lemons", "lemon_incidents", "lemon_window_s", "restart", "restarts_in_window",
-                        "max_restarts", "window_s", "backoff_s", "backoff", "deadline_s", "live", "diagnosis",
-                        "launcher", "fail_slow", "tainted_checkpoints", "exposure"})
+                        "unnamed_restarts_in_window", "max_restarts", "budget_scale", "window_s", "backoff_s",
+                        "backoff", "deadline_s", "live", "diagnosis", "launcher", "fail_slow", "tainted_checkpoints",
+                        "exposure"})
 """The basis keys said in sentences; any other is shown as it is."""
 
 
@@ -219,8 +220,12 @@ def decision_sentences(plan: dict[str, Any] | None, basis: dict[str, Any] | None
         out.append(f"The restart is {restart['mode']}" + (f": {restart['why']}" if restart.get("why") else "") + ".")
     if b.get("max_restarts") is not None:
         n = b.get("restarts_in_window")
+        scale = b.get("budget_scale")
+        scaled = (f" ({scale['restarts']} for each {scale['per_hosts']:,} hosts; the job has {scale['hosts']:,})"
+                  if isinstance(scale, dict) and all(isinstance(scale.get(k), int)
+                                                     for k in ("restarts", "per_hosts", "hosts")) else "")
         out.append(f"Restart budget: {n} restart{'s' if n != 1 else ''} in {_window(b.get('window_s'))} before this "
-                   f"one, of at most {b['max_restarts']}.")
+                   f"one, of at most {b['max_restarts']}{scaled}.")
     if b.get("backoff_s"):
         out.append(f"Backoff: {duration(float(b['backoff_s']))} after the previous restart"
                    + (f" ({b['backoff']})" if b.get("backoff") else "") + ".")

@@ -175,3 +175,21 @@ def test_a_service_and_a_megaheal_run_on_one_database_each_act_only_on_their_own
     assert [i.id for i in store.due()] == [service_incident]
     assert [i.id for i in run.due()] == [run_incident]
     assert {i["id"] for i in store.list_incidents()} == {service_incident, run_incident}  # both are on record
+
+
+def test_the_restarts_a_budget_counts_can_be_those_of_faults_that_named_no_host(store: IncidentStore) -> None:
+    # What a restart budget scaled by hosts holds to its unscaled count (healer/decide/plans.py, gate).
+    from healer.decide.catalogue import UNNAMED_KINDS
+    from healer.incidents.jobstore import JobStore
+
+    jobs = JobStore(store.engine, clock=store.clock)
+    nan = replace(_signal(), kind="nonfinite", identity=(("key", "job/nan"),))
+    crash_id, _ = store.record(replace(_signal(), kind="crash"))
+    nan_id, _ = store.record(nan)
+    for incident_id in (crash_id, nan_id, nan_id, None):  # None: a restart no incident asked for (a person's)
+        jobs.add_restart(job="job", incident_id=incident_id, nodes=["n1"], excluded=[], dp=1, skip_steps=[])
+        store.clock.now += timedelta(minutes=1)  # type: ignore[attr-defined]
+    since = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    assert len(jobs.restart_times("job", since)) == 4
+    assert len(jobs.restart_times("job", since, UNNAMED_KINDS)) == 2
+    assert jobs.restart_times("job", since, ()) == ()

@@ -80,6 +80,9 @@ def test_the_decision_is_said_in_sentences_with_its_numbers_and_unknown_keys_are
     assert "The restart is cold: the hosts or the layout change." in text and "Left out: n2 and n4." in text
     assert not re.search(r"[A-Z]{2,}_[A-Z]", text) and "window_s" not in text  # no internal keys in the sentences
     assert rest == [("brand_new", {"a": 1})]
+    scaled = basis | {"max_restarts": 30, "budget_scale": {"restarts": 5, "per_hosts": 2048, "hosts": 12288}}
+    sentences, _ = decision_sentences({"remedy": "restart", "decision_basis": scaled})
+    assert "of at most 30 (5 for each 2,048 hosts; the job has 12,288)." in " ".join(sentences)
     swap = {"rule": "straggler", "kind": "straggler", "fail_slow": {
         "swap": True, "reason": "fail-slow: 0.500 s a step x 979 steps left = 490 s, more than a swap's 120 s",
         "steps_left_from": "the job's 1000 steps, named at step 20", "swap_cost_from": "swap_cost: no restart yet"}}

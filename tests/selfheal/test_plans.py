@@ -134,6 +134,37 @@ def test_a_host_convicted_of_sdc_leaves_and_the_checkpoints_saved_since_its_firs
     assert plan("gpu_fault", suspects=("n2",), first_bad_step=9).resume_step is None  # only kinds that taint
 
 
+def test_a_budget_per_hosts_grows_with_the_job_and_never_falls_below_its_restarts() -> None:
+    budget = RestartBudget(max_restarts=5, per_hosts=2048)
+    assert [budget.allowed(h) for h in (1, 2048, 2049, 12288)] == [5, 5, 10, 30]
+    assert RestartBudget(max_restarts=5).allowed(12288) == 5  # unscaled: the whole job's, whatever its size
+    five = tuple(NOW - timedelta(minutes=m) for m in (50, 40, 30, 20, 10))
+    small = facts(restarts=five)
+    assert plan("crash", job=small, budget=budget).remedy is Remedy.ESCALATE
+    big = facts(nodes=tuple(f"n{i}" for i in range(4096)), restarts=five)
+    p = plan("crash", job=big, budget=budget)
+    assert p.remedy is Remedy.RESTART and p.basis["max_restarts"] == 10
+    assert p.basis["budget_scale"] == {"restarts": 5, "per_hosts": 2048, "hosts": 4096}
+    ten = tuple(NOW - timedelta(minutes=m) for m in range(5, 55, 5))
+    assert plan("crash", job=facts(nodes=big.nodes, restarts=ten), budget=budget).remedy is Remedy.ESCALATE
+    with pytest.raises(ValueError, match="per_hosts must be >= 0"):
+        RestartBudget(per_hosts=-1)
+
+
+def test_a_scaled_budget_holds_faults_that_name_no_host_to_its_unscaled_count() -> None:
+    # A NaN loop is the job's, not its hosts': five rollbacks in the hour page a big job as they page a small one,
+    # while a host's crash after them still restarts within the scaled budget.
+    budget = RestartBudget(max_restarts=5, per_hosts=2048)
+    five = tuple(NOW - timedelta(minutes=m) for m in (50, 40, 30, 20, 10))
+    big = facts(nodes=tuple(f"n{i}" for i in range(4096)), restarts=five, unnamed_restarts=five)
+    p = plan("nonfinite", first_bad_step=9, job=big, budget=budget)
+    assert p.remedy is Remedy.ESCALATE and p.basis["unnamed_restarts_in_window"] == 5
+    assert "named no host, of at most 5 whatever the job's size" in p.basis["reason"]
+    assert plan("crash", job=big, budget=budget).remedy is Remedy.RESTART
+    old = facts(nodes=big.nodes, restarts=five, unnamed_restarts=(NOW - timedelta(hours=2),) * 5)
+    assert plan("nonfinite", first_bad_step=9, job=old, budget=budget).remedy is Remedy.ROLLBACK
+
+
 def test_restarts_back_off_exponentially_and_a_spent_budget_escalates() -> None:
     budget = RestartBudget(max_restarts=3, window=timedelta(minutes=10), backoff=timedelta(seconds=10))
     one = (NOW - timedelta(seconds=5),)
