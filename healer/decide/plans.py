@@ -43,9 +43,10 @@ class RestartBudget:
     per_hosts: int = 0
     """`max_restarts` for each this many of the job's hosts (the count rounded up; never fewer than `max_restarts`);
     0: for the whole job, whatever its size. Hosts fail independently: a job of 12,288 hosts meets six times the
-    faults of one of 2,048, each healed by one restart, and a fixed budget pages on call for a busy hour of a healthy
-    job (the simulator's 98,304 GPUs: 28-77 pages in 54 days, each a budget spent by healed faults). A restart loop
-    is what the budget is for, and it spends any budget within the hour."""
+    faults of one of 2,048, each healed by one restart, and a fixed budget pages on-call for a busy hour of a healthy
+    job (the simulator's 65,536 and 98,304 GPUs: 28 and 77 pages in 54 days, each a budget spent by healed faults).
+    The loops the budget is for are caught at the same count in a job of any size: a program's crash loop by
+    `crash_loop` at its repeat, a NaN loop by the unscaled count of faults that name no host (`gate`)."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
