@@ -58,7 +58,10 @@ def test_the_partner_of_a_slow_stage_waits_in_pp_wait_and_computes_at_its_peers_
     assert compute[2] > 2 * compute[3], compute
     # Stage 0 (ranks 0, 1): rank 0 waits for rank 2 in pp_wait, and computes at rank 1's pace. (Rank 1 waits too,
     # less: for rank 3, which waits for rank 2 in their data-parallel reduce; 0.19 s against rank 0's 0.52 s here.)
-    assert compute[0] < 1.3 * compute[1], (compute, waits)
+    # NOTE: "its pace" within 2x: compute is wall time, and on 2 shared cores rank 0 computes in the bursts when
+    # rank 2 runs too. Rank 0 over rank 1: 1.08 alone, 0.93 and 1.24 beside 2 busy loops, 1.34 beside a fresh make
+    # test's other worker (which failed a bound of 1.3). With the wait left in its compute it was 5-7x.
+    assert compute[0] < 2 * compute[1], (compute, waits)
     assert waits[0] > 3 * compute[0] and waits[0] > 1.5 * waits[1], (compute, waits)
     # What left forward/backward is the wait, no more: none of it is below zero.
     assert all(x["phases"]["forward_backward"] > 0 for recs in records.values() for x in recs)
