@@ -123,8 +123,7 @@ class Simulation(GroupLosses, SaveCadence):
         self.named: dict[int, list[float]] = {}
         """Host -> when incidents named it (the lemon limit's history)."""
         self.restart_times: list[float] = []
-        self.unnamed_restart_times: list[float] = []
-        """Those of restart_times for an incident of a kind that names no host (the budget's unscaled part)."""
+        self.unnamed_restart_times: list[float] = []  # those for a fault that names no host (the unscaled budget's)
         ck = cfg.checkpoint
         self.save_s = ck.interval.total_seconds()
         self.snap_s = (ck.snapshot_interval.total_seconds() if self._snapshots and ck.snapshot_interval is not None
@@ -278,8 +277,7 @@ class Simulation(GroupLosses, SaveCadence):
     # ---- incidents -------------------------------------------------------------------------------------------
 
     def _kind(self, cat: Category) -> str:
-        """What the healer sees of a failure of `cat`: an sdc fault shows as a NaN where the trainer runs no re-run
-        (replica groups)."""
+        """What the healer sees of a failure of `cat`: an sdc fault is a NaN under replica groups (no re-run there)."""
         return "nonfinite" if cat.sees == "sdc" and self.cfg.restart == "replica" else cat.sees
 
     def _interrupted(self, host: int, cat: Category) -> None:
@@ -526,8 +524,7 @@ class Simulation(GroupLosses, SaveCadence):
     # ---- the analytic baseline ---------------------------------------------------------------------------------
 
     def _analytic_restart_s(self) -> float:
-        """policy: false: the one restart every failure costs (detection, stop, startup, load), the categories'
-        detection weighted by their counts."""
+        """policy: false: the one restart every failure costs (detection by the categories' counts, stop, start)."""
         cats = self.cfg.failures.categories
         total = sum(c.count for c in cats)
         detect = sum(c.count * self.detect.get(c.sees, 0.0) for c in cats) / total
@@ -587,8 +584,7 @@ class Simulation(GroupLosses, SaveCadence):
         return tuple(range(first, first + self.gpn))
 
     def _keepers(self) -> dict[str, str]:
-        """Each host's keeper of its ranks' snapshot replicas: the next host of the job (train/warm/replicas.py,
-        a stride of a host's ranks)."""
+        """Each host's keeper of its ranks' snapshot replicas: the next host of the job (train/warm/replicas.py)."""
         names = [self.fleet.names[h] for h in self.hosts]
         return dict(zip(names, names[1:] + names[:1])) if len(names) > 1 else {}
 
