@@ -481,6 +481,7 @@ def take_down(bed: Bed, tmp: Path, keep: bool) -> None:
 
 
 def write_results(results: dict[str, Any], out: Path) -> None:
+    """`results` as JSON at `out`, with the machine's load at the end (what says how loaded the run was)."""
     results["machine"]["loadavg_at_end"] = os.getloadavg()
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")

@@ -1,6 +1,7 @@
 """What a start order becomes on this host: the torchrun agent's argument list and the ranks' environment (the
 cold start's; a warm pool's workers get the same environment, healer/agent/warm_host.py). Pure but for the
-process's own environment, which the ranks inherit, and the free port a first host's rendezvous binds."""
+process's own environment, which the ranks inherit, the key file a replica group's ranks read, and the free port a
+first host's rendezvous binds."""
 
 from __future__ import annotations
 
